@@ -1,0 +1,1 @@
+"""Gyms: the UserRL environments and tau-bench retail/airline behind one async protocol."""

@@ -1,0 +1,35 @@
+"""Installs userrl_megatron (the RL system) and gyms (the environments), and the `userrl` console script."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="userrl_megatron",
+    version="0.1.0",
+    description="Multi-turn, user-centric RL for LLM agents: Megatron-core actors, SGLang rollout, UserRL gyms.",
+    python_requires=">=3.11",
+    packages=find_packages(include=["userrl_megatron", "userrl_megatron.*", "gyms", "gyms.*"]),
+    include_package_data=True,
+    package_data={"userrl_megatron": ["py.typed"], "gyms": ["py.typed"]},
+    install_requires=[
+        "torch>=2.6",
+        "numpy>=2.0",
+        "packaging",
+        "psutil",
+        "transformers>=5.19",
+        "safetensors",
+        "ray>=2.40",
+        "omegaconf>=2.3",
+        "openai>=1.40",
+        "wandb",
+        "tensorboard",
+        "rich",
+        "pyarrow",
+        # megatron-core is installed by tools/install_venv.sh (--no-deps on Python 3.11; see README)
+    ],
+    extras_require={
+        "gpu": ["transformer-engine[pytorch]"],
+        "sglang": ["sglang"],
+        "dev": ["pytest", "hypothesis", "ruff"],
+    },
+    entry_points={"console_scripts": ["userrl=userrl_megatron.cli:main"]},
+)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Create or update the project virtualenv. Idempotent; the Makefile calls it only when an input changed.
+#   1. torch first: keep a torch already present (a CUDA build on a cluster), else the CPU 2.13.0 wheel;
+#   2. the pinned requirements under a constraints file holding that exact torch, so nothing pulls another;
+#   3. megatron-core 0.19.2 without its dependencies (it declares Python >=3.12 but ships a cp311 wheel);
+#   4. this project, editable.
+set -euo pipefail
+VENV=${1:-.venv}
+PYTHON=${PYTHON:-python3}
+MEGATRON_CORE=${MEGATRON_CORE:-megatron-core==0.19.2}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; then
+    echo "install: the base interpreter has a CUDA torch; the venv will see and keep it"
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+  else
+    "$PYTHON" -m venv "$VENV"
+  fi
+fi
+PY="$VENV/bin/python"
+pip_install() { "$PY" -m pip install --disable-pip-version-check --no-input -q "$@"; }
+
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+  pip_install torch==2.13.0
+fi
+TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)')
+echo "torch==$TORCH_VERSION" > "$VENV/constraints.txt"
+echo "install: torch $TORCH_VERSION (pinned in $VENV/constraints.txt)"
+
+pip_install -c "$VENV/constraints.txt" -r requirements/runtime.txt -r requirements/dev.txt
+pip_install --no-deps --ignore-requires-python "$MEGATRON_CORE"
+pip_install --no-deps --no-build-isolation -e .
+"$PY" -c 'import torch, sys; v = torch.__version__; sys.exit(0 if v == sys.argv[1] else f"torch changed to {v}")' "$TORCH_VERSION"
+echo "install: done ($VENV)"

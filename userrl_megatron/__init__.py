@@ -1,0 +1,1 @@
+"""userrl_megatron: multi-turn, user-centric RL with Megatron-core actors and SGLang rollout engines."""

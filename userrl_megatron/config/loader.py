@@ -1,0 +1,150 @@
+"""Load a RootConfig: dataclass defaults, then each YAML file in order, then dotted `key=value` overrides.
+
+Unknown keys and wrong types are reported with the dotted key, the closest valid key and the expected type,
+before any work starts. Callers get typed dataclasses, never an OmegaConf DictConfig.
+"""
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from userrl_megatron.config.schema import RootConfig
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the person who wrote the config."""
+
+
+def load_config(files: Sequence[str | Path] = (), overrides: Sequence[str] = (), check: bool = True) -> RootConfig:
+    """Resolve the configuration from defaults, YAML files (in order) and `a.b=value` overrides."""
+    merged = OmegaConf.structured(RootConfig)
+    for path in files:
+        raw = _read_yaml(Path(path))
+        _check_keys(raw, RootConfig, prefix="", source=str(path))
+        merged = _merge(merged, raw, source=str(path))
+    if overrides:
+        raw = _parse_overrides(overrides)
+        _check_keys(raw, RootConfig, prefix="", source="command line")
+        merged = _merge(merged, raw, source="command line")
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, RootConfig)
+    if check:
+        from userrl_megatron.config.checks import check_config
+
+        check_config(cfg)
+    return cfg
+
+
+def to_yaml(cfg: RootConfig) -> str:
+    """The resolved configuration as YAML (what `config show` prints and the run directory keeps)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: RootConfig, path: str | Path) -> None:
+    """Write the resolved configuration to `path`."""
+    Path(path).write_text(to_yaml(cfg))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ConfigError(f"overrides must look like section.key=value, got: {' '.join(bad)}")
+    return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)))  # type: ignore[return-value]
+
+
+def _merge(base: Any, raw: dict[str, Any], source: str) -> Any:
+    try:
+        return OmegaConf.merge(base, raw)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        expected = _type_name(_field_type(key))
+        value = _lookup(raw, key)
+        raise ConfigError(
+            f"{source}: {key} expects {expected}, got {value!r} ({type(value).__name__})"
+            if expected
+            else f"{source}: {key}: {getattr(e, 'msg', e)}"
+        ) from None
+
+
+def _check_keys(raw: Any, schema: type, prefix: str, source: str) -> None:
+    """Reject keys the schema does not have, naming the closest valid key."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(schema)
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in hints:
+            raise ConfigError(f"{source}: unknown key '{dotted}'{_suggestion(str(key), prefix, hints)}")
+        sub = hints[key]
+        if dataclasses.is_dataclass(sub) and value is not None:
+            _check_keys(value, sub, f"{dotted}.", source)
+
+
+def _suggestion(key: str, prefix: str, hints: dict[str, Any]) -> str:
+    close = difflib.get_close_matches(key, list(hints), n=1, cutoff=0.5)
+    if close:
+        return f" (did you mean '{prefix}{close[0]}'?)"
+    # The key may belong to another section: rollout.lr -> megatron.lr.
+    elsewhere = [p for p in _leaf_paths(RootConfig) if p.rsplit(".", 1)[-1] == key]
+    if elsewhere:
+        return f" (did you mean '{elsewhere[0]}'?)"
+    return f"; valid keys here: {', '.join(sorted(hints))}"
+
+
+def _leaf_paths(schema: type, prefix: str = "") -> list[str]:
+    paths = []
+    for name, sub in typing.get_type_hints(schema).items():
+        if dataclasses.is_dataclass(sub):
+            paths += _leaf_paths(sub, f"{prefix}{name}.")
+        else:
+            paths.append(f"{prefix}{name}")
+    return paths
+
+
+def _field_type(dotted: str) -> Any:
+    node: Any = RootConfig
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(node):
+            return None
+        node = typing.get_type_hints(node).get(part)
+    return node
+
+
+def _type_name(tp: Any) -> str:
+    if tp is None:
+        return ""
+    origin = typing.get_origin(tp)
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{args}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _lookup(raw: dict[str, Any], dotted: str) -> Any:
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node

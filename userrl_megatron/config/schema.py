@@ -1,0 +1,175 @@
+"""Typed configuration sections. Each component receives only its own section.
+
+Every field carries a one-line comment after it: `userrl config show --explain` prints it, and a test checks
+that no field lacks one. Defaults describe the embedded CPU quickstart; recipes override them in YAML.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunConfig:
+    name: str = "quickstart"  # run name; the run directory is <output_dir>/<name>
+    output_dir: str = "runs"  # parent folder of run directories
+    seed: int = 42  # seed for data order, sampling and model initialisation
+    total_steps: int = 4  # RL steps to train (one step = rollout + update + weight sync)
+    device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
+    ray_address: str = ""  # Ray cluster address; empty starts a local Ray instance
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2-135m-instruct"  # HF model directory, or the name of an embedded model (userrl model list)
+    dtype: str = "float32"  # parameter dtype for training and rollout: float32, bfloat16 or float16
+    max_context_length: int = 2048  # longest token sequence (prompt + all turns) the model is asked to handle
+    tool_format: str = "hermes"  # how the policy calls the gym: "hermes" <tool_call> JSON, or "tags" ([action] ...)
+
+
+@dataclass
+class MegatronConfig:
+    tensor_model_parallel_size: int = 1  # TP: shards attention heads and MLP columns across devices
+    pipeline_model_parallel_size: int = 1  # PP: splits the layers into stages
+    virtual_pipeline_model_parallel_size: int = 1  # interleaved PP chunks per stage (1 = no interleaving)
+    context_parallel_size: int = 1  # CP: splits long sequences across devices (GPU only)
+    expert_model_parallel_size: int = 1  # EP: shards MoE experts (MoE models only)
+    sequence_parallel: bool = False  # shard layernorm/dropout activations along the sequence with TP (GPU only)
+    nnodes: int = 1  # nodes running actor ranks
+    devices_per_node: int = 1  # actor ranks per node (GPUs, or processes on CPU)
+    transformer_impl: str = "auto"  # "auto" (Transformer Engine when present), "transformer_engine" or "local"
+    use_distributed_optimizer: bool = True  # shard optimizer state across data-parallel ranks (ZeRO-1)
+    micro_batch_tokens: int = 4096  # token budget of one micro-batch (episodes are packed up to this)
+    recompute: str = "none"  # activation recompute: "none", "selective" or "full"
+    offload: bool = False  # move params, grads and optimizer state to CPU while the engines generate (GPU)
+    lr: float = 1.0e-6  # peak learning rate
+    min_lr: float = 0.0  # floor of the cosine schedule
+    lr_schedule: str = "constant"  # "constant", "linear" or "cosine" (after warmup)
+    lr_warmup_steps: int = 0  # optimizer steps of linear warmup from 0 to lr
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW beta1
+    adam_beta2: float = 0.999  # AdamW beta2
+    adam_eps: float = 1.0e-8  # AdamW epsilon
+    grad_clip: float = 1.0  # clip the global gradient norm to this value (0 disables)
+
+
+@dataclass
+class SGLangConfig:
+    mem_fraction_static: float = 0.5  # fraction of GPU memory SGLang reserves for weights and KV cache
+    enable_memory_saver: bool = True  # lets engines release memory while actors train (colocated mode)
+    base_port: int = 30000  # first HTTP port; engine i listens on base_port + i
+    extra_args: list[str] = field(default_factory=list)  # extra `sglang.launch_server` arguments, passed verbatim
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "embedded"  # "embedded" (PyTorch engine server of this project) or "sglang"
+    num_engines: int = 1  # rollout engine servers in the pool
+    engine_tp: int = 1  # tensor-parallel size of each engine (SGLang)
+    colocate: bool = False  # engines share devices with the actors and take turns (GPU)
+    prompts_per_step: int = 4  # tasks sampled per RL step
+    n_samples_per_prompt: int = 4  # episodes per task (the GRPO group size)
+    max_turns: int = 8  # assistant turns per episode
+    max_prompt_tokens: int = 1024  # longest initial prompt (system + user + tool schema)
+    max_response_tokens: int = 1024  # token budget of everything after the prompt, all turns together
+    max_new_tokens_per_turn: int = 256  # generation limit of one assistant turn
+    temperature: float = 1.0  # sampling temperature of training rollouts
+    top_p: float = 1.0  # nucleus sampling threshold
+    top_k: int = -1  # top-k sampling (-1 disables)
+    reward_in_feedback: bool = True  # append "Reward: x" to the gym feedback shown to the policy (UserRL)
+    max_concurrent_episodes: int = 64  # episodes in flight per engine
+    request_timeout_s: float = 600.0  # timeout of one generate request
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)  # SGLang server settings (backend: sglang)
+
+
+@dataclass
+class GymsConfig:
+    data_dir: str = ""  # folder with the public gym data (`userrl data fetch`); empty = the default cache
+    train: list[str] = field(default_factory=lambda: ["function"])  # training mixture: gym names or row files
+    test: list[str] = field(default_factory=lambda: ["function"])  # evaluation mixture: gym names or row files
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-gym settings, e.g. {travel: {max_steps: 16}}
+
+
+@dataclass
+class UserSimConfig:
+    base_url: str = "http://127.0.0.1:8000/v1"  # OpenAI-compatible endpoint of the user simulator / judge LLM
+    model: str = "gpt-4o"  # model name sent to the endpoint
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the API key (never put keys in configs)
+    temperature: float = 0.0  # sampling temperature of simulator calls
+    max_tokens: int = 2048  # completion limit of one simulator call
+    timeout_s: float = 30.0  # per-call timeout
+    max_retries: int = 4  # retries after a timeout, 429 or 5xx before the call counts as failed
+    backoff_s: float = 1.0  # first retry delay; doubles each retry, with jitter
+    max_concurrency: int = 64  # simulator calls in flight at once
+    cache_dir: str = ""  # on-disk response cache keyed by the request; empty disables it
+
+
+@dataclass
+class AlgoConfig:
+    adv_estimator: str = "grpo_multiturn"  # advantage estimator (registry name): grpo, grpo_multiturn
+    gamma: float = 0.8  # discount of R2G turn credits and R2G trajectory scores
+    turn_level: str = "Equalized"  # turn credit: "Equalized", "R2G" (reward-to-go) or "EM" (exponential map)
+    trajectory_score: str = "Sum"  # trajectory score: "Sum" (mean turn reward, 4 dp) or "R2G" (discounted)
+    norm_by_std: bool = True  # divide group-centred scores by the group std (False = Dr.GRPO style)
+    eps: float = 1.0e-6  # added to the group std
+    policy_loss: str = "ppo_clip"  # policy loss (registry name)
+    clip_low: float = 0.2  # PPO clip below 1 (ratio >= 1 - clip_low)
+    clip_high: float = 0.2  # PPO clip above 1 (ratio <= 1 + clip_high); > clip_low is "clip-higher"
+    dual_clip_c: float = 3.0  # dual-clip bound for negative advantages (<= 1 disables)
+    loss_agg: str = "token-mean"  # "token-mean", "seq-mean-token-sum" or "seq-mean-token-mean"
+    kl_coef: float = 0.0  # weight of the KL(policy || reference) penalty in the loss (0 = no reference model)
+    kl_estimator: str = "k3"  # KL estimator: k1, k2 or k3
+    entropy_coef: float = 0.0  # weight of the entropy bonus
+    tis_cap: float = 0.0  # truncated importance sampling cap for rollout/train mismatch (0 disables)
+    ppo_epochs: int = 1  # passes over each step's episodes
+    mini_batches_per_step: int = 1  # optimizer steps per RL step (episodes split evenly)
+    drop_equal_score_groups: bool = False  # skip groups whose scores are all equal (zero advantage)
+    user_sim_failure: str = "mask"  # episodes with user-simulator failures: "mask" (no loss) or "keep"
+
+
+@dataclass
+class SyncConfig:
+    enabled: bool = True  # push trained weights to the engines after each step (off = negative control)
+    bucket_mb: int = 512  # bucket size of the broadcast
+    verify: bool = False  # compare a checksum of each engine's weights with the trainer's export after sync
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0  # save every k steps (0 = only at the end)
+    keep_last: int = 2  # checkpoints kept; older ones are deleted after a successful save
+    save_hf: bool = True  # also export Hugging Face safetensors at the end of training
+    resume: str = "auto"  # "auto" (from the run's latest checkpoint), "disable", or a checkpoint directory
+
+
+@dataclass
+class LoggingConfig:
+    backends: list[str] = field(default_factory=lambda: ["console"])  # console, wandb, tensorboard (jsonl is always on)
+    project: str = "userrl_megatron"  # wandb project
+    wandb_mode: str = "offline"  # wandb mode: offline, online or disabled
+    wandb_entity: str = ""  # wandb entity (team); empty = default
+    level: str = "INFO"  # Python logging level
+    rollout_dump_every: int = 1  # write episodes to rollouts/step_N.jsonl every k steps (0 disables)
+    rollout_dump_count: int = 16  # episodes written per dump
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = 0  # evaluate on the test mixture every k steps (0 disables)
+    max_tasks: int = 32  # tasks per evaluation (0 = all)
+    n_samples_per_prompt: int = 1  # episodes per task (pass@k / avg@k)
+    temperature: float = 0.0  # sampling temperature of evaluation episodes
+
+
+@dataclass
+class RootConfig:
+    run: RunConfig = field(default_factory=RunConfig)  # run identity, seed, length, devices
+    model: ModelConfig = field(default_factory=ModelConfig)  # policy model
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # Megatron actor: parallelism and optimizer
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # rollout engines and episode limits
+    gyms: GymsConfig = field(default_factory=GymsConfig)  # environments and their data
+    user_sim: UserSimConfig = field(default_factory=UserSimConfig)  # LLM user simulator / judge endpoint
+    algo: AlgoConfig = field(default_factory=AlgoConfig)  # advantages and policy loss
+    sync: SyncConfig = field(default_factory=SyncConfig)  # trainer -> engine weight broadcast
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # checkpoints and resume
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # metrics backends and rollout dumps
+    eval: EvalConfig = field(default_factory=EvalConfig)  # periodic evaluation
