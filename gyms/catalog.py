@@ -1,0 +1,1 @@
+"""Imports every built-in gym so that its @register_gym runs. Add new gyms here."""

@@ -1,0 +1,82 @@
+"""The tool bridge: UserRL's single `interact_with_env(choice, content)` function tool mapped to gym actions.
+
+The schema is UserRL's, verbatim, so prompts, data and evaluation stay compatible. Models without tool
+calling write the same actions as plain tags (`[action] ...`); `tool_call_to_action` and `parse_action`
+(gyms.base) meet at the same action strings.
+"""
+
+import json
+from typing import Any
+
+INTERACT_TOOL_NAME = "interact_with_env"
+
+INTERACT_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": INTERACT_TOOL_NAME,
+        "description": (
+            "A tool for interact with a target environment. The detailed environment description and action space "
+            "is provided in the system prompt, so please follow the system prompt when calling this tool. You can "
+            "use this tool to interact with the target environment step by step."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "choice": {
+                    "type": "string",
+                    "enum": ["action", "answer", "search"],
+                    "description": (
+                        "Your choice of what to do next, must be one of `action`, `answer` or `search`. Please "
+                        "follow system prompt about the scope of choices you can make and how to decide your choice."
+                    ),
+                },
+                "content": {
+                    "type": "string",
+                    "description": (
+                        "The content of your choice, must be a string. If you choose `action`, you should provide "
+                        "the action you want to take. If you choose `answer`, you should provide the answer that you "
+                        "want to submit. If you choose `search`, you should provide the search query. The specific "
+                        "format of the content is determined by the environment description in the system prompt. "
+                        "Please follow the format strictly in order to successfully use this tool."
+                    ),
+                },
+            },
+            "required": ["choice", "content"],
+        },
+    },
+}
+
+TAG_FORMAT_INSTRUCTIONS = (
+    "Reply with exactly one action on its own line, written as a tag followed by its content: "
+    "`[action] <content>`, `[answer] <content>` or `[search] <content>` (or `[finish]` to stop)."
+)
+
+
+class ToolCallError(ValueError):
+    """A tool call that cannot be mapped to a gym action (wrong tool, bad arguments)."""
+
+
+def tool_call_to_action(name: str, arguments: str | dict[str, Any]) -> str:
+    """Map an `interact_with_env` call to the gym action string (UserRL's InteractTool mapping).
+
+    `choice` action/answer/search -> "[choice] content" (unless content already starts with that tag);
+    `finish` -> "[finish]"; any other choice -> the raw content.
+    """
+    if name != INTERACT_TOOL_NAME:
+        raise ToolCallError(f"unknown tool {name!r}; the only tool is {INTERACT_TOOL_NAME}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as e:
+            raise ToolCallError(f"tool arguments are not valid JSON: {e}") from e
+    if not isinstance(arguments, dict):
+        raise ToolCallError(f"tool arguments must be a JSON object, got {type(arguments).__name__}")
+    choice = str(arguments.get("choice", "")).strip().lower()
+    content = arguments.get("content", "")
+    content = content if isinstance(content, str) else json.dumps(content)
+    if choice == "finish":
+        return "[finish]"
+    if choice in ("action", "answer", "search"):
+        tag = f"[{choice}]"
+        return content if content.startswith(tag) else f"{tag} {content}"
+    return content
