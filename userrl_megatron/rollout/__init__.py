@@ -1,0 +1,1 @@
+"""Rollout: multi-turn episodes in token space, engine servers and their client, the Ray engine pool."""
