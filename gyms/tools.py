@@ -56,27 +56,37 @@ class ToolCallError(ValueError):
     """A tool call that cannot be mapped to a gym action (wrong tool, bad arguments)."""
 
 
-def tool_call_to_action(name: str, arguments: str | dict[str, Any]) -> str:
-    """Map an `interact_with_env` call to the gym action string (UserRL's InteractTool mapping).
+def tool_call_to_action(name: str, arguments: str | dict[str, Any], tools: list[dict[str, Any]] | None = None) -> str:
+    """Map a parsed tool call to the gym action string.
 
-    `choice` action/answer/search -> "[choice] content" (unless content already starts with that tag);
-    `finish` -> "[finish]"; any other choice -> the raw content.
+    `interact_with_env` follows UserRL's InteractTool: choice action/answer/search -> "[choice] content" (unless
+    the content already starts with that tag), `finish` -> "[finish]", any other choice -> the raw content.
+    A call of a domain tool listed in `tools` (tau-bench style) becomes
+    `[answer] {"name": name, "arguments": {...}}`.
     """
-    if name != INTERACT_TOOL_NAME:
-        raise ToolCallError(f"unknown tool {name!r}; the only tool is {INTERACT_TOOL_NAME}")
+    args = _decode_arguments(arguments)
+    if name == INTERACT_TOOL_NAME:
+        choice = str(args.get("choice", "")).strip().lower()
+        content = args.get("content", "")
+        content = content if isinstance(content, str) else json.dumps(content)
+        if choice == "finish":
+            return "[finish]"
+        if choice in ("action", "answer", "search"):
+            tag = f"[{choice}]"
+            return content if content.startswith(tag) else f"{tag} {content}"
+        return content
+    known = {t.get("function", {}).get("name") for t in tools or []}
+    if name in known:
+        return "[answer] " + json.dumps({"name": name, "arguments": args})
+    raise ToolCallError(f"unknown tool {name!r}; available: {', '.join(sorted(n for n in known if n)) or 'none'}")
+
+
+def _decode_arguments(arguments: str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as e:
             raise ToolCallError(f"tool arguments are not valid JSON: {e}") from e
     if not isinstance(arguments, dict):
         raise ToolCallError(f"tool arguments must be a JSON object, got {type(arguments).__name__}")
-    choice = str(arguments.get("choice", "")).strip().lower()
-    content = arguments.get("content", "")
-    content = content if isinstance(content, str) else json.dumps(content)
-    if choice == "finish":
-        return "[finish]"
-    if choice in ("action", "answer", "search"):
-        tag = f"[{choice}]"
-        return content if content.startswith(tag) else f"{tag} {content}"
-    return content
+    return arguments
