@@ -57,7 +57,11 @@ class IntentionGym(TurnGym):
                 prompts.JUDGE_USER.format(**fields, details=_numbered(self.remaining), question=payload),
                 "covered_detail_numbers",
             ),
+            return_exceptions=True,  # both calls finish before the step returns, failed or not
         )
+        for outcome in (answer, judgment):
+            if isinstance(outcome, BaseException):
+                raise outcome
         newly = self._covered_by(judgment)
         response = str(answer["response"]).strip()
         self.history.append((payload, response))
