@@ -77,7 +77,7 @@ class OpenAIServer:
 
     def __init__(self, *rules: Rule, model: str = "test-model", routes: dict[str, Handler] | None = None) -> None:
         self.rules = list(rules)
-        self.routes = routes or {}  # extra POST routes (e.g. a search API stub for SearchGym's web backend)
+        self.routes = routes or {}  # extra routes, "METHOD /path" or "/path" (POST), e.g. a search API stub
         self.model = model
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -136,8 +136,9 @@ class OpenAIServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
-        for path, handler in self.routes.items():
-            app.router.add_post(path, handler)
+        for route, handler in self.routes.items():
+            method, path = route.split(" ", 1) if " " in route else ("POST", route)
+            app.router.add_route(method, path, handler)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
