@@ -46,11 +46,7 @@ class TravelGym(TurnGym):
         self.config = config or TravelGymConfig()
         super().__init__(self.config.max_steps, user_sim)
         record = task_record(task, lambda scenario_id: {"id": scenario_id})
-        self.scenario = (
-            record
-            if "aspects" in record
-            else generate_scenario(record["id"], self.config.wrong_options, self.config.noise_options)
-        )
+        self.scenario = record if "aspects" in record else generate_scenario(record["id"])
         self.start()
 
     def start(self) -> None:

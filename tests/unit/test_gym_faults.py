@@ -59,7 +59,7 @@ CASES: dict[str, tuple[Any, str, dict[str, str], int]] = {
 FAULTS: dict[str, Reply] = {
     "http_500": Fault(500),
     "http_429": Fault(429, headers={"Retry-After": "0"}),
-    "timeout": Answer('{"response": "late"}', delay_s=0.4),
+    "timeout": Answer('{"response": "late"}', delay_s=0.6),  # the client gives up after 0.3 s
     "malformed_json": "Sure! I think the answer is yes.",
     "empty": "",
 }
@@ -77,7 +77,7 @@ def test_failed_simulator_calls_are_marked_and_the_episode_survives(gym_name: st
 
     attempts = calls * (RETRIES + 1)
     with OpenAIServer(fail_first(attempts, FAULTS[fault_name], then=valid)) as server:
-        sim = sim_for(server, max_retries=RETRIES, timeout_s=0.1)
+        sim = sim_for(server, max_retries=RETRIES, timeout_s=0.3)
         gym = gyms.make_gym(gym_name, task, user_sim=sim)
 
         async def run() -> list[gyms.StepResult]:
