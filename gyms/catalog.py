@@ -1,3 +1,4 @@
 """Imports every built-in gym so that its registration runs. Add new gyms here."""
 
 import gyms.function  # noqa: F401
+from gyms import tau  # noqa: F401
