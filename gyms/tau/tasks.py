@@ -69,11 +69,11 @@ def taubench_dir(record: dict[str, Any], configured: str) -> Path:
     """The taubench/ folder an episode reads: the configured data folder, else the task's, else the default."""
     for candidate in (configured, record.get("data_dir", "")):
         if candidate and (Path(candidate).expanduser() / "taubench").is_dir():
-            return Path(candidate).expanduser() / "taubench"
+            return (Path(candidate).expanduser() / "taubench").resolve()
     root = data_dir(configured)
     if not (root / "taubench").is_dir():
         raise DataMissingError(f"taubench/ is missing from the data folder {root}: {FETCH_HINT}")
-    return root / "taubench"
+    return (root / "taubench").resolve()
 
 
 def tau_tasks(split: str, root: Path) -> list[Task]:

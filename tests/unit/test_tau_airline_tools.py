@@ -11,6 +11,7 @@ import json
 import pytest
 
 from gyms.tau.domain import load_domain
+from gyms.tau.store import db_hash
 
 USER = "mei_hernandez_8984"
 GIFT, CERT, CARD = "gift_card_5309492", "certificate_7502997", "credit_card_2140654"
@@ -19,7 +20,11 @@ ONE = [{"first_name": "Mei", "last_name": "Hernandez", "dob": "1981-01-11"}]
 
 @pytest.fixture(scope="module")
 def airline(shared_data):
-    return load_domain("airline", str(shared_data / "taubench"))
+    """The shared domain; after the module, its base must still hash like the pristine data (no leaked write)."""
+    domain = load_domain("airline", str(shared_data / "taubench"))
+    pristine = db_hash(domain.base.tables)
+    yield domain
+    assert db_hash(domain.base.tables) == pristine
 
 
 @pytest.fixture

@@ -10,11 +10,16 @@ import json
 import pytest
 
 from gyms.tau.domain import load_domain
+from gyms.tau.store import db_hash
 
 
 @pytest.fixture(scope="module")
 def retail(shared_data):
-    return load_domain("retail", str(shared_data / "taubench"))
+    """The shared domain; after the module, its base must still hash like the pristine data (no leaked write)."""
+    domain = load_domain("retail", str(shared_data / "taubench"))
+    pristine = db_hash(domain.base.tables)
+    yield domain
+    assert db_hash(domain.base.tables) == pristine
 
 
 @pytest.fixture
