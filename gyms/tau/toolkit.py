@@ -93,6 +93,8 @@ def calculate(data: EpisodeDB, expression: str) -> str:
     if not all(c in _CALC_CHARS for c in expression):
         return "Error: invalid characters in expression"
     try:
+        if not isinstance(expression, str):  # what tau-bench's eval() says about e.g. a list
+            raise TypeError("eval() arg 1 must be a string, bytes or code object")
         tree = compile(expression, "<string>", "eval", ast.PyCF_ONLY_AST)
         return str(round(float(_evaluate(tree.body)), 2))
     except Exception as e:

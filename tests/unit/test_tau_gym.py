@@ -11,6 +11,7 @@ from gyms.base import make_gym
 from gyms.config import TauGymConfig
 from gyms.tau.domain import load_domain
 from gyms.tau.gym import HELP, INVALID_TOOL_CALL, TOOLS_ALREADY_LISTED, parse_tool_call
+from gyms.tau.store import db_hash
 from gyms.tau.tasks import format_task_id, parse_task_id
 from gyms.tools import INTERACT_TOOL
 from gyms.turn_gym import EPISODE_OVER
@@ -261,3 +262,24 @@ def test_reward_rules(shared_data):
     assert (wrong_db.reward, wrong_db.db_match, wrong_db.outputs) == (0.0, False, {"8276.23": True})
     no_outputs = score(0, [])
     assert no_outputs.reward == 1.0 and no_outputs.info() == {"r_actions": 1.0, "gt_data_hash": no_outputs.gold_hash}
+
+
+@pytest.mark.parametrize("gym_name", ["tau_retail", "tau_airline"])
+def test_hostile_tool_arguments_never_raise_and_never_touch_the_base(cfg, gym_name):
+    """Every tool, every parameter given each JSON type: an observation string, the shared base unchanged."""
+    gym = make_gym(gym_name, "retail-000" if gym_name == "tau_retail" else "airline-000", config=cfg)
+    pristine = db_hash(gym.domain.base.tables)
+    actions = []
+    for schema in gym.domain.schemas:
+        name, params = schema["function"]["name"], list(schema["function"]["parameters"]["properties"])
+        for param in params:
+            for value in (None, 5, -1.5, True, [], [None], {}, {"a": 1}, "x", ""):
+                actions.append(_answer(name, **{p: value if p == param else "x" for p in params}))
+        actions.append(_answer(name, **{p: "x" for p in params}, unexpected=1))
+    results = []
+    for start in range(0, len(actions), 25):  # a fresh episode every 25 calls (the step limit)
+        results += play(gym, [a for a in actions[start : start + 25] if "transfer_to_human_agents" not in a])
+    assert len(results) > 300
+    assert all(isinstance(r.feedback, str) and r.reward == 0.0 for r in results)
+    assert sum(r.feedback.startswith("Error: ") for r in results) > len(results) // 2
+    assert db_hash(gym.domain.base.tables) == pristine

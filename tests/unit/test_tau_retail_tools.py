@@ -99,6 +99,11 @@ def test_calculate(call, expression, expected):
     assert call("calculate", expression=expression) == expected
 
 
+def test_calculate_with_non_string_expressions(call):
+    assert call("calculate", expression=[]) == "Error: eval() arg 1 must be a string, bytes or code object"
+    assert call("calculate", expression=5) == "Error: 'int' object is not iterable"
+
+
 def test_calculate_matches_python_eval_on_random_arithmetic(call):
     import random
 

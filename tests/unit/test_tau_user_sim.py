@@ -74,9 +74,12 @@ def test_tau_messages_reach_the_customer_and_stop_ends_with_the_reward(shared_da
     assert [m["role"] for m in gym.customer.history] == ["system", "user", "assistant"] + ["user", "assistant"] * 2
 
 
-def test_simulator_failure_gives_the_fallback_with_reward_0_and_is_flagged(shared_data):
+@pytest.mark.parametrize(
+    ("gym_name", "task_id"), [("tau", "retail-000"), ("tau_retail", "retail-train-001"), ("tau_airline", "airline-003")]
+)
+def test_simulator_failure_gives_the_fallback_with_reward_0_and_is_flagged(shared_data, gym_name, task_id):
     with OpenAIServer(reply(Fault(500))) as server:
-        gym, results = _run("tau", "retail-000", ["[action] Hello?"], server, shared_data)
+        gym, results = _run(gym_name, task_id, ["[action] Hello?"], server, shared_data)
         assert server.count == 2  # one retry, then the call failed for good
     failed = results[0]
     assert (failed.feedback, failed.reward, failed.done) == (TurnGym.fallback_feedback, 0.0, False)
