@@ -40,12 +40,6 @@ NOW = "2024-05-15T15:00:00"
 
 
 @tool
-def get_user_details(data: EpisodeDB, user_id: str) -> str:
-    users = data["users"]
-    return json.dumps(users[user_id]) if user_id in users else "Error: user not found"
-
-
-@tool
 def get_reservation_details(data: EpisodeDB, reservation_id: str) -> str:
     reservations = data["reservations"]
     if reservation_id not in reservations:
@@ -313,7 +307,6 @@ _OWN_TOOLS = (
     book_reservation,
     cancel_reservation,
     get_reservation_details,
-    get_user_details,
     list_all_airports,
     search_direct_flight,
     search_onestop_flight,

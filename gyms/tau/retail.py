@@ -35,12 +35,6 @@ def find_user_id_by_name_zip(data: EpisodeDB, first_name: str, last_name: str, z
 
 
 @tool
-def get_user_details(data: EpisodeDB, user_id: str) -> str:
-    users = data["users"]
-    return json.dumps(users[user_id]) if user_id in users else "Error: user not found"
-
-
-@tool
 def get_order_details(data: EpisodeDB, order_id: str) -> str:
     orders = data["orders"]
     return json.dumps(orders[order_id]) if order_id in orders else "Error: order not found"
@@ -174,32 +168,63 @@ def _price_difference(data: EpisodeDB, order: Record, item_ids: list[str], new_i
     return diff
 
 
-@tool
-def modify_pending_order_items(
-    data: EpisodeDB, order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
-) -> str:
+def _check_swap(
+    data: EpisodeDB,
+    order_id: str,
+    item_ids: list[str],
+    new_item_ids: list[str],
+    payment_method_id: str,
+    *,
+    status: str,
+    status_error: str,
+    balance_error: str,
+    rounded: bool,
+) -> str | tuple[Record, Any, Record]:
+    """The checks item modification and exchange share, in order: (order, price difference, method) or an error."""
     orders = data["orders"]
     if order_id not in orders:
         return "Error: order not found"
     order = orders[order_id]
-    if order["status"] != "pending":
-        return "Error: non-pending order cannot be modified"
+    if order["status"] != status:
+        return status_error
     missing = _missing_item(order, item_ids)
     if missing is not None:
         return f"Error: {missing} not found"
     if len(item_ids) != len(new_item_ids):
         return "Error: the number of items to be exchanged should match"
-    diff = _price_difference(data, order, item_ids, new_item_ids)  # [quirk] not rounded
+    diff = _price_difference(data, order, item_ids, new_item_ids)
     if isinstance(diff, str):
         return diff
+    if rounded:  # [quirk] exchange rounds the difference, modification does not
+        diff = round(diff, 2)
     methods = data["users"][order["user_id"]]["payment_methods"]
     if payment_method_id not in methods:
         return "Error: payment method not found"
     method = methods[payment_method_id]
     if method["source"] == "gift_card" and method["balance"] < diff:
-        return "Error: insufficient gift card balance to pay for the new item"
+        return balance_error
+    return order, diff, method
 
-    order = orders.edit(order_id)
+
+@tool
+def modify_pending_order_items(
+    data: EpisodeDB, order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
+) -> str:
+    checked = _check_swap(
+        data,
+        order_id,
+        item_ids,
+        new_item_ids,
+        payment_method_id,
+        status="pending",
+        status_error="Error: non-pending order cannot be modified",
+        balance_error="Error: insufficient gift card balance to pay for the new item",
+        rounded=False,
+    )
+    if isinstance(checked, str):
+        return checked
+    order, diff, method = checked
+    order = data["orders"].edit(order_id)
     order["payment_history"].append(
         {
             "transaction_type": "payment" if diff > 0 else "refund",
@@ -247,29 +272,21 @@ def return_delivered_order_items(data: EpisodeDB, order_id: str, item_ids: list[
 def exchange_delivered_order_items(
     data: EpisodeDB, order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
 ) -> str:
-    orders = data["orders"]
-    if order_id not in orders:
-        return "Error: order not found"
-    order = orders[order_id]
-    if order["status"] != "delivered":
-        return "Error: non-delivered order cannot be exchanged"
-    missing = _missing_item(order, item_ids)
-    if missing is not None:
-        return f"Error: {missing} not found"
-    if len(item_ids) != len(new_item_ids):
-        return "Error: the number of items to be exchanged should match"
-    diff = _price_difference(data, order, item_ids, new_item_ids)
-    if isinstance(diff, str):
-        return diff
-    diff = round(diff, 2)
-    methods = data["users"][order["user_id"]]["payment_methods"]
-    if payment_method_id not in methods:
-        return "Error: payment method not found"
-    method = methods[payment_method_id]
-    if method["source"] == "gift_card" and method["balance"] < diff:
-        return "Error: insufficient gift card balance to pay for the price difference"
-
-    order = orders.edit(order_id)
+    checked = _check_swap(
+        data,
+        order_id,
+        item_ids,
+        new_item_ids,
+        payment_method_id,
+        status="delivered",
+        status_error="Error: non-delivered order cannot be exchanged",
+        balance_error="Error: insufficient gift card balance to pay for the price difference",
+        rounded=True,
+    )
+    if isinstance(checked, str):
+        return checked
+    _, diff, _ = checked
+    order = data["orders"].edit(order_id)
     order["status"] = "exchange requested"
     order["exchange_items"] = sorted(item_ids)
     order["exchange_new_items"] = sorted(new_item_ids)
@@ -285,7 +302,6 @@ _OWN_TOOLS = (
     find_user_id_by_name_zip,
     get_order_details,
     get_product_details,
-    get_user_details,
     list_all_product_types,
     modify_pending_order_address,
     modify_pending_order_items,

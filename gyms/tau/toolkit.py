@@ -1,4 +1,4 @@
-"""How tau tools are declared and invoked, and the three tools both domains share.
+"""How tau tools are declared and invoked, and the tools both domains share.
 
 A tool is a plain function `fn(data, **arguments) -> str` over an `EpisodeDB`. Arguments are not checked against
 the JSON schema (tau-bench does not either); a call that raises becomes the observation `Error: <message>`.
@@ -8,6 +8,7 @@ Python's own argument errors read exactly as tau-bench's do, e.g.
 """
 
 import ast
+import json
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -102,6 +103,13 @@ def calculate(data: EpisodeDB, expression: str) -> str:
 
 
 @tool
+def get_user_details(data: EpisodeDB, user_id: str) -> str:
+    """A user record as JSON (both domains have a `users` table)."""
+    users = data["users"]
+    return json.dumps(users[user_id]) if user_id in users else "Error: user not found"
+
+
+@tool
 def think(data: EpisodeDB, thought: str) -> str:
     """A scratchpad: changes nothing and returns nothing."""
     return ""
@@ -113,4 +121,6 @@ def transfer_to_human_agents(data: EpisodeDB, summary: str) -> str:
     return "Transfer successful"
 
 
-SHARED_TOOLS: dict[str, ToolFn] = {f.__name__: f for f in (calculate, think, transfer_to_human_agents)}
+SHARED_TOOLS: dict[str, ToolFn] = {
+    f.__name__: f for f in (calculate, get_user_details, think, transfer_to_human_agents)
+}

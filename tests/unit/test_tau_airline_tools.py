@@ -10,8 +10,7 @@ import json
 
 import pytest
 
-from gyms.tau.domain import load_domain
-from gyms.tau.store import db_hash
+from tests.support.tau import tool_caller, untouched_domain
 
 USER = "mei_hernandez_8984"
 GIFT, CERT, CARD = "gift_card_5309492", "certificate_7502997", "credit_card_2140654"
@@ -20,11 +19,7 @@ ONE = [{"first_name": "Mei", "last_name": "Hernandez", "dob": "1981-01-11"}]
 
 @pytest.fixture(scope="module")
 def airline(shared_data):
-    """The shared domain; after the module, its base must still hash like the pristine data (no leaked write)."""
-    domain = load_domain("airline", str(shared_data / "taubench"))
-    pristine = db_hash(domain.base.tables)
-    yield domain
-    assert db_hash(domain.base.tables) == pristine
+    yield from untouched_domain(shared_data, "airline")
 
 
 @pytest.fixture
@@ -34,10 +29,7 @@ def db(airline):
 
 @pytest.fixture
 def call(airline, db):
-    def run(name, **arguments):
-        return airline.call(db, name, arguments)
-
-    return run
+    return tool_caller(airline, db)
 
 
 def _book(call, payments, *, flights=None, cabin="economy", passengers=ONE, insurance="no", nonfree=0):

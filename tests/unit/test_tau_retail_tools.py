@@ -9,17 +9,12 @@ import json
 
 import pytest
 
-from gyms.tau.domain import load_domain
-from gyms.tau.store import db_hash
+from tests.support.tau import tool_caller, untouched_domain
 
 
 @pytest.fixture(scope="module")
 def retail(shared_data):
-    """The shared domain; after the module, its base must still hash like the pristine data (no leaked write)."""
-    domain = load_domain("retail", str(shared_data / "taubench"))
-    pristine = db_hash(domain.base.tables)
-    yield domain
-    assert db_hash(domain.base.tables) == pristine
+    yield from untouched_domain(shared_data, "retail")
 
 
 @pytest.fixture
@@ -29,10 +24,7 @@ def db(retail):
 
 @pytest.fixture
 def call(retail, db):
-    def run(name, **arguments):
-        return retail.call(db, name, arguments)
-
-    return run
+    return tool_caller(retail, db)
 
 
 def _balance(db, user_id, method_id):
