@@ -64,6 +64,7 @@ class TauGym(TurnGym):
     """Gym `tau`; the domain gyms below change only the action set and the opening observation."""
 
     name = "tau"
+    needs_user_sim = True
     search_enabled = True
 
     def __init__(self, task: Any, config: TauGymConfig | None = None, user_sim: Any = None) -> None:

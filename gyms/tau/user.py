@@ -45,8 +45,6 @@ class Customer:
 
     async def reply(self, message: str) -> str:
         """The customer's answer to an agent message; UserSimError (history unchanged) when the simulator fails."""
-        if self.user_sim is None:
-            raise UserSimError("this gym was built without a user simulator", "config", 0)
         self.history.append({"role": "user", "content": message})
         try:
             reply = await self.user_sim.chat(self.history)

@@ -9,6 +9,7 @@ import pytest
 
 from gyms.base import make_gym
 from gyms.config import TauGymConfig
+from gyms.smoke import ScriptedUserSim
 from gyms.tau.domain import load_domain
 from gyms.tau.gym import HELP, INVALID_TOOL_CALL, TOOLS_ALREADY_LISTED, parse_tool_call
 from gyms.tau.store import db_hash
@@ -24,6 +25,15 @@ from userrl_megatron.errors import UserError
 @pytest.fixture(scope="module")
 def cfg(shared_data):
     return TauGymConfig(data_dir=str(shared_data))
+
+
+def _unexpected_call(messages):
+    pytest.fail("these actions must not reach the simulated customer")
+
+
+def _gym(name, task, config):
+    """A gym whose customer must stay silent (the paths reaching it are tested over HTTP in test_tau_user_sim.py)."""
+    return make_gym(name, task, config=config, user_sim=ScriptedUserSim(_unexpected_call))
 
 
 def _answer(name, **arguments):
@@ -116,14 +126,14 @@ def test_userrl_mixture_resolves_tau_rows_to_the_tau_gym(shared_data):
 def test_make_gym_from_an_id_a_record_or_a_task(shared_data, cfg):
     task = load_tasks(["tau_retail"], "test", GymsConfig(data_dir=str(shared_data)))[3]
     for source in ("retail-003", task.metadata["record"], task):
-        gym = make_gym("tau_retail", source, config=cfg)
+        gym = _gym("tau_retail", source, cfg)
         assert gym.task.index == 3 and gym.opening == task.prompt[1].content
     with pytest.raises(ValueError, match="gym tau_retail runs retail tasks, got 'airline-001'"):
-        make_gym("tau_retail", "airline-001", config=cfg)
+        _gym("tau_retail", "airline-001", cfg)
 
 
 def test_search_tools_help_and_unsupported(cfg, shared_data):
-    gym = make_gym("tau", "airline-000", config=cfg)
+    gym = _gym("tau", "airline-000", cfg)
     results = play(gym, ["[search] tools", "[search] TOOLS", "[search] help", "[search] weather"])
     tools = results[0].feedback.splitlines()
     assert tools[:5] == [
@@ -164,7 +174,7 @@ def test_parse_tool_call(content, parsed):
 
 
 def test_answer_paths(cfg):
-    gym = make_gym("tau", "retail-000", config=cfg)
+    gym = _gym("tau", "retail-000", cfg)
     results = play(
         gym,
         [
@@ -189,7 +199,7 @@ def test_answer_paths(cfg):
 
 
 def test_finish_ends_with_zero_and_later_steps_are_refused(cfg, shared_data):
-    gym = make_gym("tau", "retail-000", config=cfg)
+    gym = _gym("tau", "retail-000", cfg)
     results = play(gym, [*_gold_answers(shared_data, "retail-000"), "[finish]", "[search] tools"])
     finish, after = results[-2], results[-1]
     assert (finish.feedback, finish.reward, finish.done) == ("Episode finished. Final reward: 0.0", 0.0, True)
@@ -199,40 +209,40 @@ def test_finish_ends_with_zero_and_later_steps_are_refused(cfg, shared_data):
 def test_transfer_ends_the_episode_with_the_task_reward(cfg, shared_data):
     gold = _gold_answers(shared_data, "airline-013")
     assert json.loads(gold[-1][len("[answer] ") :])["name"] == "transfer_to_human_agents"
-    solved = play(make_gym("tau_airline", "airline-013", config=cfg), gold)
+    solved = play(_gym("tau_airline", "airline-013", cfg), gold)
     assert [r.reward for r in solved] == [0.0] * (len(gold) - 1) + [1.0]
     assert solved[-1].feedback == "Transfer successful" and solved[-1].done
     assert solved[-1].info["reward_info"]["r_actions"] == 1.0
     wrong = play(
-        make_gym("tau_airline", "airline-013", config=cfg),
+        _gym("tau_airline", "airline-013", cfg),
         [_answer("send_certificate", user_id="mei_hernandez_8984", amount=100), gold[-1]],
     )
     assert (wrong[-1].reward, wrong[-1].done, wrong[-1].info["reward_info"]["r_actions"]) == (0.0, True, 0.0)
 
 
 def test_step_limit_truncates(cfg):
-    gym = make_gym("tau", "retail-000", config=TauGymConfig(max_steps=3, data_dir=cfg.data_dir))
+    gym = _gym("tau", "retail-000", TauGymConfig(max_steps=3, data_dir=cfg.data_dir))
     results = play(gym, ["[search] help"] * 4)
     assert [(r.done, r.truncated) for r in results] == [(False, False), (False, False), (False, True), (True, False)]
     assert results[-1].feedback == EPISODE_OVER
 
 
 def test_domain_gyms_have_no_search_and_open_with_the_customer(cfg):
-    gym = make_gym("tau_retail", "retail-train-004", config=cfg)
+    gym = _gym("tau_retail", "retail-train-004", cfg)
     results = play(gym, ["[search] tools", "hello", "[finish]"])
     assert results[0].feedback == (
         "Invalid action: [search] tools. Call one of the tools, or write a message to the customer."
     )
     assert results[1].feedback == "Invalid action: hello. Call one of the tools, or write a message to the customer."
     assert results[2].done
-    assert make_gym("tau", "retail-train-004", config=cfg).observation() == "User says: " + gym.opening
+    assert _gym("tau", "retail-train-004", cfg).observation() == "User says: " + gym.opening
 
 
 def test_each_episode_gets_a_fresh_database(cfg):
-    first = make_gym("tau_retail", "retail-000", config=cfg)
+    first = _gym("tau_retail", "retail-000", cfg)
     cancel = _answer("cancel_pending_order", order_id="#W8955613", reason="no longer needed")
     assert json.loads(play(first, [cancel])[0].feedback)["status"] == "cancelled"
-    second = make_gym("tau_retail", "retail-000", config=cfg)
+    second = _gym("tau_retail", "retail-000", cfg)
     assert second.db.hash() == second.domain.base.hash() != first.db.hash()
     replayed = play(second, [cancel])  # play() resets, and reset gives a fresh database too
     assert json.loads(replayed[0].feedback)["status"] == "cancelled"
@@ -267,7 +277,7 @@ def test_reward_rules(shared_data):
 @pytest.mark.parametrize("gym_name", ["tau_retail", "tau_airline"])
 def test_hostile_tool_arguments_never_raise_and_never_touch_the_base(cfg, gym_name):
     """Every tool, every parameter given each JSON type: an observation string, the shared base unchanged."""
-    gym = make_gym(gym_name, "retail-000" if gym_name == "tau_retail" else "airline-000", config=cfg)
+    gym = _gym(gym_name, "retail-000" if gym_name == "tau_retail" else "airline-000", cfg)
     pristine = db_hash(gym.domain.base.tables)
     actions = []
     for schema in gym.domain.schemas:

@@ -100,11 +100,10 @@ def test_a_recovered_simulator_continues_the_conversation(shared_data):
     assert results[2].info["reward_info"]["r_actions"] == 0.0
 
 
-def test_a_gym_without_a_simulator_flags_every_message(shared_data):
-    gym = make_gym("tau_retail", "retail-000", config=TauGymConfig(data_dir=str(shared_data)))
-    result = asyncio.run(gym.step("[action] Hello?"))
-    assert (result.feedback, result.reward) == (TurnGym.fallback_feedback, 0.0)
-    assert result.info["user_sim_error"] == "this gym was built without a user simulator"
+@pytest.mark.parametrize("gym_name", ["tau", "tau_retail"])
+def test_a_gym_cannot_be_built_without_a_simulator(shared_data, gym_name):
+    with pytest.raises(ValueError, match=f"gym {gym_name} needs a user simulator"):
+        make_gym(gym_name, "retail-000", config=TauGymConfig(data_dir=str(shared_data)))
 
 
 @pytest.mark.parametrize(
