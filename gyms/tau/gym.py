@@ -19,8 +19,7 @@ from gyms.config import TauGymConfig
 from gyms.data import data_dir
 from gyms.tau.domain import load_domain
 from gyms.tau.smoke import domain_smoke, tau_smoke
-from gyms.tau.tasks import DOMAIN_GYMS, domain_tasks, parse_task_id, tau_tasks, taubench_dir
-from gyms.tau.tasks import task_record as lookup_record
+from gyms.tau.tasks import DOMAIN_GYMS, domain_tasks, parse_task_id, record_for, tau_tasks, taubench_dir
 from gyms.tau.user import STOP, Customer
 from gyms.turn_gym import TurnGym
 
@@ -70,7 +69,7 @@ class TauGym(TurnGym):
     def __init__(self, task: Any, config: TauGymConfig | None = None, user_sim: Any = None) -> None:
         self.config = config or TauGymConfig()
         super().__init__(self.config.max_steps, user_sim)
-        self.record = task_record(task, lambda task_id: lookup_record(task_id, data_dir(self.config.data_dir)))
+        self.record = task_record(task, lambda task_id: record_for(task_id, data_dir(self.config.data_dir)))
         domain, split, index = parse_task_id(self.record["id"])
         self.domain = load_domain(domain, str(taubench_dir(self.record, self.config.data_dir)))
         self.task = self.domain.task(split, index)

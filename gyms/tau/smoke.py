@@ -11,7 +11,7 @@ from typing import Any
 from gyms.data import data_dir
 from gyms.smoke import SmokeEpisode
 from gyms.tau.domain import load_domain
-from gyms.tau.tasks import parse_task_id, task_record
+from gyms.tau.tasks import parse_task_id, record_for
 from gyms.tau.user import STOP
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def _gold(task_id: str) -> tuple[dict[str, Any], list[str], Any] | None:
     if not (root / "taubench").is_dir() or not (root / "userrl").is_dir():
         log.warning("tau smoke episodes skipped: no tau-bench / UserRL data in %s (run `userrl data fetch`)", root)
         return None
-    record = task_record(task_id, root)
+    record = record_for(task_id, root)
     domain, split, index = parse_task_id(task_id)
     task = load_domain(domain, str(root / "taubench")).task(split, index)
     answers = ["[answer] " + json.dumps({"name": a["name"], "arguments": a["kwargs"]}) for a in task.actions]

@@ -13,6 +13,7 @@ simulated customer's history starts. A task record (`Task.metadata["record"]`) h
 """
 
 import re
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,13 @@ def format_task_id(domain: str, split: str, index: int) -> str:
     return f"{domain}-{index:03d}" if split == "test" else f"{domain}-{split}-{index:03d}"
 
 
+@cache
 def openings(root: Path, split: str) -> dict[str, str]:
     """Recorded opening line of every task of a split, by task id."""
     return {row["id"]: row["obs"].strip() for row in read_json(root, OPENINGS.format(split=split))}
 
 
-def task_record(task_id: str, root: Path) -> dict[str, Any]:
+def record_for(task_id: str, root: Path) -> dict[str, Any]:
     """The record of a task id, read from the data folder `root`."""
     domain, split, index = parse_task_id(task_id)
     canonical = format_task_id(domain, split, index)
@@ -80,7 +82,7 @@ def tau_tasks(split: str, root: Path) -> list[Task]:
     """Gym `tau`: UserRL's TauGym rows of `split`, each with its task record."""
     check_split("tau", split)
     return [
-        userrl_task("tau", row, row["reward_model"]["id"], task_record(row["reward_model"]["id"], root))
+        userrl_task("tau", row, row["reward_model"]["id"], record_for(row["reward_model"]["id"], root))
         for row in userrl_rows(root, "tau_multiturn", split)
     ]
 
@@ -91,7 +93,7 @@ def domain_tasks(gym: str, split: str, root: Path) -> list[Task]:
     check_split(gym, split, DOMAIN_SPLITS[domain])
     policy = require(root, f"taubench/{domain}/policy.md").read_text(encoding="utf-8")
     tools = read_json(root, f"taubench/{domain}/tools.json")
-    records = [task_record(task_id, root) for task_id in openings(root, split) if task_id.startswith(domain + "-")]
+    records = [record_for(task_id, root) for task_id in openings(root, split) if task_id.startswith(domain + "-")]
     return [
         Task(
             gym=gym,
