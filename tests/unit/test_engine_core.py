@@ -129,17 +129,26 @@ def test_bad_input_is_rejected_with_sglangs_messages(engine: LocalEngine) -> Non
         run(engine.generate([5] * 500, SamplingParams(max_new_tokens=13)))
 
 
-def test_prefix_cache_reuses_a_finished_turn(tiny_dir: Path, hf: torch.nn.Module) -> None:
-    """A second turn (first turn's prompt + output + new tokens) prefills only what is new, same tokens out."""
+def test_prefix_cache_reuses_finished_turns(tiny_dir: Path, hf: torch.nn.Module) -> None:
+    """Second turns (a first turn's prompt + output + new tokens), prefilled together in one padded forward with
+    prefix hits of different lengths, compute only what is new and give the tokens of a fresh computation."""
     eng = LocalEngine.launch(str(tiny_dir), EmbeddedServerConfig(device="cpu", prefix_cache_tokens=4096))
+    spec = parse_sampling_params({"max_new_tokens": 16, "temperature": 0}, hf.config.vocab_size)
+
+    async def turns():
+        firsts = prompts(3, seed=8)
+        outputs = [await eng.generate(p, GREEDY) for p in firsts]
+        seconds = [
+            p + o.output_ids + [10, 11, 12][: i + 1] for i, (p, o) in enumerate(zip(firsts, outputs, strict=True))
+        ]
+        done = await asyncio.gather(*(eng.core.generate(Request(p, spec)) for p in seconds))
+        return firsts, outputs, seconds, done
+
     try:
-        prompt = prompts(1, seed=8)[0]
-        first = run(eng.generate(prompt, GREEDY))
-        second_prompt = prompt + first.output_ids + [10, 11, 12]
-        spec = parse_sampling_params({"max_new_tokens": 16, "temperature": 0}, hf.config.vocab_size)
-        second = run(eng.core.generate(Request(second_prompt, spec)))
-        assert second.cached_tokens == len(prompt) + len(first.output_ids) - 1
-        assert second.output_ids == hf_greedy(hf, second_prompt, 16)
+        firsts, outputs, seconds, done = run(turns())
+        for first, output, second, request in zip(firsts, outputs, seconds, done, strict=True):
+            assert request.cached_tokens == len(first) + len(output.output_ids) - 1
+            assert request.output_ids == hf_greedy(hf, second, 16)
         assert run(eng.core.flush_cache()) == (True, "")
         assert len(eng.core.scheduler.prefix) == 0
     finally:
