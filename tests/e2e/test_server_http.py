@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 import torch
@@ -185,6 +186,47 @@ def test_health_info_pause_flush(server: ServerProcess, hf_a: torch.nn.Module) -
     assert status == 200 and text.startswith("Cache flushed.\n")
     rows = call(server, "/get_weights_by_name", {"name": "model.layers.0.mlp.up_proj.weight", "truncate_size": 3})[1]
     assert torch.equal(torch.tensor(rows), hf_a.model.layers[0].mlp.up_proj.weight[:3])
+
+
+def test_streaming_abort_and_weight_version(server: ServerProcess, hf_a: torch.nn.Module) -> None:
+    prompt = [9, 8, 7]
+
+    async def scenario() -> tuple[list[dict], dict]:
+        async with aiohttp.ClientSession() as session:
+            body = {"input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+            async with session.post(server.url + "/generate", json=body) as response:
+                events = [line.decode().strip() async for line in response.content if line.strip()]
+            long = {
+                "input_ids": prompt,
+                "rid": "long-1",
+                "sampling_params": {"max_new_tokens": 400, "min_new_tokens": 400},
+            }
+            pending = asyncio.ensure_future(session.post(server.url + "/generate", json=long))
+            while call(server, "/server_info", method="GET")[1]["internal_states"][0]["running"] == 0:
+                await asyncio.sleep(0.01)
+            async with session.post(server.url + "/abort_request", json={"rid": "long"}) as response:
+                assert response.status == 200 and await response.read() == b""
+            response = await pending
+            return events, await response.json()
+
+    events, aborted = asyncio.run(scenario())
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    expected = hf_greedy(hf_a, prompt, 6)
+    assert [c["output_ids"] for c in chunks] == [expected[: i + 1] for i in range(5)] + [expected]
+    assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * 5
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+    reason = aborted["meta_info"]["finish_reason"]
+    assert reason == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+    assert 0 < len(aborted["output_ids"]) < 400
+    assert call(server, "/update_weight_version", {"new_version": "v7"}) == (
+        200,
+        {"success": True, "message": "Weight version updated to v7", "new_version": "v7"},
+    )
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}
+    assert call(server, "/generate", body)[1]["meta_info"]["weight_version"] == "v7"
+    assert call(server, "/model_info", method="GET")[1]["weight_version"] == "v7"
+    call(server, "/update_weight_version", {"new_version": "default"})
 
 
 def test_memory_release_and_resume(server: ServerProcess) -> None:

@@ -118,6 +118,28 @@ def test_stop_token_ids_and_length(engine: LocalEngine, hf: torch.nn.Module) -> 
     assert short.output_ids == full[:3] and short.finish_reason == "length"
 
 
+def test_min_tokens_penalties_and_bias(engine: LocalEngine, hf: torch.nn.Module) -> None:
+    prompt, eos = prompts(1, seed=10)[0], hf.config.eos_token_id
+
+    def generate(**params: object) -> Request:
+        spec = parse_sampling_params({"max_new_tokens": 6, "temperature": 0, **params}, hf.config.vocab_size)
+        return run(engine.core.generate(Request(prompt, spec)))
+
+    first = generate(logit_bias={str(eos): 100.0})
+    assert first.output_ids == [eos] and first.finish_reason == {"type": "stop", "matched": eos}
+    held_back = generate(logit_bias={str(eos): 100.0}, min_new_tokens=4)
+    assert eos not in held_back.output_ids[:4] and held_back.output_ids[4] == eos
+    penalised = generate(max_new_tokens=12, frequency_penalty=0.5, presence_penalty=0.3)
+    expected: list[int] = []
+    with torch.no_grad():  # by hand: logit -= 0.5 * count + 0.3 for every token already generated
+        for _ in range(12):
+            logits = hf(torch.tensor([prompt + expected])).logits[0, -1]
+            for token in set(expected):
+                logits[token] -= 0.5 * expected.count(token) + 0.3
+            expected.append(int(logits.argmax()))
+    assert penalised.output_ids == expected
+
+
 def test_bad_input_is_rejected_with_sglangs_messages(engine: LocalEngine) -> None:
     with pytest.raises(EngineError, match=r"^input_ids cannot be empty\.$"):
         run(engine.generate([], GREEDY))

@@ -45,8 +45,7 @@ def run_prefill(
     if past:
         cache = DynamicCache(ddp_cache_data=_past_block(rows, past), config=model.model.config)
     padded = not bool(mask.all())
-    with torch.inference_mode():
-        logits = model.forward(ids, positions, cache, attention_mask=mask if padded else None, all_logits=all_logits)
+    logits = model.forward(ids, positions, cache, attention_mask=mask if padded else None, all_logits=all_logits)
     layers = [(layer.keys, layer.values) for layer in cache.layers]
     per_row = []
     for i, r in enumerate(rows):

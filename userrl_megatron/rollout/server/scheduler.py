@@ -97,7 +97,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stop = False
         self._generator = torch.Generator().manual_seed(seed)
-        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
 
     # ---- thread-safe API ----
 
@@ -158,6 +158,10 @@ class Scheduler:
         self.prefix.clear()
 
     # ---- the loop ----
+
+    def _run(self) -> None:
+        with torch.inference_mode():  # forwards, sampling, cache copies and weight loads: no autograd anywhere
+            self._loop()
 
     def _loop(self) -> None:
         while True:
@@ -296,8 +300,7 @@ class Scheduler:
         cache, mask = self._kv.begin_step()
         input_ids = torch.tensor([[r.output_ids[-1]] for r in running])
         positions = torch.tensor([[n] for n in self._kv.lengths])
-        with torch.inference_mode():
-            logits = self.model.forward(input_ids, positions, cache, attention_mask=mask)
+        logits = self.model.forward(input_ids, positions, cache, attention_mask=mask)
         self._kv.end_step()
         self.last_progress = time.perf_counter()
         self.steps += 1
