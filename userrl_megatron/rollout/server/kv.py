@@ -55,10 +55,6 @@ class BatchKV:
     def rows(self) -> int:
         return len(self.lengths)
 
-    def cached_tokens(self) -> int:
-        """Tokens held by active rows (not counting padding)."""
-        return sum(self.lengths)
-
     def release(self) -> None:
         """Drop the buffers (only when no row is active)."""
         assert not self.lengths, "cannot release a KV cache with active rows"

@@ -87,7 +87,7 @@ class Scheduler:
         self.paused = False
         self.held = False  # memory released: hold generation until resumed
         self.last_progress = 0.0  # perf_counter of the last forward
-        self.steps = 0
+        self.decode_steps = 0  # batched forwards of running requests since start
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []  # row i of the KV cache belongs to _running[i]
         self._kv = BatchKV(model.spec.num_layers, max_running_requests)
@@ -303,7 +303,7 @@ class Scheduler:
         logits = self.model.forward(input_ids, positions, cache, attention_mask=mask)
         self._kv.end_step()
         self.last_progress = time.perf_counter()
-        self.steps += 1
+        self.decode_steps += 1
         self._sample_and_check(running, logits)
         for row in reversed(range(len(running))):
             if running[row].finished:
