@@ -26,7 +26,7 @@ def test_bf16_tensors_are_cast_and_bad_tensors_refused(tied: EngineModel) -> Non
     norm = torch.randn(64).to(torch.bfloat16)
     assert tied.load_weights([("model.norm.weight", norm), ("model.layers.0.self_attn.rotary_emb.inv_freq", norm)]) == 1
     assert torch.equal(tied.model.model.norm.weight, norm.float())
-    with pytest.raises(KeyError, match="unknown parameter 'model.layers.9.mlp.up_proj.weight'"):
+    with pytest.raises(KeyError, match=r"unknown parameter 'model\.layers\.9\.mlp\.up_proj\.weight'"):
         tied.load_weights([("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])
     with pytest.raises(ValueError, match=r"^model.norm.weight: shape \(63,\) does not match \(64,\)$"):
         tied.load_weights([("model.norm.weight", torch.zeros(63))])
