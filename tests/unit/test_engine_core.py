@@ -200,3 +200,16 @@ def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module) -> None:
     aborted, _ = run(paused_mid_generation("abort"))
     assert aborted.finish_reason == "abort"
     assert aborted.output_ids == expected[: len(aborted.output_ids)] and len(aborted.output_ids) < 400
+
+
+def test_a_failing_forward_aborts_its_requests_and_the_engine_keeps_serving(
+    engine: LocalEngine, hf: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("out of memory")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.core.model, "forward", broken)
+        failed = run(engine.generate([5, 6, 7], GREEDY))
+    assert failed.finish_reason == "abort" and failed.output_ids == []
+    assert run(engine.generate([5, 6, 7], GREEDY)).output_ids == hf_greedy(hf, [5, 6, 7], GREEDY.max_new_tokens)
