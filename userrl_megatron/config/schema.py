@@ -58,6 +58,21 @@ class SGLangConfig:
     enable_memory_saver: bool = True  # lets engines release memory while actors train (colocated mode)
     base_port: int = 30000  # first HTTP port; engine i listens on base_port + i
     extra_args: list[str] = field(default_factory=list)  # extra `sglang.launch_server` arguments, passed verbatim
+    host: str = "127.0.0.1"  # bind address of the SGLang servers (0.0.0.0 to reach them from other nodes)
+    startup_timeout_s: float = 900.0  # how long to wait for a launched server's /health_generate to answer 200
+
+
+@dataclass
+class EmbeddedServerConfig:
+    host: str = "127.0.0.1"  # bind address of `userrl serve` (loopback unless other hosts must reach it)
+    base_port: int = 30000  # first HTTP port; embedded engine i listens on base_port + i
+    device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda" or "cuda:N"
+    context_length: int = 0  # longest prompt + output served; 0 = the model's max_position_embeddings
+    max_running_requests: int = 64  # requests decoded together in one batched forward
+    max_prefill_tokens: int = 8192  # prompt tokens prefilled per scheduler iteration (at least one request)
+    random_seed: int = 0  # seed of sampled requests that carry no sampling_seed
+    health_check_timeout_s: float = 20.0  # /health answers 503 when no forward completes within this time
+    startup_timeout_s: float = 300.0  # how long to wait for a launched server's /health_generate to answer 200
 
 
 @dataclass
@@ -79,6 +94,7 @@ class RolloutConfig:
     max_concurrent_episodes: int = 64  # episodes in flight per engine
     request_timeout_s: float = 600.0  # timeout of one generate request
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # SGLang server settings (backend: sglang)
+    embedded: EmbeddedServerConfig = field(default_factory=EmbeddedServerConfig)  # embedded server (backend: embedded)
 
 
 @dataclass

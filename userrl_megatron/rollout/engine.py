@@ -11,6 +11,10 @@ from typing import Any, Protocol, runtime_checkable
 from userrl_megatron.types import SamplingParams
 
 
+class EngineError(RuntimeError):
+    """An engine refused or failed a call (SGLang `success: false`, a 4xx/5xx, or no answer after retries)."""
+
+
 @dataclass
 class Generation:
     """The result of one generate call."""
@@ -37,8 +41,9 @@ class RolloutEngine(Protocol):
 
     async def flush_cache(self) -> None: ...
 
-    async def pause(self) -> None:
-        """Stop starting new work (SGLang `/pause_generation`)."""
+    async def pause(self, mode: str = "abort") -> None:
+        """Stop generating (SGLang `/pause_generation`): "abort" in-flight requests (they return partial output
+        with finish_reason "abort"), "retract" them (recomputed after resume), or freeze them "in_place"."""
         ...
 
     async def resume(self) -> None:
@@ -59,5 +64,19 @@ class RolloutEngine(Protocol):
         weight_version: str | None = None,
         load_format: str | None = None,
     ) -> None: ...
+
+    async def begin_weight_update(self) -> None:
+        """Open a weight-update session (SGLang 0.5.23 requires one around update_weights_from_distributed)."""
+        ...
+
+    async def end_weight_update(self) -> None: ...
+
+    async def destroy_weights_update_group(self, group_name: str) -> None: ...
+
+    async def release_memory(self, tags: list[str] | None = None) -> None:
+        """SGLang `/release_memory_occupation` (tags: "kv_cache", "weights", "cuda_graph"; None = all)."""
+        ...
+
+    async def resume_memory(self, tags: list[str] | None = None) -> None: ...
 
     async def get_model_info(self) -> dict[str, Any]: ...
