@@ -1,1 +1,3 @@
-"""Imports every built-in gym so that its @register_gym runs. Add new gyms here."""
+"""Imports every built-in gym so that its registration runs. Add new gyms here."""
+
+import gyms.function  # noqa: F401

@@ -1,5 +1,8 @@
 """Cross-field checks that must fail before any work starts (all problems are reported at once)."""
 
+import functools
+
+from gyms.config import FUNCTION_OPERATORS
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.schema import RootConfig
 
@@ -19,6 +22,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "algo.kl_estimator": ("k1", "k2", "k3"),
     "algo.user_sim_failure": ("mask", "keep"),
+    "gyms.persuade.reward_baseline": ("best", "previous"),
+    "gyms.search.judge": ("llm", "exact"),
+    "gyms.search.backend": ("offline", "web"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
     "logging.level": ("DEBUG", "INFO", "WARNING", "ERROR"),
 }
@@ -29,6 +35,7 @@ GROUP_ESTIMATORS = ("grpo", "grpo_multiturn")
 def check_config(cfg: RootConfig) -> None:
     """Raise ConfigError listing every inconsistency in `cfg`."""
     problems = _choice_problems(cfg) + _parallel_problems(cfg) + _budget_problems(cfg) + _algo_problems(cfg)
+    problems += _gym_problems(cfg)
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
@@ -43,8 +50,7 @@ def check_config(cfg: RootConfig) -> None:
 def _choice_problems(cfg: RootConfig) -> list[str]:
     problems = []
     for dotted, allowed in CHOICES.items():
-        section, key = dotted.split(".")
-        value = getattr(getattr(cfg, section), key)
+        value = functools.reduce(getattr, dotted.split("."), cfg)
         if value not in allowed:
             problems.append(f"{dotted} = {value!r}; choose from {', '.join(allowed)}")
     return problems
@@ -137,4 +143,26 @@ def _algo_problems(cfg: RootConfig) -> list[str]:
             )
     if a.kl_coef < 0 or a.entropy_coef < 0 or a.tis_cap < 0:
         problems.append("algo.kl_coef, algo.entropy_coef and algo.tis_cap must be >= 0")
+    return problems
+
+
+def _gym_problems(cfg: RootConfig) -> list[str]:
+    gen, sim, problems = cfg.gyms.function.generator, cfg.user_sim, []
+    if not 1 <= gen.terms <= 4:
+        problems.append(f"gyms.function.generator.terms must be in 1..4 (inputs a, b, c, d), got {gen.terms}")
+    unknown = [op for op in gen.operators if op not in FUNCTION_OPERATORS]
+    if unknown:
+        allowed = " ".join(FUNCTION_OPERATORS)
+        problems.append(f"gyms.function.generator.operators: unknown {unknown}; choose from {allowed}")
+    if gen.terms > 1 and not [op for op in gen.operators if op != "**"]:
+        problems.append("gyms.function.generator.operators needs one of + - * / when terms > 1")
+    if gen.max_input < 1 or gen.tasks_per_split < 1:
+        problems.append("gyms.function.generator.max_input and tasks_per_split must be >= 1")
+    travel = cfg.gyms.travel
+    if travel.search_failure_interval < 0 or travel.elicitation_interval < 1:
+        problems.append("gyms.travel.search_failure_interval must be >= 0 and elicitation_interval >= 1")
+    if travel.wrong_options < 0 or travel.noise_options < 0:
+        problems.append("gyms.travel.wrong_options and noise_options must be >= 0")
+    if sim.max_concurrency < 1 or sim.timeout_s <= 0 or sim.max_retries < 0 or sim.backoff_s < 0:
+        problems.append("user_sim: max_concurrency >= 1, timeout_s > 0, max_retries >= 0 and backoff_s >= 0 required")
     return problems

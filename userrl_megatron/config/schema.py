@@ -5,7 +5,16 @@ that no field lacks one. Defaults describe the embedded CPU quickstart; recipes 
 """
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from gyms.config import (
+    FunctionGymConfig,
+    IntentionGymConfig,
+    PersuadeGymConfig,
+    SearchGymConfig,
+    TelepathyGymConfig,
+    TravelGymConfig,
+    TurtleGymConfig,
+)
 
 
 @dataclass
@@ -99,10 +108,16 @@ class RolloutConfig:
 
 @dataclass
 class GymsConfig:
-    data_dir: str = ""  # folder with the public gym data (`userrl data fetch`); empty = the default cache
-    train: list[str] = field(default_factory=lambda: ["function"])  # training mixture: gym names or row files
-    test: list[str] = field(default_factory=lambda: ["function"])  # evaluation mixture: gym names or row files
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-gym settings, e.g. {travel: {max_steps: 16}}
+    data_dir: str = ""  # public data folder (`userrl data fetch`); empty = $USERRL_DATA_DIR or the default cache
+    train: list[str] = field(default_factory=lambda: ["function-procedural"])  # training sources (userrl data list)
+    test: list[str] = field(default_factory=lambda: ["function-procedural"])  # evaluation sources
+    function: FunctionGymConfig = field(default_factory=FunctionGymConfig)  # FunctionGym and its task generator
+    intention: IntentionGymConfig = field(default_factory=IntentionGymConfig)  # IntentionGym
+    persuade: PersuadeGymConfig = field(default_factory=PersuadeGymConfig)  # PersuadeGym
+    search: SearchGymConfig = field(default_factory=SearchGymConfig)  # SearchGym and its search backend
+    telepathy: TelepathyGymConfig = field(default_factory=TelepathyGymConfig)  # TelepathyGym
+    travel: TravelGymConfig = field(default_factory=TravelGymConfig)  # TravelGym and its scenario generator
+    turtle: TurtleGymConfig = field(default_factory=TurtleGymConfig)  # TurtleGym
 
 
 @dataclass
@@ -115,8 +130,10 @@ class UserSimConfig:
     timeout_s: float = 30.0  # per-call timeout
     max_retries: int = 4  # retries after a timeout, 429 or 5xx before the call counts as failed
     backoff_s: float = 1.0  # first retry delay; doubles each retry, with jitter
+    backoff_max_s: float = 30.0  # longest retry delay
     max_concurrency: int = 64  # simulator calls in flight at once
     cache_dir: str = ""  # on-disk response cache keyed by the request; empty disables it
+    disable_thinking: bool = False  # send chat_template_kwargs.enable_thinking=false (Qwen3 on vLLM/SGLang)
 
 
 @dataclass
