@@ -14,6 +14,7 @@ Qwen `<tool_call>{json}</tool_call>` blocks, plain `[action] ...` tag lines) tha
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gyms.tools import TAG_FORMAT_INSTRUCTIONS, ToolCallError, tool_call_to_action
@@ -52,6 +53,13 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.tool_format = tool_format
         self._suffix_cache: dict[str, str] = {}
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, tool_format: str = "hermes") -> "ChatTemplate":
+        """The chat template of the tokenizer saved in the model directory `path`."""
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(path), tool_format)
 
     # ---- rendering -------------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from gyms.base import Gym
 from gyms.tools import ToolCallError
-from userrl_megatron.config.schema import RolloutConfig
+from userrl_megatron.config.schema import GymsConfig, RolloutConfig
 from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError, strip_reasoning
 from userrl_megatron.rollout.engine import Generation, RolloutEngine
 from userrl_megatron.types import Episode, EpisodeGroup, FinishReason, Message, SamplingParams, Task, Turn
@@ -233,6 +233,13 @@ class EpisodeRunner:
             if result.truncated:
                 raise _EpisodeEnd("truncated")
         return replies
+
+
+def gym_factory(gyms_cfg: GymsConfig, max_steps: int, user_sim: Any = None) -> GymFactory:
+    """Builds each task's gym from the registry with its typed config (`max_steps` = the rollout's max turns)."""
+    from gyms import config_for, make_gym
+
+    return lambda task: make_gym(task.gym, task, config_for(task.gym, gyms_cfg, max_steps), user_sim)
 
 
 async def _close(gym: Gym, episode: Episode) -> None:
