@@ -79,6 +79,7 @@ class EmbeddedServerConfig:
     context_length: int = 0  # longest prompt + output served; 0 = the model's max_position_embeddings
     max_running_requests: int = 64  # requests decoded together in one batched forward
     max_prefill_tokens: int = 8192  # prompt tokens prefilled per scheduler iteration (at least one request)
+    prefix_cache_tokens: int = 16384  # tokens of finished sequences whose KV is kept for reuse (0 disables)
     random_seed: int = 0  # seed of sampled requests that carry no sampling_seed
     health_check_timeout_s: float = 20.0  # /health answers 503 when no forward completes within this time
     startup_timeout_s: float = 300.0  # how long to wait for a launched server's /health_generate to answer 200

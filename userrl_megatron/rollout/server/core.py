@@ -52,7 +52,12 @@ class EngineCore:
         self.served_model_name = served_model_name or model_path
         self.model = EngineModel(model_path, dtype, resolve_device(cfg.device), cfg.context_length)
         self.scheduler = Scheduler(
-            self.model, cfg.max_running_requests, cfg.max_prefill_tokens, weight_version, cfg.random_seed
+            self.model,
+            cfg.max_running_requests,
+            cfg.max_prefill_tokens,
+            weight_version,
+            cfg.random_seed,
+            cfg.prefix_cache_tokens,
         )
         self.groups: dict[str, tuple[Any, str]] = {}  # group name -> (process group, backend)
         self._session: str | None = None  # selector of the open weight-update session
@@ -352,6 +357,7 @@ class EngineCore:
             "context_length": self.model.spec.context_length,
             "max_running_requests": self.cfg.max_running_requests,
             "max_prefill_tokens": self.cfg.max_prefill_tokens,
+            "prefix_cache_tokens": self.cfg.prefix_cache_tokens,
             "weight_version": self.weight_version,
             "startup_time": self.startup_time,
             "internal_states": [{"running": running, "waiting": waiting, "paused": self.scheduler.paused}],

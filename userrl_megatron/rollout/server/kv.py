@@ -95,6 +95,14 @@ class BatchKV:
         self.lengths.pop()
         return last if row != last else None
 
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of one row's live keys and values per layer, [kv_heads, length, head_dim]."""
+        lo = self.end - self.lengths[row]
+        return [
+            (k[row, :, lo : self.end].clone(), v[row, :, lo : self.end].clone())
+            for k, v in zip(self.keys, self.values, strict=True)
+        ]
+
     def begin_step(self) -> tuple[Cache, torch.Tensor]:
         """Make room for one new column; returns the cache view and the [rows, window + 1] attention mask."""
         if self.end == self.keys[0].shape[2]:

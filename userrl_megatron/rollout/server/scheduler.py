@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from userrl_megatron.rollout.server.kv import BatchKV
 from userrl_megatron.rollout.server.model import EngineModel
+from userrl_megatron.rollout.server.prefix import PrefixCache
 from userrl_megatron.rollout.server.sampling import SampleRow, SamplingSpec, sample
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class Request:
     finish_reason: dict[str, Any] | None = None
     weight_version: str = ""
     num_retractions: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     created: float = field(default_factory=time.perf_counter)
     finished_at: float = 0.0
     matched_stop_text: str | None = None  # the stop string that ended the request, if any
@@ -76,6 +78,7 @@ class Scheduler:
         max_prefill_tokens: int = 8192,
         weight_version: str = "default",
         seed: int = 0,
+        prefix_cache_tokens: int = 0,
     ):
         self.model = model
         self.max_running = max_running_requests
@@ -88,6 +91,7 @@ class Scheduler:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []  # row i of the KV cache belongs to _running[i]
         self._kv = BatchKV(model.spec.num_layers, max_running_requests)
+        self.prefix = PrefixCache(prefix_cache_tokens)
         self._commands: deque[_Command] = deque()
         self._aborts: list[tuple[str, bool, str]] = []  # (rid prefix, abort all, message)
         self._cond = threading.Condition()
@@ -149,8 +153,9 @@ class Scheduler:
         return not self._running and (ignore_waiting or not self._waiting)
 
     def release_kv(self) -> None:
-        """Free the KV buffers (idle engine only)."""
+        """Free the KV buffers and the prefix cache (idle engine only)."""
         self._kv.release()
+        self.prefix.clear()
 
     # ---- the loop ----
 
@@ -255,10 +260,18 @@ class Scheduler:
             )
         tokens = request.input_ids + request.output_ids
         want_input = request.return_logprob and request.logprob_start_len >= 0 and not request.output_ids
-        cache = DynamicCache(config=model.model.config)
+        if want_input:  # input log-probs need every position's logits: no reuse
+            reused, cache = 0, DynamicCache(config=model.model.config)
+        else:
+            reused, cache = self.prefix.lookup(tokens, model.model.config)
+        if not request.output_ids:
+            request.cached_tokens = reused
         with torch.inference_mode():
             logits = model.forward(
-                torch.tensor([tokens]), torch.arange(len(tokens)).unsqueeze(0), cache, all_logits=want_input
+                torch.tensor([tokens[reused:]]),
+                torch.arange(reused, len(tokens)).unsqueeze(0),
+                cache,
+                all_logits=want_input,
             )
         self.last_progress = time.perf_counter()
         if want_input:
@@ -268,7 +281,9 @@ class Scheduler:
             self._finish(request, {"type": "length", "length": 0})
             return
         self._sample_and_check([request], logits)
-        if not request.finished:
+        if request.finished:
+            self._store_prefix(request, [(layer.keys[0], layer.values[0]) for layer in cache.layers])
+        else:
             self._kv.insert(cache)
             self._running.append(request)
 
@@ -285,6 +300,7 @@ class Scheduler:
         self._sample_and_check(running, logits)
         for row in reversed(range(len(running))):
             if running[row].finished:
+                self._store_prefix(running[row], self._kv.row_kv(row))
                 self._remove_row(row)
 
     def _sample_and_check(self, requests: list[Request], logits: torch.Tensor) -> None:
@@ -332,6 +348,12 @@ class Scheduler:
         request.finished_at = time.perf_counter()
         if request.on_finish is not None:
             request.on_finish(request)
+
+    def _store_prefix(self, request: Request, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Offer a finished sequence's KV (it covers the first len(KV) of prompt + output) to the prefix cache."""
+        if self.prefix.max_tokens > 0:
+            length = layers[0][0].shape[-2]
+            self.prefix.store((request.input_ids + request.output_ids)[:length], layers)
 
     def _remove_row(self, row: int) -> None:
         moved = self._kv.remove(row)
