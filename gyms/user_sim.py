@@ -35,7 +35,7 @@ class UserSimError(RuntimeError):
 
     def __init__(self, message: str, kind: str, attempts: int) -> None:
         super().__init__(message)
-        self.kind = kind  # timeout | connection | rate_limit | server | client | empty | bad_json
+        self.kind = kind  # timeout | connection | rate_limit | server | bad_response | client | empty | bad_json
         self.attempts = attempts
 
 
@@ -166,6 +166,8 @@ class UserSimulator:
                     raise _RetryableError("rate_limit" if status == 429 else "server", f"HTTP {status}") from e
                 hint = f" (is ${self.cfg.api_key_env} set?)" if status in (401, 403) else ""
                 raise UserSimError(f"user simulator request rejected: HTTP {status}{hint}: {e}", "client", 1) from e
+            except (openai.APIError, ValueError) as e:  # a 200 whose body is not a chat completion
+                raise _RetryableError("bad_response", f"unreadable response: {e}") from e
             finally:
                 self._in_flight -= 1
         return self._read(response, want_json)
