@@ -13,14 +13,14 @@ from transformers import AutoModelForCausalLM
 
 from gyms.function.rules import generate_function
 from gyms.function.tasks import procedural_task
-from tests.support.chatty_model import make_chatty_model
+from tests.support.chatty import check_logprobs, function_task, make_chatty_model
 from userrl_megatron.config.schema import EmbeddedServerConfig, GymsConfig, RolloutConfig
 from userrl_megatron.model_store import resolve_model
 from userrl_megatron.rollout.chat import ChatTemplate
 from userrl_megatron.rollout.engine import Generation
 from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
 from userrl_megatron.rollout.server.local import LocalEngine
-from userrl_megatron.types import Episode, Message, SamplingParams, Task
+from userrl_megatron.types import Episode, Message, SamplingParams
 
 CONTINUING = {"max_turns", "truncated", "max_tokens", "done", "no_tool_call"}
 
@@ -36,15 +36,6 @@ class Recorder:
         generation = await self.engine.generate(input_ids, sampling)
         self.calls.append((list(input_ids), generation))
         return generation
-
-
-def function_task(index: int, **metadata: object) -> Task:
-    """A generated FunctionGym task, with a short ASCII prompt the character tokenizer covers."""
-    gyms = GymsConfig()
-    task = procedural_task(generate_function(gyms.function.generator, "train", index), gyms.function.generator)
-    task.prompt = [Message("system", "Find the hidden function of a, b, c, d."), Message("user", "Begin.")]
-    task.metadata.update(metadata)
-    return task
 
 
 def check_token_exact(episode: Episode, recorder: Recorder, chat: ChatTemplate) -> None:
@@ -67,18 +58,6 @@ def check_token_exact(episode: Episode, recorder: Recorder, chat: ChatTemplate) 
         assert text.startswith(chat.render(messages, None, generation=True))  # a cut turn has no message
     else:
         assert text == chat.render(messages, None, generation=False)
-
-
-def check_logprobs(episode: Episode, model: torch.nn.Module) -> None:
-    """The rollout log-probs are the model's own log-probs of the sampled tokens in their context."""
-    ids = torch.tensor([episode.token_ids])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
-    token_logp = logp.gather(1, ids[0, 1:, None])[:, 0]
-    positions = [i for i, m in enumerate(episode.loss_mask) if m]
-    expected = token_logp[[p - 1 for p in positions]]
-    actual = torch.tensor([episode.rollout_logprobs[p] for p in positions])
-    torch.testing.assert_close(actual, expected, atol=2e-4, rtol=0)
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ GROUP_ESTIMATORS = ("grpo", "grpo_multiturn")
 def check_config(cfg: RootConfig) -> None:
     """Raise ConfigError listing every inconsistency in `cfg`."""
     problems = _choice_problems(cfg) + _parallel_problems(cfg) + _budget_problems(cfg) + _algo_problems(cfg)
-    problems += _gym_problems(cfg)
+    problems += _gym_problems(cfg) + _pool_problems(cfg)
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
@@ -165,4 +165,16 @@ def _gym_problems(cfg: RootConfig) -> list[str]:
         problems.append("gyms.travel.wrong_options and noise_options must be >= 0")
     if sim.max_concurrency < 1 or sim.timeout_s <= 0 or sim.max_retries < 0 or sim.backoff_s < 0:
         problems.append("user_sim: max_concurrency >= 1, timeout_s > 0, max_retries >= 0 and backoff_s >= 0 required")
+    return problems
+
+
+def _pool_problems(cfg: RootConfig) -> list[str]:
+    r = cfg.rollout
+    problems = [
+        f"rollout.{key} must be >= 0, got {getattr(r, key)}"
+        for key in ("health_check_interval_s", "engine_max_restarts", "generate_failovers")
+        if getattr(r, key) < 0
+    ]
+    if r.max_concurrent_episodes < 1:
+        problems.append(f"rollout.max_concurrent_episodes must be >= 1, got {r.max_concurrent_episodes}")
     return problems
