@@ -195,3 +195,29 @@ def test_an_engine_killed_mid_rollout_loses_no_episode(placement: object, chatty
 
 async def _dead(pool: RolloutPool, index: int) -> bool:
     return not await pool.engines[index].actor.alive.remote()
+
+
+def test_rollout_command_on_the_pool(
+    ray_cluster: object, chatty: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from userrl_megatron.cli import main
+    from userrl_megatron.observability.dumps import read_episodes
+
+    out = tmp_path / "rollouts.jsonl"
+    args = [
+        "rollout", "--limit", "3", "--samples", "2", "--out", str(out),
+        f"model.path={chatty}", "model.tool_format=tags", "model.max_context_length=4096",
+        "rollout.num_engines=2", "rollout.embedded.base_port=0", "rollout.max_prompt_tokens=2048",
+        "rollout.max_response_tokens=256", "rollout.max_new_tokens_per_turn=32", "megatron.micro_batch_tokens=4096",
+    ]  # fmt: skip
+    assert main(args) == 0
+    records = read_episodes(out)
+    assert len(records) == 6
+    assert [r["task_id"] for r in records] == [r["task_id"] for r in records[::2] for _ in range(2)]
+    for record in records:
+        assert record["gym"] == "function" and record["turns"]
+        assert record["trained_tokens"] == sum(len(t["tokens"]) for t in record["turns"])
+        assert all(t["generate_s"] > 0 for t in record["turns"])
+    printed = capsys.readouterr().out
+    assert "6 episodes in" in printed and "generated tokens/s" in printed
+    assert any(line.startswith("│ function │        6 │") for line in printed.splitlines())
