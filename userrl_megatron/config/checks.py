@@ -1,6 +1,7 @@
 """Cross-field checks that must fail before any work starts (all problems are reported at once)."""
 
 import functools
+import re
 
 from gyms.config import FUNCTION_OPERATORS
 from userrl_megatron.config.loader import ConfigError
@@ -35,7 +36,7 @@ GROUP_ESTIMATORS = ("grpo", "grpo_multiturn")
 def check_config(cfg: RootConfig) -> None:
     """Raise ConfigError listing every inconsistency in `cfg`."""
     problems = _choice_problems(cfg) + _parallel_problems(cfg) + _budget_problems(cfg) + _algo_problems(cfg)
-    problems += _gym_problems(cfg) + _pool_problems(cfg)
+    problems += _gym_problems(cfg) + _pool_problems(cfg) + _engine_problems(cfg)
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
@@ -177,4 +178,27 @@ def _pool_problems(cfg: RootConfig) -> list[str]:
     ]
     if r.max_concurrent_episodes < 1:
         problems.append(f"rollout.max_concurrent_episodes must be >= 1, got {r.max_concurrent_episodes}")
+    return problems
+
+
+def _engine_problems(cfg: RootConfig) -> list[str]:
+    e, g, problems = cfg.rollout.embedded, cfg.rollout.sglang, []
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", e.device):
+        problems.append(f"rollout.embedded.device = {e.device!r}; choose from auto, cpu, cuda, cuda:N")
+    for key, port in (("rollout.embedded.base_port", e.base_port), ("rollout.sglang.base_port", g.base_port)):
+        if port and not 1 <= port <= 65535 - cfg.rollout.num_engines:  # 0: the pool picks free ports
+            problems.append(f"{key} = {port} leaves no room for rollout.num_engines = {cfg.rollout.num_engines} ports")
+    for key in ("max_running_requests", "max_prefill_tokens"):
+        if getattr(e, key) < 1:
+            problems.append(f"rollout.embedded.{key} must be >= 1, got {getattr(e, key)}")
+    if e.prefix_cache_tokens < 0 or e.context_length < 0:
+        problems.append("rollout.embedded.prefix_cache_tokens and rollout.embedded.context_length must be >= 0")
+    timeouts = {
+        "rollout.embedded.health_check_timeout_s": e.health_check_timeout_s,
+        "rollout.embedded.startup_timeout_s": e.startup_timeout_s,
+        "rollout.sglang.startup_timeout_s": g.startup_timeout_s,
+    }
+    problems += [f"{key} must be > 0, got {value}" for key, value in timeouts.items() if value <= 0]
+    if not 0.0 < g.mem_fraction_static <= 1.0:
+        problems.append(f"rollout.sglang.mem_fraction_static must be in (0, 1], got {g.mem_fraction_static}")
     return problems

@@ -360,7 +360,15 @@ class EngineCore:
             "prefix_cache_tokens": self.cfg.prefix_cache_tokens,
             "weight_version": self.weight_version,
             "startup_time": self.startup_time,
-            "internal_states": [{"running": running, "waiting": waiting, "paused": self.scheduler.paused}],
+            "internal_states": [
+                {
+                    "running": running,
+                    "waiting": waiting,
+                    "paused": self.scheduler.paused,
+                    "decode_steps": self.scheduler.decode_steps,
+                    "prefix_cache_tokens": self.scheduler.prefix.tokens,
+                }
+            ],
             "version": "userrl-embedded",
             "frontend": "python",
         }

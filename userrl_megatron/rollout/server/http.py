@@ -334,18 +334,17 @@ async def get_weights_by_name(request: web.Request) -> web.Response:
 
 
 async def release_memory_occupation(request: web.Request) -> web.Response:
-    body = fields(await read_json(request, required=False), {"tags": (list, None)})
-    try:
-        await request.app[CORE_KEY].release_memory_occupation(body["tags"])
-    except Exception as e:
-        return error_message(str(e))
-    return web.json_response(None)
+    return await _memory(request, request.app[CORE_KEY].release_memory_occupation)
 
 
 async def resume_memory_occupation(request: web.Request) -> web.Response:
+    return await _memory(request, request.app[CORE_KEY].resume_memory_occupation)
+
+
+async def _memory(request: web.Request, operation: Callable) -> web.Response:
     body = fields(await read_json(request, required=False), {"tags": (list, None)})
     try:
-        await request.app[CORE_KEY].resume_memory_occupation(body["tags"])
+        await operation(body["tags"])
     except Exception as e:
         return error_message(str(e))
     return web.json_response(None)

@@ -55,18 +55,13 @@ class BatchKV:
     def rows(self) -> int:
         return len(self.lengths)
 
-    def cached_tokens(self) -> int:
-        """Tokens held by active rows (not counting padding)."""
-        return sum(self.lengths)
-
     def release(self) -> None:
         """Drop the buffers (only when no row is active)."""
         assert not self.lengths, "cannot release a KV cache with active rows"
         self.keys, self.values, self.end, self.start = [], [], 0, 0
 
-    def insert(self, cache: Cache) -> int:
-        """Copy a single-sequence cache (batch 1, e.g. a prefill's DynamicCache) into a new row; returns the row."""
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
+    def insert(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """Copy one sequence's keys and values ([kv_heads, length, head_dim] per layer) into a new row."""
         length = layers[0][0].shape[-2]
         if not self.keys:
             self._allocate(layers[0][0], rows=min(self.max_rows, 8), columns=max(64, 2 * length))
@@ -79,8 +74,8 @@ class BatchKV:
             self._reshape(rows=self.keys[0].shape[0], shift=shift, columns=max(self.keys[0].shape[2], 2 * length))
         row = self.rows
         for i, (k, v) in enumerate(layers):
-            self.keys[i][row, :, self.end - length : self.end] = k[0]
-            self.values[i][row, :, self.end - length : self.end] = v[0]
+            self.keys[i][row, :, self.end - length : self.end] = k
+            self.values[i][row, :, self.end - length : self.end] = v
         self.lengths.append(length)
         return row
 
@@ -130,7 +125,7 @@ class BatchKV:
         return self.keys[layer][:rows, :, window], self.values[layer][:rows, :, window]
 
     def _allocate(self, like: torch.Tensor, rows: int, columns: int) -> None:
-        _, heads, _, head_dim = like.shape
+        heads, head_dim = like.shape[-3], like.shape[-1]
         shape = (rows, heads, columns, head_dim)
         # Zeros, not empty: padding columns are masked, but garbage NaNs would still poison the softmax.
         self.keys = [torch.zeros(shape, dtype=like.dtype, device=like.device) for _ in range(self.num_layers)]

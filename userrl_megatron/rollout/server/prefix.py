@@ -10,7 +10,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PretrainedConfig
 
 
 @dataclass
@@ -35,11 +34,9 @@ class PrefixCache:
         self._entries.clear()
         self.tokens = 0
 
-    def lookup(self, tokens: list[int], config: PretrainedConfig) -> tuple[int, DynamicCache]:
-        """(m, a cache holding the KV of tokens[:m]) for the longest stored prefix, keeping one token to compute.
-
-        m is 0 (and the cache empty) when nothing matches.
-        """
+    def lookup(self, tokens: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """(m, per-layer KV whose first m positions are those of tokens[:m]) for the longest stored prefix,
+        keeping at least one token to compute; (0, None) when nothing matches."""
         query = torch.tensor(tokens)
         best_id, best = None, 0
         for entry_id, entry in self._entries.items():
@@ -48,11 +45,9 @@ class PrefixCache:
                 best_id, best = entry_id, m
         best = min(best, len(tokens) - 1)
         if best_id is None or best <= 0:
-            return 0, DynamicCache(config=config)
+            return 0, None
         self._entries.move_to_end(best_id)
-        layers = self._entries[best_id].layers
-        data = [(k[None, :, :best], v[None, :, :best]) for k, v in layers]
-        return best, DynamicCache(ddp_cache_data=data, config=config)
+        return best, self._entries[best_id].layers
 
     def store(self, tokens: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Keep the KV of `tokens` (`layers` must be owned copies, [kv_heads, len(tokens), head_dim])."""

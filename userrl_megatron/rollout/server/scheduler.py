@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from userrl_megatron.rollout.server.kv import BatchKV
 from userrl_megatron.rollout.server.model import EngineModel
+from userrl_megatron.rollout.server.prefill import PrefillRow, run_prefill
 from userrl_megatron.rollout.server.prefix import PrefixCache
 from userrl_megatron.rollout.server.sampling import SampleRow, SamplingSpec, sample
 
@@ -87,7 +87,7 @@ class Scheduler:
         self.paused = False
         self.held = False  # memory released: hold generation until resumed
         self.last_progress = 0.0  # perf_counter of the last forward
-        self.steps = 0
+        self.decode_steps = 0  # batched forwards of running requests since start
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []  # row i of the KV cache belongs to _running[i]
         self._kv = BatchKV(model.spec.num_layers, max_running_requests)
@@ -97,7 +97,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stop = False
         self._generator = torch.Generator().manual_seed(seed)
-        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
 
     # ---- thread-safe API ----
 
@@ -158,6 +158,10 @@ class Scheduler:
         self.prefix.clear()
 
     # ---- the loop ----
+
+    def _run(self) -> None:
+        with torch.inference_mode():  # forwards, sampling, cache copies and weight loads: no autograd anywhere
+            self._loop()
 
     def _loop(self) -> None:
         while True:
@@ -225,78 +229,81 @@ class Scheduler:
             self._finish(request, {"type": "abort", "message": message, "status_code": None, "err_type": None})
 
     def _admit(self) -> None:
-        budget = self.max_prefill_tokens
-        while len(self._running) < self.max_running:
+        """Take waiting requests (up to the free rows and `max_prefill_tokens` of padded prefill) and prefill
+        them in one forward; a request that wants prompt log-probs goes alone."""
+        batch: list[tuple[Request, PrefillRow]] = []
+        while len(self._running) + len(batch) < self.max_running:
             with self._cond:
                 if not self._waiting:
-                    return
+                    break
                 request = self._waiting[0]
-                tokens = len(request.input_ids) + len(request.output_ids)
-                if tokens > budget and budget < self.max_prefill_tokens:
-                    return  # over this iteration's budget; the first prefill of an iteration always runs
+                row = self._prefill_row(request)
+                if batch and (_wants_input(request) or _wants_input(batch[0][0])):
+                    break
+                new = max([len(row.tokens) - row.reused] + [len(r.tokens) - r.reused for _, r in batch])
+                if batch and new * (len(batch) + 1) > self.max_prefill_tokens:
+                    break  # the first prefill of an iteration always runs
                 self._waiting.popleft()
-            budget -= tokens
-            try:
-                self._prefill(request)
-            except Exception as e:
-                log.exception("prefill of %s failed", request.rid)
-                self._finish(
-                    request,
-                    {
-                        "type": "abort",
-                        "message": f"engine error: {e}",
-                        "status_code": 500,
-                        "err_type": type(e).__name__,
-                    },
-                )
+            batch.append((request, row))
+        if not batch:
+            return
+        try:
+            self._prefill(batch)
+        except Exception as e:
+            log.exception("prefill failed")
+            reason = {
+                "type": "abort",
+                "message": f"engine error: {e}",
+                "status_code": 500,
+                "err_type": type(e).__name__,
+            }
+            for request, _ in batch:
+                if not request.finished:
+                    self._finish(request, dict(reason))
 
-    def _prefill(self, request: Request) -> None:
-        model = self.model
-        if request._generator is None and not request.sampling.greedy:
-            request._generator = (
-                torch.Generator().manual_seed(request.sampling.sampling_seed)
-                if request.sampling.sampling_seed is not None
-                else self._generator
-            )
+    def _prefill_row(self, request: Request) -> PrefillRow:
         tokens = request.input_ids + request.output_ids
-        want_input = request.return_logprob and request.logprob_start_len >= 0 and not request.output_ids
-        if want_input:  # input log-probs need every position's logits: no reuse
-            reused, cache = 0, DynamicCache(config=model.model.config)
-        else:
-            reused, cache = self.prefix.lookup(tokens, model.model.config)
-        if not request.output_ids:
-            request.cached_tokens = reused
-        with torch.inference_mode():
-            logits = model.forward(
-                torch.tensor([tokens[reused:]]),
-                torch.arange(reused, len(tokens)).unsqueeze(0),
-                cache,
-                all_logits=want_input,
-            )
+        if _wants_input(request):  # prompt log-probs need every position's logits: no reuse
+            return PrefillRow(tokens)
+        reused, prefix = self.prefix.lookup(tokens)
+        return PrefillRow(tokens, reused, prefix)
+
+    def _prefill(self, batch: list[tuple[Request, PrefillRow]]) -> None:
+        requests = [request for request, _ in batch]
+        for request, row in batch:
+            if request._generator is None and not request.sampling.greedy:
+                seed = request.sampling.sampling_seed
+                request._generator = torch.Generator().manual_seed(seed) if seed is not None else self._generator
+            if not request.output_ids:
+                request.cached_tokens = row.reused
+        want_input = _wants_input(requests[0])
+        logits, layers = run_prefill(self.model, [row for _, row in batch], all_logits=want_input)
         self.last_progress = time.perf_counter()
         if want_input:
-            self._record_input_logprobs(request, logits[0])
+            self._record_input_logprobs(requests[0], logits[0])
             logits = logits[:, -1, :]
-        if request.sampling.max_new_tokens == 0:
-            self._finish(request, {"type": "length", "length": 0})
-            return
-        self._sample_and_check([request], logits)
-        if request.finished:
-            self._store_prefix(request, [(layer.keys[0], layer.values[0]) for layer in cache.layers])
-        else:
-            self._kv.insert(cache)
-            self._running.append(request)
+        sampled = [i for i, r in enumerate(requests) if r.sampling.max_new_tokens > 0]
+        for i, request in enumerate(requests):
+            if i not in sampled:
+                self._finish(request, {"type": "length", "length": 0})
+        if sampled:
+            self._sample_and_check([requests[i] for i in sampled], logits[sampled])
+        for i in sampled:
+            if requests[i].finished:
+                self._store_prefix(requests[i], [(k.clone(), v.clone()) for k, v in layers[i]])
+            else:
+                self._kv.insert(layers[i])
+                self._running.append(requests[i])
 
     def _decode(self) -> None:
         running = self._running
         cache, mask = self._kv.begin_step()
         input_ids = torch.tensor([[r.output_ids[-1]] for r in running])
         positions = torch.tensor([[n] for n in self._kv.lengths])
-        with torch.inference_mode():
-            logits = self.model.forward(input_ids, positions, cache, attention_mask=mask)
+        logits = self.model.forward(input_ids, positions, cache, attention_mask=mask)
         self._kv.end_step()
         self.last_progress = time.perf_counter()
-        self.steps += 1
+        self.decode_steps += 1
         self._sample_and_check(running, logits)
         for row in reversed(range(len(running))):
             if running[row].finished:
@@ -379,3 +386,8 @@ class Scheduler:
 
 def _top_pairs(top: Any, row: int, k: int) -> list[tuple[float, int]]:
     return list(zip(top.values[row, :k].tolist(), top.indices[row, :k].tolist(), strict=True))
+
+
+def _wants_input(request: Request) -> bool:
+    """Prompt log-probs requested (and not yet computed)."""
+    return request.return_logprob and request.logprob_start_len >= 0 and not request.output_ids
