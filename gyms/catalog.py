@@ -1,3 +1,9 @@
 """Imports every built-in gym so that its registration runs. Add new gyms here."""
 
-import gyms.function  # noqa: F401
+import gyms.function
+import gyms.intention
+import gyms.persuade
+import gyms.search
+import gyms.telepathy
+import gyms.travel
+import gyms.turtle  # noqa: F401

@@ -70,8 +70,6 @@ class TravelGymConfig:
     search_failure_interval: int = 5  # every k-th search fails on purpose (0 disables)
     elicitation_interval: int = 3  # after k off-preference utterances the user volunteers a preference
     one_choice_per_aspect: bool = True  # a second recommendation for an aspect is refused
-    wrong_options: int = 10  # wrong options per aspect in generated scenarios
-    noise_options: int = 5  # noise options per aspect in generated scenarios
 
 
 @dataclass

@@ -22,6 +22,10 @@ class DataMissingError(UserError):
     """A public data file is not in the data folder."""
 
 
+class NoSuchSplitError(UserError):
+    """A task source has no such split (e.g. SearchGym has no train split)."""
+
+
 def data_dir(configured: str | Path = "") -> Path:
     """The data folder: `configured` (gyms.data_dir), else $USERRL_DATA_DIR, else `<cache>/data`."""
     if str(configured):
@@ -79,7 +83,7 @@ def userrl_row_key(row: dict[str, Any]) -> tuple[str, str]:
 def check_split(gym: str, split: str, splits: tuple[str, ...] = ("train", "test")) -> None:
     """UserError unless `split` is one of the gym's splits."""
     if split not in splits:
-        raise UserError(f"gym {gym} has no {split!r} split; its splits: {', '.join(splits)}")
+        raise NoSuchSplitError(f"gym {gym} has no {split!r} split; its splits: {', '.join(splits)}")
 
 
 @cache

@@ -90,7 +90,7 @@ async def run_episode(gym_name: str, episode: SmokeEpisode, user_sim: Any = None
     from gyms.base import make_gym
 
     live = user_sim is not None
-    sim = user_sim if live else (ScriptedUserSim(episode.script) if episode.script else None)
+    sim = user_sim if live else ScriptedUserSim(episode.script or by_prompt({}))
     start = time.perf_counter()
     gym = make_gym(gym_name, episode.task, config=episode.config, user_sim=sim)
     rewards, end, problem = [], "open", ""

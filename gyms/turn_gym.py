@@ -6,6 +6,8 @@ UserSimError escaping `act` into the gym's fallback feedback with reward 0 and `
 trainer can drop or mask the episode.
 """
 
+from typing import Any
+
 from gyms.base import StepResult, parse_action
 from gyms.user_sim import UserSimError
 
@@ -16,12 +18,17 @@ class TurnGym:
     """Base of the built-in gyms; subclasses set `name` and implement `act`."""
 
     name = ""
+    needs_user_sim = False  # steps call the user simulator: construction without one is an error
     # Feedback shown when the user simulator failed for good (the gym's state is left as it was).
     fallback_feedback = "Sorry, I cannot respond right now. Please try again."
 
-    def __init__(self, max_steps: int, user_sim: object | None = None) -> None:
+    def __init__(self, max_steps: int, user_sim: Any = None) -> None:
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if self.needs_user_sim and user_sim is None:
+            raise ValueError(
+                f"gym {self.name} needs a user simulator: make_gym(..., user_sim=UserSimulator(cfg.user_sim))"
+            )
         self.max_steps = max_steps
         self.user_sim = user_sim
         self.steps = 0
@@ -63,3 +70,13 @@ class TurnGym:
     async def act(self, tag: str | None, payload: str) -> StepResult:
         """Handle one action: `tag` is action/answer/search/finish or None (untagged), `payload` the rest."""
         raise NotImplementedError
+
+    async def ask(self, system: str, user: str, *keys: str) -> dict[str, Any]:
+        """One simulator call answered with a JSON object holding `keys`; UserSimError otherwise."""
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        reply = await self.user_sim.chat(messages, json=True)
+        data = reply.data or {}
+        missing = [k for k in keys if k not in data]
+        if missing:
+            raise UserSimError(f"simulator reply lacks {', '.join(missing)}: {reply.text[:200]!r}", "bad_json", 1)
+        return data

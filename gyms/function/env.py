@@ -19,7 +19,7 @@ TOLERANCE = 1e-6
 class FunctionGym(TurnGym):
     name = "function"
 
-    def __init__(self, task: Any, config: FunctionGymConfig | None = None, user_sim: object | None = None) -> None:
+    def __init__(self, task: Any, config: FunctionGymConfig | None = None, user_sim: Any = None) -> None:
         self.config = config or FunctionGymConfig()
         super().__init__(self.config.max_steps)
         self.record = task_record(task, lambda task_id: function_record(task_id, self.config.generator))

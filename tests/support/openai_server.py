@@ -15,7 +15,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ class Fault:
 
 Reply = str | Answer | Fault
 Rule = Callable[[dict[str, Any]], Reply | None]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def reply(content: Reply) -> Rule:
@@ -48,9 +49,15 @@ def reply(content: Reply) -> Rule:
     return lambda body: content
 
 
-def when(substring: str, content: Reply) -> Rule:
-    """This reply when any message contains `substring`."""
-    return lambda body: content if any(substring in str(m.get("content", "")) for m in body["messages"]) else None
+def when(substring: str, content: Reply | Rule) -> Rule:
+    """When any message contains `substring`: this reply, or what the rule `content` answers."""
+
+    def rule(body: dict[str, Any]) -> Reply | None:
+        if not any(substring in str(m.get("content", "")) for m in body["messages"]):
+            return None
+        return content(body) if callable(content) else content
+
+    return rule
 
 
 def sequence(*contents: Reply) -> Rule:
@@ -68,8 +75,9 @@ def fail_first(n: int, fault: Fault | Reply, then: Rule) -> Rule:
 class OpenAIServer:
     """See the module docstring."""
 
-    def __init__(self, *rules: Rule, model: str = "test-model") -> None:
+    def __init__(self, *rules: Rule, model: str = "test-model", routes: dict[str, Handler] | None = None) -> None:
         self.rules = list(rules)
+        self.routes = routes or {}  # extra routes, "METHOD /path" or "/path" (POST), e.g. a search API stub
         self.model = model
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -85,6 +93,10 @@ class OpenAIServer:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def count(self) -> int:
@@ -124,6 +136,9 @@ class OpenAIServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        for route, handler in self.routes.items():
+            method, path = route.split(" ", 1) if " " in route else ("POST", route)
+            app.router.add_route(method, path, handler)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -223,3 +223,11 @@ def test_extract_json_object(text: str, expected: object) -> None:
 def test_strip_think() -> None:
     assert strip_think("<think>\nhmm\n</think>\n\nYes") == "Yes"
     assert strip_think("<THINK>a</THINK>b<think>c</think>d") == "bd"
+
+
+@pytest.mark.parametrize("backend", ["aiohttp", "httpx"])
+def test_both_http_backends(server: OpenAIServer, backend: str) -> None:
+    server.rules = [fail_first(1, Fault(502), then=reply('{"ok": true}'))]
+    sim = make_sim(server, http_backend=backend)
+    assert chat(sim, json=True).data == {"ok": True}
+    assert sim.metrics()["retries"] == 1.0

@@ -26,6 +26,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gyms.persuade.reward_baseline": ("best", "previous"),
     "gyms.search.judge": ("llm", "exact"),
     "gyms.search.backend": ("offline", "web"),
+    "user_sim.http_backend": ("aiohttp", "httpx"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
     "logging.level": ("DEBUG", "INFO", "WARNING", "ERROR"),
 }
@@ -162,8 +163,6 @@ def _gym_problems(cfg: RootConfig) -> list[str]:
     travel = cfg.gyms.travel
     if travel.search_failure_interval < 0 or travel.elicitation_interval < 1:
         problems.append("gyms.travel.search_failure_interval must be >= 0 and elicitation_interval >= 1")
-    if travel.wrong_options < 0 or travel.noise_options < 0:
-        problems.append("gyms.travel.wrong_options and noise_options must be >= 0")
     if sim.max_concurrency < 1 or sim.timeout_s <= 0 or sim.max_retries < 0 or sim.backoff_s < 0:
         problems.append("user_sim: max_concurrency >= 1, timeout_s > 0, max_retries >= 0 and backoff_s >= 0 required")
     return problems

@@ -138,6 +138,7 @@ class UserSimConfig:
     max_concurrency: int = 64  # simulator calls in flight at once
     cache_dir: str = ""  # on-disk response cache keyed by the request; empty disables it
     disable_thinking: bool = False  # send chat_template_kwargs.enable_thinking=false (Qwen3 on vLLM/SGLang)
+    http_backend: str = "aiohttp"  # HTTP transport of the openai client: "aiohttp" (fast when busy) or "httpx"
 
 
 @dataclass
