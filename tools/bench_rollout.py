@@ -38,7 +38,7 @@ def _model_dir(name: str, scratch: Path) -> Path:
 
 
 async def _rollout(engine: Any, runner: Any, tasks: list[Any], concurrency: int) -> dict[str, float]:
-    steps = engine.core.scheduler.steps
+    steps = engine.core.scheduler.decode_steps
     started = time.perf_counter()
     groups = await runner.run_groups(tasks, 1, lambda _: engine, concurrency=concurrency)
     seconds = time.perf_counter() - started
@@ -49,13 +49,12 @@ async def _rollout(engine: Any, runner: Any, tasks: list[Any], concurrency: int)
         raise SystemExit(f"benchmark episodes failed: {failed}")
     return {
         "episodes": len(episodes),
-        "turns": sum(len(e.turns) for e in episodes),  # = prefill forwards
+        "turns": sum(len(e.turns) for e in episodes),
         "generated_tokens": generated,
         "seconds": round(seconds, 3),
         "tokens_per_s": round(generated / seconds, 2),
         "episodes_per_s": round(len(episodes) / seconds, 4),
-        # Forwards: one prefill per turn (the engine prefills requests one at a time), one per batched decode step.
-        "decode_forwards": engine.core.scheduler.steps - steps,
+        "decode_forwards": engine.core.scheduler.decode_steps - steps,
     }
 
 

@@ -12,8 +12,6 @@ from userrl_megatron.rollout.chat import (
     ChatTemplateError,
     ToolCall,
     parse_hermes_tool_calls,
-    parse_tag_action,
-    strip_reasoning,
 )
 from userrl_megatron.types import Message
 
@@ -165,15 +163,6 @@ def test_parse_hermes_tool_calls() -> None:
         parse_hermes_tool_calls('<tool_call>{"name": "a", "arguments": {}}')
 
 
-def test_parse_tag_action() -> None:
-    assert parse_tag_action("I will probe.\n[action] 1 2 3 4\n") == "[action] 1 2 3 4"
-    assert parse_tag_action("  [ANSWER] 42\n[finish]") == "[answer] 42"
-    assert parse_tag_action("[search]\ntest\nmore") == "[search] test\nmore"
-    assert parse_tag_action("[finish]") == "[finish]"
-    assert parse_tag_action("the tag [answer] 3 is not at a line start") is None
-    assert parse_tag_action("[guess] 3") is None
-
-
 def test_actions_per_format(qwen3: ChatTemplate, smollm2: ChatTemplate) -> None:
     tools = [INTERACT_TOOL]
     reply = f"<think>\nx\n</think>\n\n{call('search', 'test')}\n{call('answer', '7')}"
@@ -181,10 +170,4 @@ def test_actions_per_format(qwen3: ChatTemplate, smollm2: ChatTemplate) -> None:
     assert qwen3.actions("plain text", tools) == []
     with pytest.raises(ToolCallError, match=r"^unknown tool 'lookup'; available: interact_with_env$"):
         qwen3.actions('<tool_call>{"name": "lookup", "arguments": {}}</tool_call>', tools)
-    assert smollm2.actions("thinking...\n[answer] 7", tools) == ["[answer] 7"]
-    assert smollm2.actions(call("answer", "7"), tools) == []
-
-
-def test_strip_reasoning() -> None:
-    assert strip_reasoning("<think>\nplan\n</think>\n\nHello there.") == "Hello there."
-    assert strip_reasoning("Hello <think>kept</think>") == "Hello <think>kept</think>"
+    assert smollm2.actions(call("answer", "7"), tools) == []  # tag lines are read by gyms.tools.text_to_action

@@ -7,8 +7,8 @@ environment's reply messages followed by the next generation prompt. Both deltas
 fixed probe conversation, so the ids built here equal `apply_chat_template` of the whole conversation
 (tests prove it for Qwen3 and SmolLM2). Templates that rewrite earlier turns are detected and rejected.
 
-Also here: how tools are presented to the policy per `model.tool_format`, and the reply parsers (Hermes /
-Qwen `<tool_call>{json}</tool_call>` blocks, plain `[action] ...` tag lines) that turn a reply into gym actions.
+Also here: how tools are presented to the policy per `model.tool_format`, and the parser of Hermes / Qwen
+`<tool_call>{json}</tool_call>` blocks (plain `[action] ...` tag lines are read by `gyms.tools.text_to_action`).
 """
 
 import json
@@ -169,20 +169,18 @@ class ChatTemplate:
     # ---- replies -> gym actions ------------------------------------------------------------------------------
 
     def actions(self, reply: str, tools: list[dict[str, Any]]) -> list[str]:
-        """The gym actions in a decoded reply, in order; [] when it has none.
+        """The gym actions of a decoded reply's tool calls, in order ([] under the tags format, or without calls).
 
         Raises `ToolCallError` for a call that cannot become an action (malformed JSON, unknown tool, bad
-        arguments), which ends the episode as `bad_tool_call`.
+        arguments), which ends the episode as `bad_tool_call`. A reply without calls is read by
+        `gyms.tools.text_to_action` (tag lines, or the whole text under `reply_without_tool_call: action`).
         """
         if self.tool_format == "tags":
-            action = parse_tag_action(reply)
-            return [action] if action is not None else []
+            return []
         return [tool_call_to_action(c.name, c.arguments, tools) for c in parse_hermes_tool_calls(reply)]
 
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_TAG_LINE = re.compile(r"^[ \t]*\[(action|answer|search|finish)\]", re.IGNORECASE | re.MULTILINE)
-_THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
 
 
 def parse_hermes_tool_calls(text: str) -> list[ToolCall]:
@@ -205,19 +203,3 @@ def parse_hermes_tool_calls(text: str) -> list[ToolCall]:
     if text.count("<tool_call>") != len(calls):
         raise ToolCallError("a <tool_call> is not closed by </tool_call>")
     return calls
-
-
-def parse_tag_action(text: str) -> str | None:
-    """The first line-leading `[action|answer|search|finish] ...` action of `text`, up to the next tag line."""
-    match = _TAG_LINE.search(text)
-    if match is None:
-        return None
-    following = _TAG_LINE.search(text, match.end())
-    payload = text[match.end() : following.start() if following else len(text)].strip()
-    tag = f"[{match.group(1).lower()}]"
-    return f"{tag} {payload}" if payload else tag
-
-
-def strip_reasoning(text: str) -> str:
-    """`text` without a leading `<think>...</think>` block (what a user may see of the reply)."""
-    return _THINK.sub("", text, count=1).strip()

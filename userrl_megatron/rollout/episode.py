@@ -15,11 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from gyms.base import Gym
-from gyms.tools import ToolCallError
+from gyms.tools import ToolCallError, text_to_action
 from userrl_megatron.config.schema import GymsConfig, RolloutConfig
-from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError, strip_reasoning
+from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 from userrl_megatron.rollout.engine import Generation, RolloutEngine
-from userrl_megatron.types import Episode, EpisodeGroup, FinishReason, Message, SamplingParams, Task, Turn
+from userrl_megatron.types import Episode, EpisodeGroup, FinishReason, Message, Role, SamplingParams, Task, Turn
 
 log = logging.getLogger(__name__)
 
@@ -193,16 +193,17 @@ class EpisodeRunner:
 
     async def _act(self, task: Task, gym: Gym, turn: Turn) -> list[Message]:
         """Parse the turn's reply, step the gym with each action, and return the reply messages."""
-        role = "tool" if self.chat.tool_format == "hermes" else "user"
+        role: Role = "tool"
         try:
             actions = self.chat.actions(turn.text, task.tools)
         except ToolCallError as e:
             turn.info["error"] = str(e)
             raise _EpisodeEnd("bad_tool_call", str(e)) from e
-        if not actions:
-            if task.metadata.get("reply_without_tool_call", "end") != "action":
+        if not actions:  # a tag line, or the whole text under reply_without_tool_call "action"; answered as a user
+            action = text_to_action(turn.text, task.metadata.get("reply_without_tool_call", "end"))
+            if action is None:
                 raise _EpisodeEnd("no_tool_call")
-            actions, role = [f"[action] {strip_reasoning(turn.text)}"], "user"
+            actions, role = [action], "user"
         turn.action = actions[0]
         if len(actions) > 1:
             turn.info["actions"] = actions
@@ -212,7 +213,7 @@ class EpisodeRunner:
         finally:
             turn.info["step_s"] = round(time.perf_counter() - started, 4)
 
-    async def _step(self, gym: Gym, actions: list[str], role: str, turn: Turn) -> list[Message]:
+    async def _step(self, gym: Gym, actions: list[str], role: Role, turn: Turn) -> list[Message]:
         """Apply the actions in order until one ends the episode; the turn's reward is their sum."""
         replies: list[Message] = []
         for action in actions:
@@ -222,7 +223,7 @@ class EpisodeRunner:
                 raise _EpisodeEnd("gym_error", _describe(e)) from e
             turn.reward += result.reward
             text = f"{result.feedback}\nReward: {result.reward}" if self.cfg.reward_in_feedback else result.feedback
-            replies.append(Message(role, text))  # type: ignore[arg-type]
+            replies.append(Message(role, text))
             turn.feedback = "\n".join(m.content for m in replies)
             if result.info:
                 turn.info.setdefault("step_info", []).append(result.info)
