@@ -4,6 +4,7 @@ import gyms.function
 import gyms.intention
 import gyms.persuade
 import gyms.search
+import gyms.tau
 import gyms.telepathy
 import gyms.travel
 import gyms.turtle  # noqa: F401

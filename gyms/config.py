@@ -78,6 +78,12 @@ class TurtleGymConfig:
     success_threshold: float = 1.0  # rubric score that solves the story and ends the episode (UserRL default 0.9)
 
 
+@dataclass
+class TauGymConfig:
+    max_steps: int = 30  # tool calls + messages to the user per episode (replaced by rollout.max_turns in training)
+    data_dir: str = ""  # folder holding taubench/ and userrl/; empty = where the task was loaded from
+
+
 def config_for(name: str, gyms_cfg: Any, max_steps: int) -> Any:
     """Gym `name`'s typed config from the `gyms` section, with `max_steps` forced to the rollout's max turns."""
     from gyms.base import gym_spec

@@ -191,3 +191,11 @@ class OpenAIServer:
             },
         }
         return web.Response(text=json.dumps(payload), content_type="application/json")
+
+
+def serve_in_process(content: str, delay_s: float, url_queue: Any, stop: Any) -> None:
+    """Target of a child process (benchmarks): answer every call with `content` after `delay_s`, put the base URL
+    on `url_queue`, and serve until the `stop` event is set."""
+    with OpenAIServer(reply(Answer(content, delay_s=delay_s))) as server:
+        url_queue.put(server.base_url)
+        stop.wait()

@@ -83,9 +83,11 @@ def test_needs_a_simulator() -> None:
         gyms.make_gym("telepathy", RECORD)
 
 
-def test_tasks_from_public_data(shared_data: Path) -> None:
+def test_tasks_from_public_data(shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = GymsConfig(data_dir=str(shared_data))
     train, test = load_tasks(["telepathy"], "train", cfg), load_tasks(["telepathy"], "test", cfg)
     assert (len(train), len(test)) == (360, 41)
     assert test[0].task_id == "Kiwi" and test[0].metadata["record"]["target_entity"].startswith("Kiwi - a small")
-    assert gyms.make_gym("telepathy", "kiwi", user_sim=object()).record["id"] == test[0].metadata["record"]["id"]
+    monkeypatch.setenv("USERRL_DATA_DIR", str(shared_data))  # task ids are looked up in $USERRL_DATA_DIR
+    for key in ("kiwi", test[0].metadata["record"]["id"].upper()):  # by title or by id, any case
+        assert gyms.make_gym("telepathy", key, user_sim=object()).record == test[0].metadata["record"]

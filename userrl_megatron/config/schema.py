@@ -11,6 +11,7 @@ from gyms.config import (
     IntentionGymConfig,
     PersuadeGymConfig,
     SearchGymConfig,
+    TauGymConfig,
     TelepathyGymConfig,
     TravelGymConfig,
     TurtleGymConfig,
@@ -119,6 +120,7 @@ class GymsConfig:
     intention: IntentionGymConfig = field(default_factory=IntentionGymConfig)  # IntentionGym
     persuade: PersuadeGymConfig = field(default_factory=PersuadeGymConfig)  # PersuadeGym
     search: SearchGymConfig = field(default_factory=SearchGymConfig)  # SearchGym and its search backend
+    tau: TauGymConfig = field(default_factory=TauGymConfig)  # tau, tau_retail and tau_airline (tau-bench)
     telepathy: TelepathyGymConfig = field(default_factory=TelepathyGymConfig)  # TelepathyGym
     travel: TravelGymConfig = field(default_factory=TravelGymConfig)  # TravelGym and its scenario generator
     turtle: TurtleGymConfig = field(default_factory=TurtleGymConfig)  # TurtleGym
