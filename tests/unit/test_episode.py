@@ -337,3 +337,32 @@ def test_a_tool_format_the_template_cannot_show_fails_the_batch(smollm2: ChatTem
     runner = EpisodeRunner(config(), hermes, lambda _: ScriptedGym())
     with pytest.raises(ChatTemplateError, match="ignores tools"):
         asyncio.run(runner.run_groups([task()], 2, lambda _: ScriptedEngine(hermes, [])))
+
+
+def test_a_real_simulator_failure_ends_a_real_gym_episode(smollm2: ChatTemplate) -> None:
+    """TurtleGym with the real UserSimulator over HTTP: the host answers once, then fails for good."""
+    from tests.support.gym_play import sim_for
+    from tests.support.openai_server import Fault, OpenAIServer, sequence
+    from userrl_megatron.config.schema import GymsConfig
+    from userrl_megatron.rollout.episode import gym_factory
+
+    story = {"new_title": "T", "new_surface": "S", "new_bottom": "B", "evaluation": [{"statement": "x", "score": 1.0}]}
+    turtle = Task("turtle", "T", [Message("system", "Solve the story."), Message("user", "Go.")], [INTERACT_TOOL])
+    turtle.metadata["record"] = story
+    engine = ScriptedEngine(smollm2, ["[action] Did she die?", "[action] Was it an accident?"])
+    with OpenAIServer(sequence('{"response": "No"}', Fault(500))) as server:
+        sim = sim_for(server, max_retries=1)
+        runner = EpisodeRunner(config(), smollm2, gym_factory(GymsConfig(), 8, sim))
+
+        async def play() -> Episode:
+            try:
+                return await runner.run(turtle, engine)
+            finally:
+                await sim.close()
+
+        episode = asyncio.run(play())
+    assert episode.finish_reason == "user_sim_error"
+    assert episode.metadata["error"].startswith("user simulator failed after 2 attempts")
+    assert [t.action for t in episode.turns] == ["[action] Did she die?", "[action] Was it an accident?"]
+    assert "No" in episode.turns[0].feedback and episode.turns[1].reward == 0.0
+    assert server.count == 3
