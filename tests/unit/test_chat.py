@@ -1,12 +1,9 @@
 """Chat in token space against the real Qwen3 and SmolLM2 tokenizers, and the reply parsers."""
 
-import json
-
 import pytest
-from transformers import AutoTokenizer
 
 from gyms.tools import INTERACT_TOOL, TAG_FORMAT_INSTRUCTIONS, ToolCallError
-from userrl_megatron.model_store import qwen3_tokenizer_dir, resolve_model
+from tests.support.chat_templates import interact_call, qwen3_chat, smollm2_chat
 from userrl_megatron.rollout.chat import (
     ChatTemplate,
     ChatTemplateError,
@@ -21,17 +18,12 @@ USER = "My mapping function is settled and ready. You may begin your guessing an
 
 @pytest.fixture(scope="module")
 def qwen3() -> ChatTemplate:
-    return ChatTemplate(AutoTokenizer.from_pretrained(qwen3_tokenizer_dir()), "hermes")
+    return qwen3_chat()
 
 
 @pytest.fixture(scope="module")
 def smollm2() -> ChatTemplate:
-    return ChatTemplate(AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct")), "tags")
-
-
-def call(choice: str, content: str) -> str:
-    args = json.dumps({"choice": choice, "content": content})
-    return f'<tool_call>\n{{"name": "interact_with_env", "arguments": {args}}}\n</tool_call>'
+    return smollm2_chat()
 
 
 def build(chat: ChatTemplate, prompt: list[Message], tools, turns) -> tuple[list[int], list[int], list[Message]]:
@@ -67,17 +59,17 @@ def test_qwen3_tool_episode_equals_full_render(qwen3: ChatTemplate) -> None:
     assert tools_shown == tools
     turns = [
         (
-            f"<think>\nFirst the test case.\n</think>\n\n{call('search', 'test')}",
+            interact_call("search", "test", reasoning="First the test case."),
             [Message("tool", "Test case: [1, 2, 3, 4]\nReward: 0.0")],
         ),
         (
-            f"<think>\nProbe twice.\n</think>\n\n{call('action', '1 1 1 1')}\n{call('action', '2 1 1 1')}",
+            interact_call("action", "1 1 1 1", reasoning="Probe twice.") + "\n" + interact_call("action", "2 1 1 1"),
             [
                 Message("tool", "For numbers [1, 1, 1, 1], the result is 2.\nReward: 0.0"),
                 Message("tool", "For numbers [2, 1, 1, 1], the result is 3.\nReward: 0.0"),
             ],
         ),
-        (f"<think>\nIt is a + b.\n</think>\n\n{call('answer', '3')}", []),
+        (interact_call("answer", "3", reasoning="It is a + b."), []),
     ]
     ids, mask, messages = build(qwen3, prompt, tools, turns)
     assert ids == full_render_ids(qwen3, messages, tools)
@@ -92,10 +84,12 @@ def test_qwen3_turn_separator_is_kept_and_untrained(qwen3: ChatTemplate) -> None
     newline = qwen3.encode("\n")
     assert qwen3.turn_suffix_ids() == [151645, *newline]
     assert qwen3.close_turn_ids([10, 151645]) == newline
-    generated = [*qwen3.encode(call("search", "test")), 151645]
+    generated = [*qwen3.encode(interact_call("search", "test")), 151645]
     tool = Message("tool", "Test case: [1, 2, 3, 4]\nReward: 0.0")
     prompt = [Message("system", SYSTEM), Message("user", USER)]
-    full = full_render_ids(qwen3, [*prompt, Message("assistant", call("search", "test")), tool], [INTERACT_TOOL])
+    full = full_render_ids(
+        qwen3, [*prompt, Message("assistant", interact_call("search", "test")), tool], [INTERACT_TOOL]
+    )
     start = qwen3.prompt_ids(prompt, [INTERACT_TOOL]) + generated
     naive = start + qwen3.encode(qwen3.render([tool], None, generation=False))
     ours = start + qwen3.close_turn_ids(generated) + qwen3.reply_ids([tool], [INTERACT_TOOL])
@@ -165,9 +159,9 @@ def test_parse_hermes_tool_calls() -> None:
 
 def test_actions_per_format(qwen3: ChatTemplate, smollm2: ChatTemplate) -> None:
     tools = [INTERACT_TOOL]
-    reply = f"<think>\nx\n</think>\n\n{call('search', 'test')}\n{call('answer', '7')}"
+    reply = interact_call("search", "test", reasoning="x") + "\n" + interact_call("answer", "7")
     assert qwen3.actions(reply, tools) == ["[search] test", "[answer] 7"]
     assert qwen3.actions("plain text", tools) == []
     with pytest.raises(ToolCallError, match=r"^unknown tool 'lookup'; available: interact_with_env$"):
         qwen3.actions('<tool_call>{"name": "lookup", "arguments": {}}</tool_call>', tools)
-    assert smollm2.actions(call("answer", "7"), tools) == []  # tag lines are read by gyms.tools.text_to_action
+    assert smollm2.actions(interact_call("answer", "7"), tools) == []  # tag lines are read by gyms.tools.text_to_action

@@ -5,15 +5,13 @@ with a real engine are in tests/unit/test_episode_engine.py.
 """
 
 import asyncio
-import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from gyms.tools import INTERACT_TOOL
+from tests.support.chat_templates import interact_call, qwen3_chat, smollm2_chat
 from tests.support.scripted import BarrierEngine, ScriptedEngine, ScriptedGym, step
 from userrl_megatron.config.schema import RolloutConfig
-from userrl_megatron.model_store import qwen3_tokenizer_dir, resolve_model
 from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 from userrl_megatron.rollout.engine import Generation
 from userrl_megatron.rollout.episode import EpisodeRunner
@@ -24,19 +22,16 @@ IM_END = 151645
 
 @pytest.fixture(scope="module")
 def qwen3() -> ChatTemplate:
-    return ChatTemplate(AutoTokenizer.from_pretrained(qwen3_tokenizer_dir()), "hermes")
+    return qwen3_chat()
 
 
 @pytest.fixture(scope="module")
 def smollm2() -> ChatTemplate:
-    return ChatTemplate(AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct")), "tags")
+    return smollm2_chat()
 
 
 def call(choice: str, content: str) -> str:
-    args = json.dumps({"choice": choice, "content": content})
-    return (
-        f'<think>\nNext.\n</think>\n\n<tool_call>\n{{"name": "interact_with_env", "arguments": {args}}}\n</tool_call>'
-    )
+    return interact_call(choice, content, reasoning="Next.")
 
 
 def task(task_id: str = "func-1", **metadata: object) -> Task:
@@ -120,7 +115,7 @@ def test_tag_format_replies_come_back_as_user_messages(smollm2: ChatTemplate) ->
 
 
 def test_several_tool_calls_in_one_turn_step_in_order(qwen3: ChatTemplate) -> None:
-    two = call("action", "1 1 1 1") + "\n" + call("action", "2 1 1 1").split("\n\n", 1)[1]
+    two = call("action", "1 1 1 1") + "\n" + interact_call("action", "2 1 1 1")
     engine = ScriptedEngine(qwen3, [two, call("answer", "3")])
     gym = ScriptedGym([step("r1", 0.25), step("r2", 0.5), step("Correct!", 1.0, done=True)])
     episode = run(qwen3, engine, gym)
