@@ -82,8 +82,8 @@ async def server_state(url: str) -> dict:
         return (await response.json())["internal_states"][0]
 
 
-def test_sticky_least_loaded_routing_and_pause(placement: object, chatty: Path, tmp_path: Path) -> None:
-    cfg = pool_config()
+def test_routing_pause_and_health_checks(placement: object, chatty: Path, tmp_path: Path) -> None:
+    cfg = pool_config(health_check_interval_s=0.5)
     chat = ChatTemplate.from_pretrained(chatty, "tags")
     prompt = chat.prompt_ids(function_task(0).prompt)
     turn = SamplingParams(max_new_tokens=8, stop_token_ids=chat.stop_token_ids)
@@ -118,6 +118,13 @@ def test_sticky_least_loaded_routing_and_pause(placement: object, chatty: Path, 
             await pool.flush_cache()
             assert await pool.check_health() == [True, True]
             assert [e.restarts for e in pool.engines] == [0, 0]
+
+            # An engine that dies while idle is found by the periodic health check and restarted.
+            killed = await pool.engines[0].actor.pid.remote()
+            os.kill(killed, signal.SIGKILL)
+            await until(lambda: pool.engines[0].restarts == 1 and pool.engines[0].healthy, "the restart")
+            assert await pool.engines[0].actor.pid.remote() != killed
+            assert await pool.check_health() == [True, True]
 
     asyncio.run(scenario())
 

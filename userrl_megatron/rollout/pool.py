@@ -289,14 +289,14 @@ class RolloutPool:
                 except RayActorError:  # the actor itself died: replace it
                     engine.actor = self._new_actor(engine.index)
                     url = await engine.actor.start.remote()
+                if engine.client is not None:
+                    await engine.client.close()
+                engine.url, engine.client, engine.epoch = url, self._client(url), engine.epoch + 1
+                if self.on_restart is not None:
+                    await self.on_restart(engine.index, engine.client)
             except Exception as e:
                 log.error("restarting engine %d failed: %s", engine.index, e)
                 continue
-            if engine.client is not None:
-                await engine.client.close()
-            engine.url, engine.client, engine.epoch = url, self._client(url), engine.epoch + 1
-            if self.on_restart is not None:
-                await self.on_restart(engine.index, engine.client)
             await self._set(engine, healthy=True)
             return
         log.error("engine %d gave up after %d restarts", engine.index, engine.restarts)
@@ -310,7 +310,12 @@ class RolloutPool:
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.health_check_interval_s)
-            await self.check_health()
+            if not self._running.is_set():
+                continue  # a paused engine does not generate: its health probe would wait until resume
+            try:
+                await self.check_health()
+            except Exception:  # keep checking: one failed round must not end the health checks
+                log.exception("engine health check failed")
 
 
 class EngineSession:
