@@ -5,7 +5,8 @@ appended, both untrained: the rest of the template's end-of-turn suffix (for Cha
 after `<|im_end|>`, the turn separator that "render only the new messages" delta schemes drop), and the
 environment's reply messages followed by the next generation prompt. Both deltas are cut from renders of a
 fixed probe conversation, so the ids built here equal `apply_chat_template` of the whole conversation
-(tests prove it for Qwen3 and SmolLM2). Templates that rewrite earlier turns are detected and rejected.
+(tests prove it for Qwen3 and SmolLM2) wherever the template does not rewrite earlier turns (docs/rollout.md);
+a template that cannot be applied this way raises `ChatTemplateError`.
 
 Also here: how tools are presented to the policy per `model.tool_format`, and the parser of Hermes / Qwen
 `<tool_call>{json}</tool_call>` blocks (plain `[action] ...` tag lines are read by `gyms.tools.text_to_action`).

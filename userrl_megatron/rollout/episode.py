@@ -40,9 +40,10 @@ class EpisodeRunner:
     """Runs episodes of tasks against engines and gyms under one `RolloutConfig`.
 
     `chat` applies the policy's chat template in token space; `make_gym` builds (not resets) the gym of a task.
-    Task metadata `reply_without_tool_call`: "end" (default; the episode ends as `no_tool_call`, the turn
-    keeps reward 0 and still counts) or "action" (the reply, reasoning stripped, is sent to the gym as
-    `[action] <text>` and the gym's answer comes back as a user message: tau-bench style).
+    A reply without tool calls goes through `gyms.tools.text_to_action` with the task's
+    `metadata["reply_without_tool_call"]`: a tag line is the action; otherwise "end" (default) ends the episode
+    as `no_tool_call` (the turn keeps reward 0 and still counts) and "action" sends the text as
+    `[action] <text>` (tau-bench style). The gym's answer to such an action comes back as a user message.
     """
 
     def __init__(self, cfg: RolloutConfig, chat: ChatTemplate, make_gym: GymFactory) -> None:
