@@ -12,19 +12,27 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from gyms.base import Gym
 from gyms.tools import ToolCallError, text_to_action
 from userrl_megatron.config.schema import GymsConfig, RolloutConfig
 from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
-from userrl_megatron.rollout.engine import Generation, RolloutEngine
+from userrl_megatron.rollout.engine import Generation
 from userrl_megatron.types import Episode, EpisodeGroup, FinishReason, Message, Role, SamplingParams, Task, Turn
 
 log = logging.getLogger(__name__)
 
 GymFactory = Callable[[Task], Gym]
-EngineFor = Callable[[str], RolloutEngine]  # episode id -> the engine that serves it (sticky per episode)
+
+
+class TurnEngine(Protocol):
+    """What an episode needs from an engine: a `RolloutEngine`, or a pool's per-episode session."""
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation: ...
+
+
+EngineFor = Callable[[str], TurnEngine]  # episode id -> the engine that serves it (sticky per episode)
 
 
 class _EpisodeEnd(Exception):  # noqa: N818  (control flow, not an error)
@@ -95,7 +103,7 @@ class EpisodeRunner:
     async def run(
         self,
         task: Task,
-        engine: RolloutEngine,
+        engine: TurnEngine,
         group_id: str = "",
         sampling: SamplingParams | None = None,
         episode_id: str = "",
@@ -133,7 +141,7 @@ class EpisodeRunner:
         self,
         episode: Episode,
         gym: Gym,
-        engine: RolloutEngine,
+        engine: TurnEngine,
         sampling: SamplingParams,
         tools: list[dict[str, Any]] | None,
     ) -> None:
@@ -163,7 +171,7 @@ class EpisodeRunner:
         return self.cfg.max_response_tokens - (len(episode.token_ids) - episode.prompt_length)
 
     async def _generate(
-        self, episode: Episode, engine: RolloutEngine, sampling: SamplingParams
+        self, episode: Episode, engine: TurnEngine, sampling: SamplingParams
     ) -> tuple[Turn, Generation]:
         """Generate one assistant turn and append it, trained, with its log-probs."""
         started = time.perf_counter()
