@@ -4,6 +4,11 @@ pushed over gloo by this process acting as trainer rank 0."""
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -191,6 +196,9 @@ def test_health_info_pause_flush(server: ServerProcess, hf_a: torch.nn.Module) -
 def test_streaming_abort_and_weight_version(server: ServerProcess, hf_a: torch.nn.Module) -> None:
     prompt = [9, 8, 7]
 
+    def running() -> int:
+        return call(server, "/server_info", method="GET")[1]["internal_states"][0]["running"]
+
     async def scenario() -> tuple[list[dict], dict]:
         async with aiohttp.ClientSession() as session:
             body = {"input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
@@ -201,12 +209,16 @@ def test_streaming_abort_and_weight_version(server: ServerProcess, hf_a: torch.n
                 "rid": "long-1",
                 "sampling_params": {"max_new_tokens": 400, "min_new_tokens": 400},
             }
-            pending = asyncio.ensure_future(session.post(server.url + "/generate", json=long))
-            while call(server, "/server_info", method="GET")[1]["internal_states"][0]["running"] == 0:
+            while running() != 0:  # the streamed request's row may still be leaving
                 await asyncio.sleep(0.01)
+            pending = asyncio.ensure_future(session.post(server.url + "/generate", json=long))
+            while running() != 1:
+                await asyncio.sleep(0.01)
+            call(server, "/pause_generation", {"mode": "in_place"})  # freeze it mid-generation, then abort it
             async with session.post(server.url + "/abort_request", json={"rid": "long"}) as response:
                 assert response.status == 200 and await response.read() == b""
             response = await pending
+            call(server, "/continue_generation", {})
             return events, await response.json()
 
     events, aborted = asyncio.run(scenario())
@@ -284,3 +296,26 @@ def test_weight_updates_over_gloo_both_formats(server: ServerProcess, models: tu
         )
         < 1e-4
     )
+
+
+def test_server_exits_when_its_launcher_dies(models: tuple[Path, Path]) -> None:
+    port = free_port()
+    code = (
+        "import os\n"
+        "from userrl_megatron.config.schema import EmbeddedServerConfig\n"
+        "from userrl_megatron.rollout.launch import launch_embedded\n"
+        f"server = launch_embedded({str(models[0])!r}, EmbeddedServerConfig(device='cpu'), {port})\n"
+        "print(server.process.pid, flush=True)\n"
+        "os._exit(0)\n"  # die without stopping the server
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the orphaned server kept running")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from userrl_megatron.rollout.engine import EngineError, SGLangClient
+from userrl_megatron.rollout.engine import EngineError, RolloutEngine, SGLangClient
 from userrl_megatron.rollout.server.protocol import contract_error
 from userrl_megatron.types import SamplingParams
 
@@ -61,6 +61,10 @@ async def with_server(fake: FakeSGLang, body: Any) -> Any:
             return await body(client)
     finally:
         await runner.cleanup()
+
+
+def test_client_is_a_rollout_engine() -> None:
+    assert isinstance(SGLangClient("http://127.0.0.1:9"), RolloutEngine)
 
 
 def test_generate_payload_and_parsing_after_retries() -> None:

@@ -179,8 +179,8 @@ def test_prefix_cache_reuses_finished_turns(tiny_dir: Path, hf: torch.nn.Module)
 
 def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module) -> None:
     prompt = prompts(1, seed=9)[0]
-    expected = hf_greedy(hf, prompt, 120)
-    params = SamplingParams(max_new_tokens=120, temperature=0)
+    expected = hf_greedy(hf, prompt, 400)
+    params = SamplingParams(max_new_tokens=400, temperature=0)
 
     async def paused_mid_generation(mode: str):
         task = asyncio.ensure_future(engine.generate(prompt, params))
@@ -199,4 +199,17 @@ def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module) -> None:
         assert held.output_ids == hf_greedy(hf, prompt[:5], 2)
     aborted, _ = run(paused_mid_generation("abort"))
     assert aborted.finish_reason == "abort"
-    assert aborted.output_ids == expected[: len(aborted.output_ids)] and len(aborted.output_ids) < 120
+    assert aborted.output_ids == expected[: len(aborted.output_ids)] and len(aborted.output_ids) < 400
+
+
+def test_a_failing_forward_aborts_its_requests_and_the_engine_keeps_serving(
+    engine: LocalEngine, hf: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("out of memory")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.core.model, "forward", broken)
+        failed = run(engine.generate([5, 6, 7], GREEDY))
+    assert failed.finish_reason == "abort" and failed.output_ids == []
+    assert run(engine.generate([5, 6, 7], GREEDY)).output_ids == hf_greedy(hf, [5, 6, 7], GREEDY.max_new_tokens)

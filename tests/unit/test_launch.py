@@ -53,7 +53,7 @@ def test_sglang_command_tp_no_memory_saver_and_extra_args() -> None:
 
 def test_embedded_server_command() -> None:
     cfg = EmbeddedServerConfig(device="cpu", max_running_requests=32, prefix_cache_tokens=0)
-    assert embedded_server_command("/m", cfg, 31000, "bfloat16", "policy", python="py") == [
+    assert embedded_server_command("/m", cfg, 31000, "bfloat16", "policy", python="py", parent_pid=42) == [
         "py", "-m", "userrl_megatron", "serve",
         "--model", "/m",
         "--dtype", "bfloat16",
@@ -67,6 +67,7 @@ def test_embedded_server_command() -> None:
         "--random-seed", "0",
         "--health-check-timeout", "20.0",
         "--served-model-name", "policy",
+        "--parent-pid", "42",
     ]  # fmt: skip
 
 

@@ -1,10 +1,10 @@
 """`userrl serve --model DIR`: the embedded engine server (SGLang native API + OpenAI chat) on CPU or one GPU."""
 
 import argparse
+import asyncio
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
     import logging
     import signal
     from dataclasses import replace
@@ -35,7 +35,10 @@ def _serve(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        watch = asyncio.ensure_future(_watch_parent(args.parent_pid, stop)) if args.parent_pid else None
         await serve(core, cfg.host, port, stop)
+        if watch is not None:
+            watch.cancel()
 
     core.start()
     try:
@@ -45,6 +48,21 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         core.shutdown()
     return 0
+
+
+async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
+    """Stop serving once process `pid` is gone (a launcher that died cannot stop its server any more)."""
+    import os
+
+    while not stop.is_set():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            stop.set()
+            return
+        except PermissionError:
+            pass  # alive, owned by another user
+        await asyncio.sleep(1.0)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,5 +81,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--health-check-timeout", type=float, help="seconds /health waits for a forward")
     p.add_argument("--served-model-name", default="", help="name /v1/models reports (default: --model)")
     p.add_argument("--weight-version", default="default", help="starting weight-version label")
+    p.add_argument("--parent-pid", type=int, help="exit when this process is gone (set by the launcher)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.set_defaults(handler=_serve)

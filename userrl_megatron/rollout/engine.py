@@ -106,6 +106,7 @@ class SGLangClient:
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: Any = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
         self._weight_sessions = True  # False once the server showed it predates /begin_weight_update
         self.failures = 0  # calls that failed after their retries
 
@@ -126,7 +127,10 @@ class SGLangClient:
         """(status, parsed JSON or text) of one call, retrying transport failures and 5xx."""
         import aiohttp
 
+        if self._session is not None and self._session_loop is not asyncio.get_running_loop():
+            self._session = None  # a session belongs to the loop that made it (e.g. successive asyncio.run calls)
         if self._session is None:
+            self._session_loop = asyncio.get_running_loop()
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0), headers=self._headers, trust_env=False
             )

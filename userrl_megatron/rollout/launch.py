@@ -126,8 +126,10 @@ def embedded_server_command(
     dtype: str = "float32",
     served_model_name: str = "",
     python: str = sys.executable,
+    parent_pid: int | None = None,
 ) -> list[str]:
-    """The `userrl serve` command line for one embedded engine."""
+    """The `userrl serve` command line for one embedded engine; with `parent_pid` it exits when that process
+    does (so a crashed launcher leaves no server behind)."""
     command = [
         python, "-m", "userrl_megatron", "serve",
         "--model", model_path,
@@ -144,6 +146,8 @@ def embedded_server_command(
     ]  # fmt: skip
     if served_model_name:
         command += ["--served-model-name", served_model_name]
+    if parent_pid is not None:
+        command += ["--parent-pid", str(parent_pid)]
     return command
 
 
@@ -156,7 +160,7 @@ def launch_embedded(
     log_path: Path | None = None,
 ) -> ServerProcess:
     """Start `userrl serve` and wait for it."""
-    command = embedded_server_command(model_path, cfg, port, dtype, served_model_name)
+    command = embedded_server_command(model_path, cfg, port, dtype, served_model_name, parent_pid=os.getpid())
     return launch_server(command, f"http://{connect_host(cfg.host)}:{port}", cfg.startup_timeout_s, log_path)
 
 

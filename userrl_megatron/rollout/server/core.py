@@ -187,14 +187,17 @@ class EngineCore:
         group_name: str = "weight_update_group",
         backend: str = "nccl",
     ) -> tuple[bool, str]:
-        """Join the trainer's group as rank `rank_offset` (one rank: the embedded engine has no TP)."""
-        try:
+        """Join the trainer's group as rank `rank_offset` (one rank: the embedded engine has no TP).
+
+        The group is recorded by the joining thread itself, so a caller that goes away meanwhile loses nothing.
+        """
+
+        def join() -> None:
             if not group_name:
                 raise ValueError("Group name cannot be empty")
             if group_name in self.groups:
                 raise ValueError(f"group {group_name!r} already exists")
-            group = await asyncio.to_thread(
-                init_custom_process_group,
+            group = init_custom_process_group(
                 backend=backend,
                 init_method=f"tcp://{master_address}:{master_port}",
                 world_size=world_size,
@@ -202,11 +205,14 @@ class EngineCore:
                 group_name=group_name,
                 timeout=timedelta(minutes=30),
             )
+            self.groups[group_name] = (group, backend)
+
+        try:
+            await asyncio.to_thread(join)
         except Exception as e:
             message = f"Failed to initialize custom process group: {e}."
             log.error(message)
             return False, message
-        self.groups[group_name] = (group, backend)
         return True, "Succeeded to initialize custom process group."
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> tuple[bool, str]:

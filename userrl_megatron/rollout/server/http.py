@@ -355,7 +355,8 @@ async def _memory(request: web.Request, operation: Callable) -> web.Response:
 
 async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event) -> None:
     """Serve until `stop` is set (the caller owns the core's lifetime)."""
-    runner = web.AppRunner(build_app(core), access_log=None)
+    # A client that disconnects cancels its handler, which aborts its requests (as SGLang does).
+    runner = web.AppRunner(build_app(core), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

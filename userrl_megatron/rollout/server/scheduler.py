@@ -1,7 +1,7 @@
 """Continuous batching on one thread: new requests join between decode steps, finished ones leave.
 
-Each loop iteration runs pending control commands, prefills waiting requests (one forward each, up to a token
-budget), then makes one batched forward for every running request and samples their next tokens. Everything that
+Each loop iteration runs pending control commands, prefills waiting requests together (one padded forward, up to
+a token budget), then makes one batched forward for every running request and samples their next tokens. Everything that
 touches the model or the KV cache runs on this thread, so weight loads and cache flushes never race a forward;
 other threads talk to it through `submit`, `abort` and `call`.
 """
@@ -53,7 +53,6 @@ class Request:
     created: float = field(default_factory=time.perf_counter)
     finished_at: float = 0.0
     matched_stop_text: str | None = None  # the stop string that ended the request, if any
-    _abort_message: str | None = None
     _generator: torch.Generator | None = None
 
     @property
@@ -111,10 +110,13 @@ class Scheduler:
         self._thread.join()
 
     def submit(self, request: Request) -> None:
-        """Queue a request; its `on_finish` fires on the scheduler thread."""
+        """Queue a request; its `on_finish` fires on the scheduler thread (at once if the engine has stopped)."""
         with self._cond:
-            self._waiting.append(request)
-            self._cond.notify()
+            if not self._stop:
+                self._waiting.append(request)
+                self._cond.notify()
+                return
+        self._finish(request, _abort_reason("The server is shutting down."))
 
     def abort(self, rid: str = "", abort_all: bool = False, message: str = "Aborted") -> None:
         """Finish matching requests (rid prefix match, like SGLang) with an abort reason and their partial output."""
@@ -185,6 +187,10 @@ class Scheduler:
                 log.exception("scheduler step failed")
                 self._apply_aborts([("", True, f"engine error: {e}")], running_only=True)
         self._apply_aborts([("", True, "The server is shutting down.")])
+        with self._cond:
+            commands, self._commands = list(self._commands), deque()
+        for command in commands:
+            command.future.set_exception(RuntimeError("the engine has stopped"))
 
     def _has_work(self) -> bool:
         if self._aborts or self._commands:
@@ -217,7 +223,7 @@ class Scheduler:
             if message is not None:
                 request = self._running[row]
                 self._remove_row(row)
-                self._finish(request, {"type": "abort", "message": message, "status_code": None, "err_type": None})
+                self._finish(request, _abort_reason(message))
         if running_only:
             return
         with self._cond:
@@ -226,7 +232,7 @@ class Scheduler:
                 hit_ids = {id(r) for r, _ in hits}
                 self._waiting = deque(r for r in self._waiting if id(r) not in hit_ids)
         for request, message in hits:
-            self._finish(request, {"type": "abort", "message": message, "status_code": None, "err_type": None})
+            self._finish(request, _abort_reason(message))
 
     def _admit(self) -> None:
         """Take waiting requests (up to the free rows and `max_prefill_tokens` of padded prefill) and prefill
@@ -251,15 +257,9 @@ class Scheduler:
             self._prefill(batch)
         except Exception as e:
             log.exception("prefill failed")
-            reason = {
-                "type": "abort",
-                "message": f"engine error: {e}",
-                "status_code": 500,
-                "err_type": type(e).__name__,
-            }
             for request, _ in batch:
                 if not request.finished:
-                    self._finish(request, dict(reason))
+                    self._finish(request, _abort_reason(f"engine error: {e}", 500, type(e).__name__))
 
     def _prefill_row(self, request: Request) -> PrefillRow:
         tokens = request.input_ids + request.output_ids
@@ -391,3 +391,8 @@ def _top_pairs(top: Any, row: int, k: int) -> list[tuple[float, int]]:
 def _wants_input(request: Request) -> bool:
     """Prompt log-probs requested (and not yet computed)."""
     return request.return_logprob and request.logprob_start_len >= 0 and not request.output_ids
+
+
+def _abort_reason(message: str, status_code: int | None = None, err_type: str | None = None) -> dict[str, Any]:
+    """SGLang's abort finish reason."""
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
