@@ -10,6 +10,7 @@ variable the config names, never from the config itself.
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -66,14 +67,20 @@ class UserSimulator:
     """`await sim.chat(messages, json=True)` -> Reply; see the module docstring for the failure contract."""
 
     def __init__(self, cfg: "UserSimConfig") -> None:
+        if cfg.http_backend == "aiohttp" and importlib.util.find_spec("httpx_aiohttp") is None:
+            from userrl_megatron.errors import UserError
+
+            raise UserError(
+                "user_sim.http_backend=aiohttp needs the httpx-aiohttp package (requirements/runtime.txt); "
+                "install it or set user_sim.http_backend=httpx"
+            )
         self.cfg = cfg
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore]] = (
             weakref.WeakKeyDictionary()
         )
         self._cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None
-        self._counts = dict.fromkeys(
-            ("calls", "failures", "retries", "requests", "cache_hits", "prompt_tokens", "completion_tokens"), 0
-        )
+        counters = ("calls", "answered", "failures", "retries", "requests", "cache_hits")
+        self._counts = dict.fromkeys((*counters, "prompt_tokens", "completion_tokens"), 0)
         self._latency_total = 0.0
         self._latency_max = 0.0
         self._in_flight = 0
@@ -117,6 +124,7 @@ class UserSimulator:
                 self._counts["failures"] += 1
                 raise
         reply.latency_s = time.perf_counter() - start
+        self._counts["answered"] += 1
         self._latency_total += reply.latency_s
         self._latency_max = max(self._latency_max, reply.latency_s)
         self._cache_write(key, reply)
@@ -124,9 +132,9 @@ class UserSimulator:
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
         """Counters since construction (or the last reset): calls, failures, retries, latency, tokens."""
-        answered = self._counts["calls"] - self._counts["failures"] - self._counts["cache_hits"]
         out = {k: float(v) for k, v in self._counts.items()}
-        out["latency_mean_s"] = self._latency_total / answered if answered > 0 else 0.0
+        answered = self._counts["answered"]  # by the endpoint (cache hits excluded)
+        out["latency_mean_s"] = self._latency_total / answered if answered else 0.0
         out["latency_max_s"] = self._latency_max
         out["in_flight_max"] = float(self._in_flight_max)
         if reset:
@@ -259,15 +267,6 @@ def _aiohttp_client() -> Any:
     """openai's aiohttp transport: far less CPU per request than httpx's pool with hundreds of calls in flight."""
     import openai
 
-    try:
-        import httpx_aiohttp  # noqa: F401
-    except ImportError as e:
-        raise UserSimError(
-            "user_sim.http_backend=aiohttp needs the httpx-aiohttp package (requirements/runtime.txt); "
-            "install it or set user_sim.http_backend=httpx",
-            "client",
-            0,
-        ) from e
     return openai.DefaultAioHttpClient()
 
 

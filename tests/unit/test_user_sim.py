@@ -166,7 +166,7 @@ def test_response_cache_replays_without_requests(server: OpenAIServer, tmp_path:
     fresh = make_sim(server, cache_dir=str(tmp_path))  # a new process reads the same files
     assert chat(fresh, json=True).data == {"n": 1} and server.count == 2
     m = sim.metrics()
-    assert (m["calls"], m["cache_hits"], m["requests"]) == (3.0, 1.0, 2.0)
+    assert (m["calls"], m["cache_hits"], m["requests"], m["answered"]) == (3.0, 1.0, 2.0, 2.0)
 
 
 def test_failed_calls_are_not_cached(server: OpenAIServer, tmp_path: Path) -> None:
@@ -231,3 +231,15 @@ def test_both_http_backends(server: OpenAIServer, backend: str) -> None:
     sim = make_sim(server, http_backend=backend)
     assert chat(sim, json=True).data == {"ok": True}
     assert sim.metrics()["retries"] == 1.0
+
+
+def test_aiohttp_backend_needs_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from userrl_megatron.errors import UserError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "httpx_aiohttp" else real(name))
+    with pytest.raises(UserError, match=r"user_sim\.http_backend=aiohttp needs the httpx-aiohttp package"):
+        UserSimulator(UserSimConfig())
+    UserSimulator(UserSimConfig(http_backend="httpx"))  # the other transport needs nothing more
