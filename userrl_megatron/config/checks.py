@@ -37,8 +37,7 @@ GROUP_ESTIMATORS = ("grpo", "grpo_multiturn")
 def check_config(cfg: RootConfig) -> None:
     """Raise ConfigError listing every inconsistency in `cfg`."""
     problems = _choice_problems(cfg) + _parallel_problems(cfg) + _budget_problems(cfg) + _algo_problems(cfg)
-    problems += _gym_problems(cfg)
-    problems += _engine_problems(cfg)
+    problems += _gym_problems(cfg) + _pool_problems(cfg) + _engine_problems(cfg)
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
@@ -169,12 +168,24 @@ def _gym_problems(cfg: RootConfig) -> list[str]:
     return problems
 
 
+def _pool_problems(cfg: RootConfig) -> list[str]:
+    r = cfg.rollout
+    problems = [
+        f"rollout.{key} must be >= 0, got {getattr(r, key)}"
+        for key in ("health_check_interval_s", "engine_max_restarts", "generate_failovers")
+        if getattr(r, key) < 0
+    ]
+    if r.max_concurrent_episodes < 1:
+        problems.append(f"rollout.max_concurrent_episodes must be >= 1, got {r.max_concurrent_episodes}")
+    return problems
+
+
 def _engine_problems(cfg: RootConfig) -> list[str]:
     e, g, problems = cfg.rollout.embedded, cfg.rollout.sglang, []
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", e.device):
         problems.append(f"rollout.embedded.device = {e.device!r}; choose from auto, cpu, cuda, cuda:N")
     for key, port in (("rollout.embedded.base_port", e.base_port), ("rollout.sglang.base_port", g.base_port)):
-        if not 1 <= port <= 65535 - cfg.rollout.num_engines:
+        if port and not 1 <= port <= 65535 - cfg.rollout.num_engines:  # 0: the pool picks free ports
             problems.append(f"{key} = {port} leaves no room for rollout.num_engines = {cfg.rollout.num_engines} ports")
     for key in ("max_running_requests", "max_prefill_tokens"):
         if getattr(e, key) < 1:
