@@ -51,7 +51,7 @@ async def _rollout(engine: Any, runner: Any, tasks: list[Any], concurrency: int)
         "episodes": len(episodes),
         "turns": sum(len(e.turns) for e in episodes),
         "generated_tokens": generated,
-        "seconds": round(seconds, 3),
+        "seconds": round(seconds, 6),
         "tokens_per_s": round(generated / seconds, 2),
         "episodes_per_s": round(len(episodes) / seconds, 4),
         "decode_forwards": engine.core.scheduler.decode_steps - steps,
@@ -79,7 +79,7 @@ def _hf_sequential(model_dir: Path, prompts: list[list[int]], max_new_tokens: in
             )
             generated += out.shape[1] - len(prompt)
     seconds = time.perf_counter() - started
-    return {"prompts": len(prompts), "generated_tokens": generated, "seconds": round(seconds, 3),
+    return {"prompts": len(prompts), "generated_tokens": generated, "seconds": round(seconds, 6),
             "tokens_per_s": round(generated / seconds, 2)}  # fmt: skip
 
 
