@@ -1,5 +1,6 @@
 """Imports every built-in gym so that its registration runs. Add new gyms here."""
 
+import gyms.echo
 import gyms.function
 import gyms.intention
 import gyms.persuade

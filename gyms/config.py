@@ -84,6 +84,16 @@ class TauGymConfig:
     data_dir: str = ""  # folder holding taubench/ and userrl/; empty = where the task was loaded from
 
 
+@dataclass
+class EchoGymConfig:
+    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+    turns: int = 3  # turns per episode (each asks for one letter)
+    alphabet: str = "ab"  # letters the user may ask for
+    same_letter: bool = True  # ask for the same letter every turn (False: a fresh letter each turn)
+    seed: int = 0  # seed of the `echo-procedural` task stream
+    tasks_per_split: int = 64  # tasks in each split of `echo-procedural`
+
+
 def config_for(name: str, gyms_cfg: Any, max_steps: int) -> Any:
     """Gym `name`'s typed config from the `gyms` section, with `max_steps` forced to the rollout's max turns."""
     from gyms.base import gym_spec

@@ -7,6 +7,7 @@ that no field lacks one. Defaults describe the embedded CPU quickstart; recipes 
 from dataclasses import dataclass, field
 
 from gyms.config import (
+    EchoGymConfig,
     FunctionGymConfig,
     IntentionGymConfig,
     PersuadeGymConfig,
@@ -124,6 +125,7 @@ class GymsConfig:
     telepathy: TelepathyGymConfig = field(default_factory=TelepathyGymConfig)  # TelepathyGym
     travel: TravelGymConfig = field(default_factory=TravelGymConfig)  # TravelGym and its scenario generator
     turtle: TurtleGymConfig = field(default_factory=TurtleGymConfig)  # TurtleGym
+    echo: EchoGymConfig = field(default_factory=EchoGymConfig)  # EchoGym, the toy gym of the learning test
 
 
 @dataclass

@@ -4,17 +4,35 @@ A source is one of:
   * a gym name (`function`, `travel`, ...): that gym's tasks of the split, from the public data folder;
   * a mixture: `alltrain` or `alltest` (UserRL's, spec §4; the mixture fixes its own split);
   * a procedural source that needs no data: `function-procedural` (FunctionGym rules from the seeded
-    generator, `gyms.function.generator` settings);
+    generator, `gyms.function.generator` settings) or `echo-procedural` (EchoGym, `gyms.echo` settings);
   * a row file path (.parquet / .jsonl): rows written by `userrl data build`, or UserRL's own parquet rows.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 from userrl_megatron.config.schema import GymsConfig
 from userrl_megatron.errors import UserError
 from userrl_megatron.types import Task
 
-PROCEDURAL_SOURCES = ("function-procedural",)
+
+def _function_procedural(split: str, cfg: GymsConfig) -> list[Task]:
+    from gyms.function.tasks import procedural_tasks
+
+    return procedural_tasks(split, cfg.function.generator)
+
+
+def _echo_procedural(split: str, cfg: GymsConfig) -> list[Task]:
+    from gyms.echo.env import echo_tasks
+
+    return echo_tasks(split, cfg.echo)
+
+
+# Sources generated from the config alone: (split, gyms config) -> tasks.
+PROCEDURAL_SOURCES: dict[str, Callable[[str, GymsConfig], list[Task]]] = {
+    "function-procedural": _function_procedural,
+    "echo-procedural": _echo_procedural,
+}
 
 
 def load_tasks(sources: list[str], split: str, cfg: GymsConfig) -> list[Task]:
@@ -40,10 +58,8 @@ def _source_tasks(source: str, split: str, cfg: GymsConfig, root: Path) -> list[
     from gyms.base import gym_spec, list_gyms
     from userrl_megatron.data.mixtures import MIXTURES, mixture_tasks
 
-    if source == "function-procedural":
-        from gyms.function.tasks import procedural_tasks
-
-        return procedural_tasks(split, cfg.function.generator)
+    if source in PROCEDURAL_SOURCES:
+        return PROCEDURAL_SOURCES[source](split, cfg)
     if source in MIXTURES:
         return mixture_tasks(source, root)
     if source in list_gyms():
