@@ -22,7 +22,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.policy_loss": ("ppo_clip",),
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "algo.kl_estimator": ("k1", "k2", "k3"),
-    "algo.user_sim_failure": ("mask", "keep"),
+    "algo.user_sim_failure": ("drop", "mask", "keep"),
     "gyms.persuade.reward_baseline": ("best", "previous"),
     "gyms.search.judge": ("llm", "exact"),
     "gyms.search.backend": ("offline", "web"),

@@ -165,7 +165,7 @@ class AlgoConfig:
     ppo_epochs: int = 1  # passes over each step's episodes
     mini_batches_per_step: int = 1  # optimizer steps per RL step (episodes split evenly)
     drop_equal_score_groups: bool = False  # skip groups whose scores are all equal (zero advantage)
-    user_sim_failure: str = "mask"  # episodes with user-simulator failures: "mask" (no loss) or "keep"
+    user_sim_failure: str = "mask"  # user-simulator failures: "drop" the episode, "mask" (in baseline, no loss), "keep"
 
 
 @dataclass
