@@ -57,7 +57,7 @@ def gradients(model_dir: Path, batch: TrainBatch, algo: AlgoConfig) -> tuple[flo
     model = load_hf(model_dir)
     loss = policy_loss(model, batch, algo)
     loss.backward()
-    return float(loss), {name: p.grad.clone() for name, p in model.named_parameters()}
+    return float(loss.detach()), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
 def scheduled_lr(step: int, cfg: MegatronConfig) -> float:

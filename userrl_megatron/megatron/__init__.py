@@ -1,7 +1,8 @@
 """The only package that imports megatron.core (and Transformer Engine, on GPU).
 
-Import order matters on CPU: `parallel.initialize` (or `cpu.install`) must run before anything imports
-megatron.core, so this package's `__init__` imports nothing heavy. Modules:
+On CPU, `parallel.initialize` (or `cpu.install`) redirects Megatron's CUDA calls to the CPU; importing this
+package only stubs the one triton-only module so that `import megatron.core` works without triton.
+Modules:
 
   cpu.py         CPU support (gloo, no CUDA): the few CUDA assumptions redirected to the CPU
   parallel.py    process setup: torch.distributed + Megatron's parallel groups; layout checks
@@ -14,3 +15,7 @@ megatron.core, so this package's `__init__` imports nothing heavy. Modules:
   conversion.py  hf2mcore / mcore2hf converters
   launch.py      run a function on N local ranks (spawned processes)
 """
+
+from userrl_megatron.megatron.cpu import stub_missing_kernels
+
+stub_missing_kernels()

@@ -19,7 +19,6 @@ The directory must be on a filesystem every rank sees.
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +31,17 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyPara
 
 from userrl_megatron.convert.arch import Architecture, padded_vocab_size
 from userrl_megatron.convert.hf_io import copy_metadata
+from userrl_megatron.megatron.checkpoint_files import (
+    EXTRA_FILE,
+    FORMAT_VERSION,
+    HF_FILES,
+    META_FILE,
+    check_compatible,
+    commit,
+    prune,
+    read_metadata,
+    resolve,
+)
 from userrl_megatron.megatron.parallel import Layout
 
 if TYPE_CHECKING:
@@ -39,34 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-META_FILE = "userrl_checkpoint.json"
-EXTRA_FILE = "extra_state.json"
-LATEST = "latest"
-HF_FILES = "hf"
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}  # reshards over TP, PP and DP
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, incomplete, or was saved for another model."""
-
-
-def resolve(path: str | Path) -> Path:
-    """The checkpoint directory `path` names: itself, or what its `latest` pointer names."""
-    path = Path(path)
-    if (path / META_FILE).is_file():
-        return path
-    if (path / LATEST).is_file():
-        target = path / (path / LATEST).read_text().strip()
-        if (target / META_FILE).is_file():
-            return target
-        raise CheckpointError(f"{path / LATEST} points at {target}, which is not a complete checkpoint")
-    raise CheckpointError(f"{path} is neither a checkpoint (no {META_FILE}) nor a folder with a {LATEST} pointer")
-
-
-def read_metadata(path: str | Path) -> dict[str, Any]:
-    """The metadata of the checkpoint `path` names."""
-    return json.loads((resolve(path) / META_FILE).read_text())
 
 
 def model_sharded_state_dict(chunks: list[torch.nn.Module]) -> dict[str, Any]:
@@ -117,7 +100,7 @@ def save_state(
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         (tmp / EXTRA_FILE).write_text(extra_json + "\n")
         copy_metadata(hf_dir, tmp / HF_FILES)
-        _commit(tmp, path)
+        commit(tmp, path)
         if keep_last is not None:
             prune(path.parent, keep_last)
     torch.distributed.barrier()
@@ -191,52 +174,6 @@ def load(actor: "MegatronActor", path: str | Path) -> dict[str, Any]:
     extra = ckpt / EXTRA_FILE
     log.info("loaded checkpoint %s (step %d)", ckpt, actor.steps)
     return json.loads(extra.read_text()) if extra.is_file() else {}
-
-
-def check_compatible(meta: dict[str, Any], arch: Architecture, tp: int) -> None:
-    """Raise CheckpointError if the checkpoint holds another model, or its vocab padding differs at this TP."""
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}")
-    current = dataclasses.asdict(arch)
-    diff = {k: (meta["arch"].get(k), v) for k, v in current.items() if meta["arch"].get(k) != v}
-    if diff:
-        raise CheckpointError(f"checkpoint holds another model: (checkpoint, current) differ in {diff}")
-    padded = padded_vocab_size(arch.vocab_size, tp)
-    if padded != meta["padded_vocab_size"]:
-        raise CheckpointError(
-            f"the checkpoint's vocabulary is padded to {meta['padded_vocab_size']} rows (TP = {meta['layout']['tp']}); "
-            f"tensor_model_parallel_size = {tp} pads it to {padded}: use a TP that pads it the same way"
-        )
-
-
-def prune(root: str | Path, keep_last: int) -> list[Path]:
-    """Delete all but the `keep_last` newest checkpoints directly under `root` (by step, then save time)."""
-    found = []
-    for child in Path(root).iterdir():
-        meta_file = child / META_FILE
-        if child.is_dir() and meta_file.is_file():
-            meta = json.loads(meta_file.read_text())
-            found.append(((meta.get("steps", 0), meta.get("saved_at", 0.0)), child))
-    found.sort()
-    doomed = [p for _, p in found[: max(len(found) - keep_last, 0)]]
-    for p in doomed:
-        shutil.rmtree(p)
-    return doomed
-
-
-def _commit(tmp: Path, path: Path) -> None:
-    """Rename the finished checkpoint into place, then move the `latest` pointer (each step atomic)."""
-    old = path.parent / f".{path.name}.replaced"
-    if path.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    pointer = path.parent / f".{LATEST}.tmp"
-    pointer.write_text(path.name + "\n")
-    os.replace(pointer, path.parent / LATEST)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def _load_model_state(chunks: list[torch.nn.Module], state: dict[str, Any]) -> None:

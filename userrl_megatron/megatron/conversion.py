@@ -36,10 +36,10 @@ def mcore_to_hf(ckpt: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1,
     """Convert a Megatron checkpoint (or a folder with a `latest` pointer) into an HF directory `out_dir`.
 
     `dtype` casts the weights (default: the checkpoint's dtype)."""
-    from userrl_megatron.megatron import checkpoint  # imports megatron.core: only under the CPU support
+    from userrl_megatron.megatron import checkpoint_files
 
-    ckpt_dir = checkpoint.resolve(ckpt).absolute()
-    meta = checkpoint.read_metadata(ckpt_dir)
+    ckpt_dir = checkpoint_files.resolve(ckpt).absolute()
+    meta = checkpoint_files.read_metadata(ckpt_dir)
     if dtype is not None and dtype not in DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {dtype!r}")
     _check_layout(Architecture(**meta["arch"]), tp, pp)
@@ -106,24 +106,21 @@ def _mcore_to_hf_rank(
     layout = parallel.initialize(cfg, rank=rank, world_size=world_size, master_port=port)
     from userrl_megatron.convert.hf_io import save_hf_dir
     from userrl_megatron.convert.rules import Converter
-    from userrl_megatron.megatron import checkpoint
+    from userrl_megatron.megatron import checkpoint, checkpoint_files
     from userrl_megatron.megatron.export import gather_hf_state_dict
     from userrl_megatron.megatron.model import DTYPES, build_chunks, use_transformer_engine
 
     try:
-        meta = checkpoint.read_metadata(ckpt)
+        meta = checkpoint_files.read_metadata(ckpt)
         arch = Architecture(**meta["arch"])
         use_te = use_transformer_engine(cfg.transformer_impl)
         chunks = build_chunks(arch, cfg, DTYPES[meta["dtype"]], use_te)
         checkpoint.load_model(ckpt, chunks, arch, layout.tp)
         state = gather_hf_state_dict(chunks, Converter(arch, te_layout=use_te), layout)
         if state is not None:
-            save_hf_dir(out_dir, state.items(), Path(ckpt) / checkpoint.HF_FILES, dtype=_dtype(dtype))
+            save_hf_dir(out_dir, state.items(), Path(ckpt) / checkpoint_files.HF_FILES, dtype=DTYPES[dtype])
             log.info("wrote %s (%d tensors)", out_dir, len(state))
         torch.distributed.barrier()
     finally:
         parallel.shutdown()
 
-
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

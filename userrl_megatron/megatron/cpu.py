@@ -13,6 +13,9 @@ What it does, and why each part is needed (see shared/docs/megatron_cpu.md for t
   * `CudaToCpuMode` maps `device="cuda"` / integer devices to the CPU and makes CPU tensors report
     `torch.cuda.*` types, which Megatron's optimizers and gradient clipping assert on.
 
+Importing this package already stubs the triton-only module (harmless everywhere), so submodules may be
+imported in any order; the CUDA redirection happens in `install()`, called by `parallel.initialize`.
+
 The mode is a torch function mode, which is thread-local: `install()` enters it on the calling thread and
 `enter_mode()` enters it on any other thread that runs Megatron code (Ray may call actor methods from a
 thread other than the one that built the actor).
@@ -101,7 +104,8 @@ class CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _stub_paged_stash() -> None:
+def stub_missing_kernels() -> None:
+    """Let `import megatron.core` succeed without triton (no-op when triton is installed)."""
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -154,7 +158,7 @@ def install() -> bool:
     if torch.cuda.is_available():
         return False
     if not _installed:
-        _stub_paged_stash()
+        stub_missing_kernels()
         _patch_torch_cuda()
         _patch_megatron_rng()
         _installed = True
