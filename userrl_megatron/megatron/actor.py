@@ -17,10 +17,10 @@ data-parallel ranks and divides the gradients by the total (`calculate_per_token
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from megatron.core.distributed import finalize_model_grads
@@ -30,6 +30,7 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.utils import get_model_config
 
 from userrl_megatron.algo.losses import LossInputs, compute_policy_loss
+from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.schema import AlgoConfig, MegatronConfig, ModelConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.convert.hf_io import HFWeights
@@ -73,7 +74,7 @@ class MicroBatch:
 
 
 class MegatronActor:
-    """The policy (and optionally reference) model under Megatron: see the module docstring."""
+    """The policy model under Megatron: see the module docstring."""
 
     def __init__(
         self, model: ModelConfig, megatron: MegatronConfig, algo: AlgoConfig, seed: int, load_weights: bool = True
@@ -89,6 +90,8 @@ class MegatronActor:
         model_parallel_cuda_manual_seed(seed)
         use_te = use_transformer_engine(megatron.transformer_impl)
         self.packed = use_te  # THD packing needs Transformer Engine attention
+        if self.layout.cp > 1 and not use_te:
+            raise ConfigError("megatron.context_parallel_size > 1 needs the Transformer Engine layer spec")
         self.converter = Converter(self.arch, te_layout=use_te)
         chunks = build_chunks(self.arch, megatron, self.dtype, use_te, initialize=not load_weights)
         if load_weights:
@@ -104,7 +107,17 @@ class MegatronActor:
 
     # ---- log-probs ----------------------------------------------------------------------------------
 
-    def compute_logprobs(self, batch: TrainBatch, with_entropy: bool = False) -> Any:
+    @overload
+    def compute_logprobs(self, batch: TrainBatch, with_entropy: Literal[False] = False) -> list[list[float]]: ...
+
+    @overload
+    def compute_logprobs(
+        self, batch: TrainBatch, with_entropy: Literal[True]
+    ) -> tuple[list[list[float]], list[list[float]]]: ...
+
+    def compute_logprobs(
+        self, batch: TrainBatch, with_entropy: bool = False
+    ) -> list[list[float]] | tuple[list[list[float]], list[list[float]]]:
         """Per-token log-probs of every episode (position 0 is 0.0: token t is scored given tokens < t),
         identical on every rank. With `with_entropy`, returns (log-probs, entropies) aligned the same way."""
         cpu.enter_mode()
@@ -268,13 +281,11 @@ class MegatronActor:
         return lay.tp if self.cfg.sequence_parallel else 1
 
     def _micro_batch(self, batch: TrainBatch, rows: list[int], train: bool, align: int) -> MicroBatch:
-        seqs = [batch.token_ids[r] for r in rows] or [[0]]
+        seqs = [batch.token_ids[r] for r in rows] or [[0]]  # an empty micro-batch: one token, nothing scored
         if self.packed:
             model_input = packed_input(seqs, align, self.layout.cp, self.layout.cp_rank)
         else:
             model_input = padded_input(seqs, align)
-        if not rows:  # an empty micro-batch: one token, nothing scored
-            model_input.labels.fill_(-1)
         width = max(len(s) for s in seqs)
         mb = MicroBatch(rows=rows, width=width, input=model_input)
         if train:
@@ -302,7 +313,8 @@ class MegatronActor:
 
     def _forward_step(
         self, data_iterator: Iterator[MicroBatch], model: torch.nn.Module, *, forward_only: bool, with_entropy: bool
-    ):
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple]]:
+        """Megatron's forward-step hook: run one micro-batch; the returned function scores its output."""
         mb = next(data_iterator)
         inp = mb.input
         packed = None

@@ -123,4 +123,3 @@ def _mcore_to_hf_rank(
         torch.distributed.barrier()
     finally:
         parallel.shutdown()
-

@@ -25,6 +25,7 @@ import contextlib
 import sys
 import threading
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -90,7 +91,9 @@ def _to_cpu_device(device: Any) -> Any:
 class CudaToCpuMode(TorchFunctionMode):
     """Redirect CUDA device arguments to the CPU; CPU tensors report `torch.cuda.*` from `Tensor.type()`."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        self, func: Callable[..., Any], types: tuple[type, ...], args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if "device" in kwargs:
             kwargs["device"] = _to_cpu_device(kwargs["device"])
