@@ -40,10 +40,6 @@ def init_world(rank: int, world_size: int, port: int, cfg: MegatronConfig) -> An
     """Initialise (or re-initialise with another layout) torch.distributed and Megatron's groups."""
     from userrl_megatron.megatron import parallel
 
-    if torch.distributed.is_initialized():
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
     return parallel.initialize(cfg, rank=rank, world_size=world_size, master_port=port)
 
 

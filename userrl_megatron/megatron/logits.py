@@ -1,20 +1,25 @@
 """Log-probabilities and entropy from vocab-parallel logits, without gathering the vocabulary on one rank.
 
-Each tensor-parallel rank holds logits for its slice of the (padded) vocabulary. The log-softmax needs
-only three all-reduces over the TP group of per-position scalars: the max, the sum of exponentials and the
-target logit (and one more for the entropy). Columns past the real vocabulary (Megatron's padding rows)
-are excluded, so results equal the unpadded HF model's.
+Each tensor-parallel rank holds the logits of its slice of the (padded) vocabulary. The log-partition
+function is a logsumexp of the per-rank logsumexps (one all-gather of a scalar per position), the target
+logit comes from the one rank that holds it (one all-reduce of a scalar per position), and the entropy
+needs one more all-reduce. Columns past the real vocabulary (Megatron's padding rows) are excluded, so the
+results equal the unpadded HF model's.
 
-The sums go through Megatron's `reduce_from_tensor_model_parallel_region` (all-reduce forward, identity
-backward), which is the correct gradient because every TP rank computes the same loss from the reduced
-values.
+Gradients flow through Megatron's mappings: `gather_from_tensor_model_parallel_region` (all-gather
+forward, keep-own-slice backward) and `reduce_from_tensor_model_parallel_region` (all-reduce forward,
+identity backward); both are exact here because every TP rank computes the same loss from the gathered or
+reduced values. The fused `logsumexp` keeps the forward pass to one read of the logits.
 """
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+from megatron.core.tensor_parallel.mappings import (
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+)
 
-# Stands in for -inf on padding columns: exp() of it is exactly 0, and 0 · it stays finite in the entropy.
+# Stands in for -inf on padding columns: its exp() is exactly 0, and 0 · it stays finite in the entropy.
 PAD_LOGIT = -1.0e30
 
 
@@ -32,7 +37,7 @@ def vocab_parallel_logprobs(
     `entropy_grad=False` computes the entropy outside the autograd graph (for metrics only).
     """
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    tp_group = parallel_state.get_tensor_model_parallel_group()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
     logits = logits.float()
     width = logits.shape[-1]
     start = tp_rank * width
@@ -41,22 +46,18 @@ def vocab_parallel_logprobs(
         column = torch.arange(width, device=logits.device)
         logits = logits.masked_fill(column >= real, PAD_LOGIT)
 
-    with torch.no_grad():
-        top = logits.max(dim=-1).values
-        torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=tp_group)
-    shifted = logits - top.unsqueeze(-1)
-    exp = shifted.exp()
-    sum_exp = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))
-    log_z = sum_exp.log()
+    log_z = torch.logsumexp(logits, dim=-1)
+    if tp_size > 1:
+        log_z = torch.logsumexp(gather_from_tensor_model_parallel_region(log_z.unsqueeze(-1)), dim=-1)
 
     local = labels.clamp(min=0) - start
     here = (local >= 0) & (local < width)
-    target = shifted.gather(-1, local.clamp(0, width - 1).unsqueeze(-1)).squeeze(-1) * here
+    target = logits.gather(-1, local.clamp(0, width - 1).unsqueeze(-1)).squeeze(-1) * here
     logprobs = reduce_from_tensor_model_parallel_region(target) - log_z
 
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            expected = reduce_from_tensor_model_parallel_region((exp * shifted).sum(dim=-1)) / sum_exp
-            entropy = log_z - expected
+            probs = torch.exp(logits - log_z.unsqueeze(-1))
+            entropy = log_z - reduce_from_tensor_model_parallel_region((probs * logits).sum(dim=-1))
     return logprobs, entropy

@@ -1,7 +1,8 @@
 """Megatron `GPTModel` chunks built from a Hugging Face config (Llama, Qwen2, Qwen3 dense), and their weights.
 
 The layer spec is Transformer Engine's when TE and CUDA are available (and `megatron.transformer_impl`
-allows it), Megatron's local spec otherwise; the choice is logged. The vocabulary is padded to a multiple
+allows it), Megatron's local spec otherwise, with torch SDPA as its core attention (`attention.py`); the
+choice is logged. The vocabulary is padded to a multiple
 of lcm(128, TP) (`convert.arch.padded_vocab_size`); the padded rows are zero and masked out of every
 softmax (`logits.py`), so log-probs equal the HF model's.
 
@@ -28,6 +29,7 @@ from userrl_megatron.config.schema import MegatronConfig
 from userrl_megatron.convert.arch import Architecture, padded_vocab_size
 from userrl_megatron.convert.rules import Converter, Split
 from userrl_megatron.convert.sharding import shard
+from userrl_megatron.megatron.attention import SDPAttention
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,8 @@ def use_transformer_engine(impl: str) -> bool:
         raise ConfigError("megatron.transformer_impl = transformer_engine needs CUDA and Transformer Engine installed")
     chosen = available and impl != "local"
     reason = {True: "available", False: "unavailable" if not available else "disabled by transformer_impl"}
-    log.info("layer spec: %s (Transformer Engine %s)", "transformer_engine" if chosen else "local", reason[available])
+    spec = "transformer_engine" if chosen else "local (torch SDPA attention)"
+    log.info("layer spec: %s (Transformer Engine %s)", spec, reason[available])
     return chosen
 
 
@@ -107,6 +110,7 @@ def build_chunks(
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
     else:
         spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
     vocab = padded_vocab_size(arch.vocab_size, cfg.tensor_model_parallel_size)
     vpp = cfg.virtual_pipeline_model_parallel_size
     chunks = []

@@ -141,8 +141,9 @@ def initialize(
 ) -> Layout:
     """Join the process group and build Megatron's parallel groups; returns this rank's Layout.
 
-    Safe to call in Ray actors, spawned children and torchrun workers. On CPU it installs the CPU support
-    first (which must precede any `import megatron.core` in the process).
+    Safe to call in Ray actors, spawned children and torchrun workers. On CPU it installs the CPU support.
+    Calling it again lays the same processes out anew (the default process group is kept; actors built
+    under the previous layout must not be used any more).
     """
     check_layout(cfg, world_size)
     on_gpu = torch.cuda.is_available()
@@ -160,6 +161,8 @@ def initialize(
             world_size=world_size,
             timeout=datetime.timedelta(minutes=timeout_minutes),
         )
+    if parallel_state.model_parallel_is_initialized():  # a new layout on the same processes
+        parallel_state.destroy_model_parallel()
     vpp = cfg.virtual_pipeline_model_parallel_size
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=cfg.tensor_model_parallel_size,
