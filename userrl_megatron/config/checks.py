@@ -96,6 +96,13 @@ def _parallel_problems(cfg: RootConfig) -> list[str]:
         problems.append("megatron.sequence_parallel needs tensor_model_parallel_size >= 2")
     if m.micro_batch_tokens < 1:
         problems.append(f"megatron.micro_batch_tokens must be >= 1, got {m.micro_batch_tokens}")
+    if m.lr_schedule != "constant" and m.lr_decay_steps <= m.lr_warmup_steps:
+        problems.append(
+            f"megatron.lr_schedule = {m.lr_schedule} needs megatron.lr_decay_steps > megatron.lr_warmup_steps, "
+            f"got {m.lr_decay_steps} <= {m.lr_warmup_steps}"
+        )
+    if m.min_lr > m.lr:
+        problems.append(f"megatron.min_lr = {m.min_lr} exceeds megatron.lr = {m.lr}")
     return problems
 
 

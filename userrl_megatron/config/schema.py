@@ -56,6 +56,7 @@ class MegatronConfig:
     min_lr: float = 0.0  # floor of the cosine schedule
     lr_schedule: str = "constant"  # "constant", "linear" or "cosine" (after warmup)
     lr_warmup_steps: int = 0  # optimizer steps of linear warmup from 0 to lr
+    lr_decay_steps: int = 0  # optimizer step at which linear/cosine decay reaches min_lr (> lr_warmup_steps)
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     adam_beta1: float = 0.9  # AdamW beta1
     adam_beta2: float = 0.999  # AdamW beta2

@@ -1,0 +1,134 @@
+"""Reading and writing Hugging Face model directories (safetensors, sharded or not) without loading a model.
+
+`HFWeights` opens the safetensors files lazily, so each rank reads only the tensors it needs.
+`save_hf_dir` writes sharded safetensors with an index, plus every non-weight file of the source model
+(config, generation config, tokenizer files, chat template), so the result loads in `transformers`.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+WEIGHT_INDEXES = (INDEX_FILE, "pytorch_model.bin.index.json")
+
+
+class HFWeights:
+    """Lazy access to the tensors of an HF safetensors directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        index = self.path / INDEX_FILE
+        if index.is_file():
+            self._file_of = json.loads(index.read_text())["weight_map"]
+        elif (self.path / SINGLE_FILE).is_file():
+            with safe_open(self.path / SINGLE_FILE, framework="pt") as f:
+                self._file_of = dict.fromkeys(f.keys(), SINGLE_FILE)
+        else:
+            raise FileNotFoundError(f"{self.path} has no {SINGLE_FILE} or {INDEX_FILE} (only safetensors are read)")
+        self._handles: dict[str, object] = {}
+
+    def keys(self) -> list[str]:
+        """Names of every tensor."""
+        return list(self._file_of)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._file_of
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._file_of:
+            raise KeyError(f"{self.path}: no tensor named {name!r}")
+        file = self._file_of[name]
+        if file not in self._handles:
+            self._handles[file] = safe_open(self.path / file, framework="pt")
+        return self._handles[file].get_tensor(name)  # type: ignore[attr-defined]
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every (name, tensor), read one at a time."""
+        for name in self._file_of:
+            yield name, self[name]
+
+
+def metadata_files(path: str | Path) -> list[Path]:
+    """The files of an HF model directory that are not weights: config, tokenizer, generation config, ..."""
+    return sorted(
+        p
+        for p in Path(path).iterdir()
+        if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES) and p.name not in WEIGHT_INDEXES
+    )
+
+
+def copy_metadata(source: str | Path, target: str | Path) -> None:
+    """Copy the non-weight files of an HF model directory into `target`."""
+    Path(target).mkdir(parents=True, exist_ok=True)
+    for p in metadata_files(source):
+        shutil.copy2(p, Path(target) / p.name)
+
+
+def save_hf_dir(
+    out: str | Path,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    metadata_source: str | Path,
+    max_shard_bytes: int = 2 * 1024**3,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write an HF model directory atomically: safetensors shards (+ index when more than one), and the
+    non-weight files of `metadata_source`. `dtype` casts floating tensors and is recorded in config.json."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for name, tensor in tensors:
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            nbytes = tensor.numel() * tensor.element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][name] = tensor.detach().to("cpu").contiguous()
+            size += nbytes
+        _write_shards(tmp, shards)
+        copy_metadata(metadata_source, tmp)
+        if dtype is not None:
+            _set_config_dtype(tmp / "config.json", dtype)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out
+
+
+def _write_shards(folder: Path, shards: list[dict[str, torch.Tensor]]) -> None:
+    if len(shards) == 1:
+        save_file(shards[0], folder / SINGLE_FILE, metadata={"format": "pt"})
+        return
+    weight_map, total = {}, 0
+    for k, shard in enumerate(shards, start=1):
+        file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, folder / file, metadata={"format": "pt"})
+        for name, t in shard.items():
+            weight_map[name] = file
+            total += t.numel() * t.element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _set_config_dtype(config_file: Path, dtype: torch.dtype) -> None:
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    config_file.write_text(json.dumps(config, indent=2) + "\n")

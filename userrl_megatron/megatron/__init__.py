@@ -1,0 +1,21 @@
+"""The only package that imports megatron.core (and Transformer Engine, on GPU).
+
+On CPU, `parallel.initialize` (or `cpu.install`) redirects Megatron's CUDA calls to the CPU; importing this
+package only stubs the one triton-only module so that `import megatron.core` works without triton.
+Modules:
+
+  cpu.py         CPU support (gloo, no CUDA): the few CUDA assumptions redirected to the CPU
+  parallel.py    process setup: torch.distributed + Megatron's parallel groups; layout checks
+  model.py       GPTModel chunks from an HF config (TE or local spec), weight loading
+  packing.py     data-parallel balancing, token-budget micro-batches, padded / packed (THD) inputs
+  logits.py      vocab-parallel log-probs and entropy
+  optimizer.py   DDP, distributed AdamW, LR schedule, offload
+  actor.py       MegatronActor: compute_logprobs, train_step, export_hf_weights, save/load, offload
+  checkpoint.py  distributed checkpoints (atomic, latest pointer, keep-last-N, resharding on load)
+  conversion.py  hf2mcore / mcore2hf converters
+  launch.py      run a function on N local ranks (spawned processes)
+"""
+
+from userrl_megatron.megatron.cpu import stub_missing_kernels
+
+stub_missing_kernels()

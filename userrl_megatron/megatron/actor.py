@@ -1,0 +1,432 @@
+"""The Megatron actor: log-probs, policy-gradient steps, weight export, checkpoints; SPMD across ranks.
+
+Build one `MegatronActor` on every rank after `parallel.initialize`, and call every method on every rank
+with the same arguments (each method is collective). Each rank receives the whole `TrainBatch`; the actor
+splits it across data-parallel ranks (balancing tokens) and into micro-batches of at most
+`megatron.micro_batch_tokens` tokens, and runs them through Megatron's pipeline schedules
+(`get_forward_backward_func`: no pipelining, 1F1B, or interleaved 1F1B with virtual stages).
+
+Micro-batches are right-padded rows on CPU / the local layer spec, and packed sequences without padding
+(THD) with Transformer Engine. Log-probs are computed from vocab-parallel logits (`logits.py`).
+
+The loss of a step is Σ per-token loss / N, where N is the number of trained tokens (or sequences, for the
+seq-mean aggregations) of the *whole* batch, over all micro-batches and data-parallel ranks: each
+micro-batch returns its loss sum and its count, Megatron sums the counts across micro-batches and
+data-parallel ranks and divides the gradients by the total (`calculate_per_token_loss`).
+"""
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal, overload
+
+import torch
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from megatron.core.utils import get_model_config
+
+from userrl_megatron.algo.losses import LossInputs, compute_policy_loss
+from userrl_megatron.config.loader import ConfigError
+from userrl_megatron.config.schema import AlgoConfig, MegatronConfig, ModelConfig
+from userrl_megatron.convert.arch import Architecture
+from userrl_megatron.convert.hf_io import HFWeights
+from userrl_megatron.convert.rules import Converter
+from userrl_megatron.megatron import checkpoint, cpu, parallel
+from userrl_megatron.megatron import optimizer as optim
+from userrl_megatron.megatron.export import export_hf, gather_hf_state_dict
+from userrl_megatron.megatron.logits import vocab_parallel_logprobs
+from userrl_megatron.megatron.model import (
+    DTYPES,
+    HFSource,
+    build_chunks,
+    load_full_weights,
+    use_transformer_engine,
+)
+from userrl_megatron.megatron.packing import (
+    ModelInput,
+    balance,
+    packed_input,
+    padded_input,
+    rows_tensor,
+    split_micro_batches,
+    to_rows,
+)
+from userrl_megatron.model_store import resolve_model
+from userrl_megatron.types import TrainBatch
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_AGGREGATIONS = ("seq-mean-token-sum", "seq-mean-token-mean")
+
+
+@dataclass
+class MicroBatch:
+    """Episodes `rows` of the batch, as model input plus (for training) their per-token loss inputs."""
+
+    rows: list[int]
+    width: int  # longest episode: the width of the per-token row tensors
+    input: ModelInput
+    loss: dict[str, torch.Tensor] = field(default_factory=dict)  # [len(rows), width] row tensors
+
+
+class MegatronActor:
+    """The policy model under Megatron: see the module docstring."""
+
+    def __init__(
+        self, model: ModelConfig, megatron: MegatronConfig, algo: AlgoConfig, seed: int, load_weights: bool = True
+    ) -> None:
+        cpu.enter_mode()
+        self.cfg, self.algo = megatron, algo
+        self.layout = parallel.current_layout()
+        self.device = parallel.device()
+        self.hf_dir = resolve_model(model.path)
+        self.arch = Architecture.from_hf_dir(self.hf_dir)
+        parallel.check_model_layout(megatron, self.arch)
+        self.dtype = DTYPES[model.dtype]
+        model_parallel_cuda_manual_seed(seed)
+        use_te = use_transformer_engine(megatron.transformer_impl)
+        self.packed = use_te  # THD packing needs Transformer Engine attention
+        if self.layout.cp > 1 and not use_te:
+            raise ConfigError("megatron.context_parallel_size > 1 needs the Transformer Engine layer spec")
+        self.converter = Converter(self.arch, te_layout=use_te)
+        chunks = build_chunks(self.arch, megatron, self.dtype, use_te, initialize=not load_weights)
+        if load_weights:
+            source = HFSource(HFWeights(self.hf_dir), self.converter)
+            load_full_weights(chunks, source, self.converter, self.layout.tp_rank, self.layout.tp)
+        self.chunks = optim.wrap_ddp(chunks, megatron)
+        self.optimizer = optim.build_optimizer(self.chunks, megatron, self.dtype)
+        self.scheduler = optim.build_scheduler(self.optimizer, megatron)
+        config = get_model_config(self.chunks[0])
+        config.finalize_model_grads_func = finalize_model_grads
+        config.grad_scale_func = self.optimizer.scale_loss
+        self.steps = 0  # optimizer steps taken
+
+    # ---- log-probs ----------------------------------------------------------------------------------
+
+    @overload
+    def compute_logprobs(self, batch: TrainBatch, with_entropy: Literal[False] = False) -> list[list[float]]: ...
+
+    @overload
+    def compute_logprobs(
+        self, batch: TrainBatch, with_entropy: Literal[True]
+    ) -> tuple[list[list[float]], list[list[float]]]: ...
+
+    def compute_logprobs(
+        self, batch: TrainBatch, with_entropy: bool = False
+    ) -> list[list[float]] | tuple[list[list[float]], list[list[float]]]:
+        """Per-token log-probs of every episode (position 0 is 0.0: token t is scored given tokens < t),
+        identical on every rank. With `with_entropy`, returns (log-probs, entropies) aligned the same way."""
+        cpu.enter_mode()
+        self._check_tokens(batch)
+        for chunk in self.chunks:
+            chunk.eval()
+        micro_batches = self._plan(batch, train=False)
+        with torch.no_grad():
+            outputs = self._run(micro_batches, forward_only=True, with_entropy=with_entropy)
+        keys = ("logprobs", "entropy") if with_entropy else ("logprobs",)
+        results = self._gather_rows(batch, micro_batches, outputs, keys)
+        return tuple(results) if with_entropy else results[0]
+
+    # ---- training -----------------------------------------------------------------------------------
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on the whole batch; metrics (prefixed `actor/`) are identical on every rank."""
+        cpu.enter_mode()
+        self._check_tokens(batch)
+        self._check_train_batch(batch)
+        start = time.perf_counter()
+        if batch.num_trained_tokens == 0:
+            log.warning("train_step: the batch has no trained tokens; skipping the optimizer step")
+            return {"actor/skipped": 1.0, "actor/lr": optim.current_lr(self.optimizer)}
+        outputs = self._accumulate_gradients(batch)
+        self.scheduler.step(1)
+        success, grad_norm, _ = self.optimizer.step()
+        if grad_norm is None or self.cfg.grad_clip <= 0:
+            grad_norm = self.optimizer.get_grad_norm()
+        self.steps += 1
+        metrics = self._reduce_metrics(outputs, rollout=batch.rollout_logprobs is not None)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(elapsed, op=torch.distributed.ReduceOp.MAX)  # the slowest rank's time
+        elapsed = float(elapsed)
+        tokens = sum(len(t) for t in batch.token_ids)
+        metrics.update(
+            {
+                "actor/grad_norm": float(grad_norm),
+                "actor/lr": optim.current_lr(self.optimizer),
+                "actor/update_ok": float(bool(success)),
+                "actor/tokens": float(tokens),
+                "actor/trained_tokens": float(batch.num_trained_tokens),
+                "actor/episodes": float(len(batch)),
+                "actor/step_time_s": elapsed,
+                "actor/tokens_per_s": tokens / elapsed,
+                "actor/steps": float(self.steps),
+            }
+        )
+        return metrics
+
+    def _accumulate_gradients(self, batch: TrainBatch) -> list[dict]:
+        """Zero the gradients, then forward and backward every micro-batch (gradients reduced, not applied)."""
+        for chunk in self.chunks:
+            chunk.train()
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        return self._run(self._plan(batch, train=True), forward_only=False, with_entropy=True)
+
+    # ---- weights ------------------------------------------------------------------------------------
+
+    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (HF name, full tensor) for this rank's pipeline stage, on the stage's source rank
+        (tp_rank 0, dp_rank 0, cp_rank 0) only; nothing elsewhere.
+
+        Collective inside each stage's tensor-parallel group (shards are gathered to tp_rank 0): every
+        rank must exhaust the iterator. Vocabulary padding is removed; a tied LM head is not yielded.
+        """
+        cpu.enter_mode()
+        yield from export_hf(self._modules(), self.converter, self.layout)
+
+    def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole HF state dict (CPU tensors) on global rank 0; None on every other rank. Collective."""
+        cpu.enter_mode()
+        return gather_hf_state_dict(self._modules(), self.converter, self.layout)
+
+    def _modules(self) -> list[torch.nn.Module]:
+        return [c.module for c in self.chunks]
+
+    # ---- state --------------------------------------------------------------------------------------
+
+    def save(self, path: str, extra_state: dict[str, Any] | None = None, keep_last: int | None = None) -> None:
+        """Write a distributed checkpoint to `path` (collective); see `checkpoint.save`."""
+        cpu.enter_mode()
+        checkpoint.save(self, path, extra_state or {}, keep_last)
+
+    def load(self, path: str) -> dict[str, Any]:
+        """Restore from a checkpoint directory (or a folder with a `latest` pointer); returns extra_state."""
+        cpu.enter_mode()
+        return checkpoint.load(self, path)
+
+    def offload(self) -> None:
+        """Move parameters, gradients and optimizer state to host memory (GPU; a no-op on CPU)."""
+        optim.offload(self.chunks, self.optimizer)
+
+    def onload(self) -> None:
+        """Bring them back before the next compute_logprobs / train_step."""
+        optim.onload(self.chunks, self.optimizer)
+
+    # ---- internals ----------------------------------------------------------------------------------
+
+    def _check_tokens(self, batch: TrainBatch) -> None:
+        if len(batch) == 0:
+            raise ValueError("TrainBatch is empty")
+        for i, ids in enumerate(batch.token_ids):
+            if not ids:
+                raise ValueError(f"TrainBatch.token_ids[{i}] is empty")
+            if min(ids) < 0 or max(ids) >= self.arch.vocab_size:
+                raise ValueError(
+                    f"TrainBatch.token_ids[{i}] holds ids outside [0, {self.arch.vocab_size}): "
+                    f"min {min(ids)}, max {max(ids)}"
+                )
+
+    def _check_train_batch(self, batch: TrainBatch) -> None:
+        fields = {"loss_mask": batch.loss_mask, "advantages": batch.advantages}
+        fields.update(
+            {
+                name: value
+                for name, value in (
+                    ("old_logprobs", batch.old_logprobs),
+                    ("ref_logprobs", batch.ref_logprobs),
+                    ("rollout_logprobs", batch.rollout_logprobs),
+                )
+                if value is not None
+            }
+        )
+        for name, lists in fields.items():
+            if len(lists) != len(batch):
+                raise ValueError(f"TrainBatch.{name} has {len(lists)} episodes, token_ids has {len(batch)}")
+            for i, (values, ids) in enumerate(zip(lists, batch.token_ids, strict=True)):
+                if len(values) != len(ids):
+                    raise ValueError(f"TrainBatch.{name}[{i}] has {len(values)} values for {len(ids)} tokens")
+        for i, mask in enumerate(batch.loss_mask):
+            if any(m not in (0, 1) for m in mask):
+                raise ValueError(f"TrainBatch.loss_mask[{i}] must hold only 0 and 1")
+            if mask[0]:
+                raise ValueError(f"TrainBatch.loss_mask[{i}][0] is 1: the first token has no context to be scored")
+        if self.algo.kl_coef > 0 and batch.ref_logprobs is None:
+            raise ValueError("algo.kl_coef > 0 needs TrainBatch.ref_logprobs")
+        if self.algo.loss_agg == "seq-mean-token-mean" and self.layout.cp > 1:
+            raise ValueError("algo.loss_agg = seq-mean-token-mean is not supported with context parallelism")
+
+    def _plan(self, batch: TrainBatch, train: bool) -> list[MicroBatch]:
+        """This rank's micro-batches (same on every rank of its pipeline), with dummies where needed."""
+        lay = self.layout
+        lengths = [len(t) for t in batch.token_ids]
+        align = self._align()
+        share = balance(lengths, lay.dp)[lay.dp_rank]
+        groups = split_micro_batches(share, lengths, self.cfg.micro_batch_tokens, self.packed, align) if share else []
+        # An empty share still runs one (empty) micro-batch, so every rank joins the gradient reduction;
+        # interleaved schedules need a multiple of PP micro-batches.
+        count = max(len(groups), 1)
+        if lay.vpp > 1:
+            count = -(-count // lay.pp) * lay.pp
+        groups += [[] for _ in range(count - len(groups))]
+        return [self._micro_batch(batch, rows, train, align) for rows in groups]
+
+    def _align(self) -> int:
+        lay = self.layout
+        if lay.cp > 1:
+            return 2 * lay.cp * lay.tp
+        return lay.tp if self.cfg.sequence_parallel else 1
+
+    def _micro_batch(self, batch: TrainBatch, rows: list[int], train: bool, align: int) -> MicroBatch:
+        seqs = [batch.token_ids[r] for r in rows] or [[0]]  # an empty micro-batch: one token, nothing scored
+        if self.packed:
+            model_input = packed_input(seqs, align, self.layout.cp, self.layout.cp_rank)
+        else:
+            model_input = padded_input(seqs, align)
+        width = max(len(s) for s in seqs)
+        mb = MicroBatch(rows=rows, width=width, input=model_input)
+        if train:
+            mb.loss["mask"] = rows_tensor([batch.loss_mask[r] for r in rows], width)
+            mb.loss["advantages"] = rows_tensor([batch.advantages[r] for r in rows], width)
+            for name in ("old_logprobs", "ref_logprobs", "rollout_logprobs"):
+                lists = getattr(batch, name)
+                if lists is not None:
+                    mb.loss[name] = rows_tensor([lists[r] for r in rows], width)
+        return mb
+
+    def _run(self, micro_batches: list[MicroBatch], forward_only: bool, with_entropy: bool) -> list[dict]:
+        """Run the pipeline schedule; returns one output dict per micro-batch on the last stage, else []."""
+        iterators = [iter(micro_batches) for _ in self.chunks]
+        forward_backward = get_forward_backward_func()
+        return forward_backward(
+            forward_step_func=partial(self._forward_step, forward_only=forward_only, with_entropy=with_entropy),
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=self.chunks,
+            num_microbatches=len(micro_batches),
+            seq_length=max(mb.input.tokens.shape[1] for mb in micro_batches),
+            micro_batch_size=max(mb.input.tokens.shape[0] for mb in micro_batches),
+            forward_only=forward_only,
+        )
+
+    def _forward_step(
+        self, data_iterator: Iterator[MicroBatch], model: torch.nn.Module, *, forward_only: bool, with_entropy: bool
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple]]:
+        """Megatron's forward-step hook: run one micro-batch; the returned function scores its output."""
+        mb = next(data_iterator)
+        inp = mb.input
+        packed = None
+        if inp.cu_seqlens is not None:
+            cu = inp.cu_seqlens.to(self.device)
+            packed = PackedSeqParams(
+                qkv_format="thd",
+                cu_seqlens_q=cu,
+                cu_seqlens_kv=cu,
+                cu_seqlens_q_padded=cu,
+                cu_seqlens_kv_padded=cu,
+                max_seqlen_q=inp.max_seqlen,
+                max_seqlen_kv=inp.max_seqlen,
+            )
+        output = model(inp.tokens.to(self.device), inp.position_ids.to(self.device), None, packed_seq_params=packed)
+        score = self._score_forward if forward_only else self._score_train
+        return output, partial(score, mb, with_entropy=with_entropy)
+
+    def _logprobs(
+        self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool, entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        labels = mb.input.labels.to(logits.device)
+        return vocab_parallel_logprobs(logits, labels, self.arch.vocab_size, with_entropy, entropy_grad)
+
+    def _score_forward(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool) -> tuple:
+        logprobs, entropy = self._logprobs(mb, logits, with_entropy)
+        inp = _on(mb.input, logprobs.device)
+        out = {"logprobs": to_rows(logprobs, inp, len(mb.rows), mb.width)}
+        if entropy is not None:
+            out["entropy"] = to_rows(entropy, inp, len(mb.rows), mb.width)
+        zero = logits.new_zeros(())
+        return zero, torch.ones((), dtype=torch.int, device=logits.device), out
+
+    def _score_train(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool) -> tuple:
+        logprobs, entropy = self._logprobs(mb, logits, True, entropy_grad=self.algo.entropy_coef > 0)
+        device = logprobs.device
+        inp = _on(mb.input, device)
+        rows, width = len(mb.rows), mb.width
+        loss_data = {k: v.to(device) for k, v in mb.loss.items()}
+        current = to_rows(logprobs, inp, rows, width)
+        old = loss_data.get("old_logprobs")
+        inputs = LossInputs(
+            logprobs=current,
+            old_logprobs=current.detach() if old is None else old,
+            advantages=loss_data["advantages"],
+            mask=loss_data["mask"],
+            ref_logprobs=loss_data.get("ref_logprobs"),
+            rollout_logprobs=loss_data.get("rollout_logprobs"),
+            entropy=to_rows(entropy, inp, rows, width),
+        )
+        result = compute_policy_loss(inputs, self.algo, normalizer=1.0)
+        count = float(rows) if self.algo.loss_agg in SEQUENCE_AGGREGATIONS else result.num_tokens
+        sums = {**result.token_sums, "actor/loss": result.loss.detach(), "tokens": result.num_tokens}
+        sums["count"] = torch.as_tensor(count, dtype=torch.float32, device=device)
+        return result.loss, torch.as_tensor(count, device=device).round().int(), sums
+
+    def _gather_rows(
+        self, batch: TrainBatch, micro_batches: list[MicroBatch], outputs: list[dict], keys: tuple[str, ...]
+    ) -> list[list[list[float]]]:
+        """Per-episode row outputs of every data-parallel rank, assembled on every rank (one all-reduce)."""
+        lengths = [len(t) for t in batch.token_ids]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        flat = torch.zeros(len(keys), offsets[-1], dtype=torch.float32, device=self.device)
+        if self.layout.is_output_rank:
+            for mb, out in zip(micro_batches, outputs, strict=True):
+                for j, r in enumerate(mb.rows):
+                    for k, key in enumerate(keys):
+                        flat[k, offsets[r] : offsets[r + 1]] = out[key][j, : lengths[r]].float()
+        torch.distributed.all_reduce(flat)
+        flat = flat.cpu()
+        return [[flat[k, offsets[r] : offsets[r + 1]].tolist() for r in range(len(lengths))] for k in range(len(keys))]
+
+    def _reduce_metrics(self, outputs: list[dict], rollout: bool) -> dict[str, float]:
+        """Sum the micro-batch metric sums over micro-batches and ranks; divide by tokens (or the count)."""
+        keys = sorted(self._metric_keys(rollout))
+        totals = torch.zeros(len(keys), dtype=torch.float64, device=self.device)
+        if self.layout.is_output_rank:
+            for out in outputs:
+                for k, key in enumerate(keys):
+                    if key in out:
+                        totals[k] += out[key].double()
+        torch.distributed.all_reduce(totals)
+        sums = dict(zip(keys, totals.tolist(), strict=True))
+        tokens, count = max(sums.pop("tokens"), 1.0), max(sums.pop("count"), 1.0)
+        metrics = {"actor/loss": sums.pop("actor/loss") / count}
+        metrics.update({key: value / tokens for key, value in sums.items()})
+        return metrics
+
+    def _metric_keys(self, rollout: bool) -> set[str]:
+        """The metric sums `_score_train` returns for this configuration (every rank must agree on them)."""
+        one = torch.zeros(1, 1)
+        probe = LossInputs(
+            logprobs=one,
+            old_logprobs=one,
+            advantages=one,
+            mask=one,
+            ref_logprobs=one if self.algo.kl_coef > 0 else None,
+            rollout_logprobs=one if rollout else None,
+            entropy=one,
+        )
+        keys = set(compute_policy_loss(probe, self.algo, normalizer=1.0).token_sums)
+        return keys | {"actor/loss", "tokens", "count"}
+
+
+def _on(inp: ModelInput, device: torch.device) -> ModelInput:
+    """The index fields of a model input on `device` (what `to_rows` reads)."""
+    return ModelInput(
+        tokens=inp.tokens,
+        position_ids=inp.position_ids,
+        labels=inp.labels.to(device),
+        row=inp.row.to(device),
+        col=inp.col.to(device),
+    )

@@ -1,0 +1,246 @@
+"""Distributed checkpoints of the actor: model, optimizer, LR schedule, RNG, step and the caller's state.
+
+Layout of one checkpoint directory:
+
+    <dir>/                        Megatron dist-checkpoint (torch_dist): model and optimizer, resharded on load
+    <dir>/userrl_checkpoint.json  format, optimizer steps, LR-scheduler state, the layout and model it was saved
+                                  with, what it contains ("model", "optimizer")
+    <dir>/extra_state.json        the caller's state (e.g. the data iterator's position), JSON
+    <dir>/rng/rank_XXXXX.pt       per-rank RNG states (restored only into the same layout)
+    <dir>/hf/                     the HF model's non-weight files (config, tokenizer), for HF export
+
+Saving is atomic: everything is written to `.<name>.incomplete` beside the target, renamed into place, and
+only then is `<parent>/latest` moved to point at it (write-then-rename as well). `keep_last` then deletes
+the oldest sibling checkpoints. Loading accepts a checkpoint directory or a folder with a `latest` pointer,
+and works under any TP/PP/DP layout whose padded vocabulary matches (see `convert.arch.padded_vocab_size`).
+The directory must be on a filesystem every rank sees.
+"""
+
+import dataclasses
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+from userrl_megatron.convert.arch import Architecture, padded_vocab_size
+from userrl_megatron.convert.hf_io import copy_metadata
+from userrl_megatron.megatron.checkpoint_files import (
+    EXTRA_FILE,
+    FORMAT_VERSION,
+    HF_FILES,
+    META_FILE,
+    check_compatible,
+    commit,
+    prune,
+    read_metadata,
+    resolve,
+)
+from userrl_megatron.megatron.parallel import Layout
+
+if TYPE_CHECKING:
+    from userrl_megatron.megatron.actor import MegatronActor
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}  # reshards over TP, PP and DP
+
+
+def model_sharded_state_dict(chunks: list[torch.nn.Module]) -> dict[str, Any]:
+    """The sharded state dict of the (unwrapped) model chunks: "model", or "model0".."modelN" with virtual PP.
+
+    Tensor keys are global layer names, so the nesting does not matter when the layout changes."""
+    if len(chunks) == 1:
+        return {"model": chunks[0].sharded_state_dict()}
+    return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
+
+
+def save_state(
+    path: str | Path,
+    chunks: list[torch.nn.Module],
+    metadata: dict[str, Any],
+    hf_dir: Path,
+    optimizer: Any = None,
+    extra_state: dict[str, Any] | None = None,
+    keep_last: int | None = None,
+) -> Path:
+    """Atomically write a checkpoint of `chunks` (unwrapped) and, if given, `optimizer`. Collective."""
+    extra_json = json.dumps(extra_state or {}, indent=2)  # fails here, before writing, if not JSON-able
+    path = Path(path).absolute()
+    tmp = path.parent / f".{path.name}.incomplete"
+    rank = torch.distributed.get_rank()
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    torch.distributed.barrier()
+
+    model_state = model_sharded_state_dict(chunks)
+    state = dict(model_state)
+    contents = ["model"]
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(model_state, metadata=OPTIMIZER_METADATA)
+        contents.append("optimizer")
+    strategy = FullyParallelSaveStrategyWrapper(
+        get_default_save_sharded_strategy(), parallel_state.get_data_parallel_group(with_context_parallel=True)
+    )
+    dist_checkpointing.save(state, str(tmp), sharded_strategy=strategy)
+    (tmp / "rng").mkdir(exist_ok=True)
+    torch.save(_rng_state(), tmp / "rng" / f"rank_{rank:05d}.pt")
+    torch.distributed.barrier()
+
+    if rank == 0:
+        meta = {"format_version": FORMAT_VERSION, "contents": contents, "saved_at": time.time(), **metadata}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        (tmp / EXTRA_FILE).write_text(extra_json + "\n")
+        copy_metadata(hf_dir, tmp / HF_FILES)
+        commit(tmp, path)
+        if keep_last is not None:
+            prune(path.parent, keep_last)
+    torch.distributed.barrier()
+    return path
+
+
+def save(actor: "MegatronActor", path: str | Path, extra_state: dict[str, Any], keep_last: int | None = None) -> Path:
+    """Checkpoint the whole actor state (model, optimizer, scheduler, step, RNG) and `extra_state`."""
+    metadata = {
+        "steps": actor.steps,
+        "scheduler": actor.scheduler.state_dict(),
+        **model_metadata(actor.arch, actor.layout, actor.dtype),
+    }
+    chunks = [c.module for c in actor.chunks]
+    out = save_state(path, chunks, metadata, actor.hf_dir, actor.optimizer, extra_state, keep_last)
+    log.info("saved checkpoint %s (step %d)", out, actor.steps)
+    return out
+
+
+def model_metadata(arch: Architecture, layout: Layout, dtype: torch.dtype) -> dict[str, Any]:
+    """What a checkpoint records about the model and the layout it was saved under."""
+    return {
+        "arch": dataclasses.asdict(arch),
+        "padded_vocab_size": padded_vocab_size(arch.vocab_size, layout.tp),
+        "dtype": str(dtype).removeprefix("torch."),
+        "layout": _layout_record(layout),
+    }
+
+
+def _layout_record(layout: Layout) -> dict[str, int]:
+    return {"world_size": layout.world_size, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vpp": layout.vpp}
+
+
+def load_model(path: str | Path, chunks: list[torch.nn.Module], arch: Architecture, tp: int) -> dict[str, Any]:
+    """Load only the model weights of a checkpoint into `chunks` (unwrapped); returns its metadata."""
+    ckpt = resolve(path)
+    meta = read_metadata(ckpt)
+    check_compatible(meta, arch, tp)
+    state = dist_checkpointing.load(model_sharded_state_dict(chunks), str(ckpt))
+    _load_model_state(chunks, state)
+    return meta
+
+
+def load(actor: "MegatronActor", path: str | Path) -> dict[str, Any]:
+    """Restore the actor from a checkpoint (model only, if that is all it holds); returns extra_state."""
+    ckpt = resolve(path)
+    meta = read_metadata(ckpt)
+    check_compatible(meta, actor.arch, actor.layout.tp)
+    chunks = [c.module for c in actor.chunks]
+    model_state = model_sharded_state_dict(chunks)
+    request = dict(model_state)
+    with_optimizer = "optimizer" in meta["contents"]
+    if with_optimizer:
+        _prepare_optimizer_for_load(actor.optimizer)
+        request["optimizer"] = actor.optimizer.sharded_state_dict(
+            model_state, is_loading=True, metadata=OPTIMIZER_METADATA
+        )
+    state = dist_checkpointing.load(request, str(ckpt))
+    _load_model_state(chunks, state)
+    if with_optimizer:
+        _load_optimizer_state(actor.optimizer, state["optimizer"])
+        actor.scheduler.load_state_dict(meta["scheduler"])
+        actor.steps = meta["steps"]
+    else:
+        actor.optimizer.reload_model_params()  # refresh fp32 master copies from the loaded weights
+    rng_file = ckpt / "rng" / f"rank_{actor.layout.rank:05d}.pt"
+    if meta["layout"] == _layout_record(actor.layout) and rng_file.is_file():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    else:
+        log.info("checkpoint %s was saved under another layout: RNG states are not restored", ckpt)
+    extra = ckpt / EXTRA_FILE
+    log.info("loaded checkpoint %s (step %d)", ckpt, actor.steps)
+    return json.loads(extra.read_text()) if extra.is_file() else {}
+
+
+def _load_model_state(chunks: list[torch.nn.Module], state: dict[str, Any]) -> None:
+    keys = ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
+    for chunk, key in zip(chunks, keys, strict=True):
+        chunk.load_state_dict(state[key], strict=True)
+
+
+def _inner_optimizers(optimizer: Any) -> list[Any]:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _prepare_optimizer_for_load(optimizer: Any) -> None:
+    """A fresh torch AdamW has no state yet; Megatron's loading path needs (dummy) state to fill in."""
+    for opt in _inner_optimizers(optimizer):
+        if hasattr(opt, "_init_optimizer_states_with_dummy_values") and not opt.optimizer.state:
+            opt._init_optimizer_states_with_dummy_values()
+
+
+def _load_optimizer_state(optimizer: Any, state: dict[str, Any]) -> None:
+    inner = _inner_optimizers(optimizer)
+    originals = [_keep_unsaved_states(opt) for opt in inner]
+    try:
+        with torch.no_grad():  # fp32 master params are leaf views that require grad
+            optimizer.load_state_dict(state)
+    finally:
+        for opt, original in zip(inner, originals, strict=True):
+            if original is not None:
+                opt._set_main_param_and_optimizer_states = original
+    # torch AdamW keeps `step` per parameter (Megatron restores one tensor shared by all of them, which
+    # AdamW would then increment once per parameter): give each parameter its own copy.
+    for opt in inner:
+        for group in opt.optimizer.param_groups:
+            if "step" not in group:
+                continue
+            for p in group["params"]:
+                if p in opt.optimizer.state:
+                    opt.optimizer.state[p]["step"] = torch.tensor(float(group["step"]))
+
+
+def _keep_unsaved_states(opt: Any) -> Any:
+    """With torch AdamW (no apex / TE), DistributedOptimizer's fully reshardable load expects a per-parameter
+    `step` tensor that the checkpoint does not carry per parameter (KeyError 'step'). For this load only,
+    let every state the checkpoint lacks keep its current value; returns the method to restore."""
+    original = getattr(opt, "_set_main_param_and_optimizer_states", None)
+    if original is None:
+        return None
+
+    def set_states(model_param: torch.nn.Parameter, tensors: dict[str, torch.Tensor]) -> None:
+        group, order = opt.model_param_group_index_map[model_param]
+        current = opt.optimizer.state[opt.optimizer.param_groups[group]["params"][order]]
+        original(model_param, {**current, **tensors})
+
+    opt._set_main_param_and_optimizer_states = set_states
+    return original
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "cpu": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])

@@ -1,0 +1,88 @@
+"""Checkpoint directories on disk: metadata, the `latest` pointer, atomic commit, pruning (no Megatron import).
+
+Kept apart from `checkpoint.py` so that processes which only locate or inspect checkpoints (the CLI parent
+process, the trainer's driver) never import megatron.core.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from userrl_megatron.convert.arch import Architecture, padded_vocab_size
+
+FORMAT_VERSION = 1
+META_FILE = "userrl_checkpoint.json"
+EXTRA_FILE = "extra_state.json"
+LATEST = "latest"
+HF_FILES = "hf"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, or was saved for another model."""
+
+
+def resolve(path: str | Path) -> Path:
+    """The checkpoint directory `path` names: itself, or what its `latest` pointer names."""
+    path = Path(path)
+    if (path / META_FILE).is_file():
+        return path
+    if (path / LATEST).is_file():
+        target = path / (path / LATEST).read_text().strip()
+        if (target / META_FILE).is_file():
+            return target
+        raise CheckpointError(f"{path / LATEST} points at {target}, which is not a complete checkpoint")
+    raise CheckpointError(f"{path} is neither a checkpoint (no {META_FILE}) nor a folder with a {LATEST} pointer")
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """The metadata of the checkpoint `path` names."""
+    return json.loads((resolve(path) / META_FILE).read_text())
+
+
+def prune(root: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the `keep_last` newest checkpoints directly under `root` (by step, then save time)."""
+    found = []
+    for child in Path(root).iterdir():
+        meta_file = child / META_FILE
+        if child.is_dir() and meta_file.is_file():
+            meta = json.loads(meta_file.read_text())
+            found.append(((meta.get("steps", 0), meta.get("saved_at", 0.0)), child))
+    found.sort()
+    doomed = [p for _, p in found[: max(len(found) - keep_last, 0)]]
+    for p in doomed:
+        shutil.rmtree(p)
+    return doomed
+
+
+def commit(tmp: Path, path: Path) -> None:
+    """Rename the finished checkpoint into place, then move the `latest` pointer (each step atomic)."""
+    old = path.parent / f".{path.name}.replaced"
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    pointer = path.parent / f".{LATEST}.tmp"
+    pointer.write_text(path.name + "\n")
+    os.replace(pointer, path.parent / LATEST)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def check_compatible(meta: dict[str, Any], arch: Architecture, tp: int) -> None:
+    """Raise CheckpointError if the checkpoint holds another model, or its vocab padding differs at this TP."""
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}")
+    current = dataclasses.asdict(arch)
+    diff = {k: (meta["arch"].get(k), v) for k, v in current.items() if meta["arch"].get(k) != v}
+    if diff:
+        raise CheckpointError(f"checkpoint holds another model: (checkpoint, current) differ in {diff}")
+    padded = padded_vocab_size(arch.vocab_size, tp)
+    if padded != meta["padded_vocab_size"]:
+        raise CheckpointError(
+            f"the checkpoint's vocabulary is padded to {meta['padded_vocab_size']} rows (TP = {meta['layout']['tp']}); "
+            f"tensor_model_parallel_size = {tp} pads it to {padded}: use a TP that pads it the same way"
+        )

@@ -1,0 +1,174 @@
+"""Run Megatron-core on CPU with gloo: the few places where it assumes CUDA, redirected to the CPU.
+
+Used only when CUDA is absent (CI, laptops). `install()` must run before the first `import megatron.core` in
+every process that imports it or unpickles tensors pickled by a process that did: `import megatron.core`
+replaces torch's storage unpickler with one living in `megatron.core.safe_globals`, and megatron-core 0.19
+cannot be imported without triton (one MoE kernel module imports it at top level).
+
+What it does, and why each part is needed (see shared/docs/megatron_cpu.md for the measurements):
+  * stubs `megatron.core.transformer.moe.ops.paged_stash` when triton is missing (MoE paged-stash kernels);
+  * `torch.cuda.current_device/set_device/synchronize`, streams and events become no-ops (DDP, the
+    optimizer, the pipeline schedules and rope call them);
+  * the CUDA RNG (and Megatron's model-parallel RNG tracker) uses the CPU generator;
+  * `CudaToCpuMode` maps `device="cuda"` / integer devices to the CPU and makes CPU tensors report
+    `torch.cuda.*` types, which Megatron's optimizers and gradient clipping assert on.
+
+Importing this package already stubs the triton-only module (harmless everywhere), so submodules may be
+imported in any order; the CUDA redirection happens in `install()`, called by `parallel.initialize`.
+
+The mode is a torch function mode, which is thread-local: `install()` enters it on the calling thread and
+`enter_mode()` enters it on any other thread that runs Megatron code (Ray may call actor methods from a
+thread other than the one that built the actor).
+"""
+
+import contextlib
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+PAGED_STASH_MODULE = "megatron.core.transformer.moe.ops.paged_stash"
+
+_installed = False
+_thread_state = threading.local()
+
+
+class _Stream:
+    """Stands in for torch.cuda.Stream: on the CPU every operation has completed when it returns."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_event(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def record_event(self, event: "_Event | None" = None) -> "_Event":
+        return event or _Event()
+
+    def __enter__(self) -> "_Stream":
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+class _Event(_Stream):
+    """Stands in for torch.cuda.Event."""
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def elapsed_time(self, other: "_Event") -> float:
+        return 0.0
+
+
+def _to_cpu_device(device: Any) -> Any:
+    if isinstance(device, str) and device.startswith("cuda"):
+        return "cpu"
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(device, int) and not isinstance(device, bool):  # an integer device means cuda:<n>
+        return "cpu"
+    return device
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Redirect CUDA device arguments to the CPU; CPU tensors report `torch.cuda.*` from `Tensor.type()`."""
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: tuple[type, ...], args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if "device" in kwargs:
+            kwargs["device"] = _to_cpu_device(kwargs["device"])
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
+        if func is torch.Tensor.to and len(args) > 1 and not isinstance(args[1], torch.dtype | torch.Tensor):
+            args = (args[0], _to_cpu_device(args[1]), *args[2:])
+        return func(*args, **kwargs)
+
+
+def stub_missing_kernels() -> None:
+    """Let `import megatron.core` succeed without triton (no-op when triton is installed)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return
+    module = types.ModuleType(PAGED_STASH_MODULE)
+    module.GLOBAL_BLOCK_SIZE = 1024
+
+    def unavailable(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("MoE paged-stash kernels need triton and CUDA")
+
+    module.paged_stash_copy_kernel = unavailable
+    module.paged_stash_pop_kernel = unavailable
+    sys.modules.setdefault(PAGED_STASH_MODULE, module)
+
+
+def _patch_torch_cuda() -> None:
+    cuda = torch.cuda
+    cuda.current_device = lambda: 0  # CudaToCpuMode maps the integer device to the CPU
+    cuda.set_device = lambda *a, **k: None
+    cuda.synchronize = lambda *a, **k: None
+    cuda.current_stream = cuda.default_stream = lambda *a, **k: _Stream()
+    cuda.Stream, cuda.Event = _Stream, _Event
+    cuda.stream = lambda stream=None: contextlib.nullcontext()
+    cuda.get_rng_state = cuda.random.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    cuda.set_rng_state = cuda.random.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    cuda.manual_seed = lambda seed: torch.manual_seed(seed)  # not manual_seed_all: torch.manual_seed calls it
+    torch.Tensor.cuda = lambda self, *a, **k: self
+
+
+def _patch_megatron_rng() -> None:
+    import megatron.core.tensor_parallel.random as megatron_random
+
+    megatron_random._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
+    megatron_random._set_cuda_rng_state = lambda state, device=-1, graph_safe=False: torch.set_rng_state(state)
+
+
+def enter_mode() -> None:
+    """Enter `CudaToCpuMode` on the calling thread (once per thread); a no-op when CUDA is present."""
+    if not _installed or getattr(_thread_state, "mode", None) is not None:
+        return
+    _thread_state.mode = CudaToCpuMode()
+    _thread_state.mode.__enter__()
+
+
+def install() -> bool:
+    """Make Megatron-core usable on this CPU-only process. Idempotent; returns False when CUDA is available."""
+    global _installed
+    if torch.cuda.is_available():
+        return False
+    if not _installed:
+        stub_missing_kernels()
+        _patch_torch_cuda()
+        _patch_megatron_rng()
+        _installed = True
+    enter_mode()
+    return True
+
+
+def installed() -> bool:
+    """Whether the CPU support is active in this process."""
+    return _installed

@@ -1,0 +1,86 @@
+"""Run a function on N local ranks (spawned processes): the converters, the benchmark and the tests use it.
+
+`run_local(fn, world_size, *args)` calls `fn(rank, world_size, port, *args)` in `world_size` fresh
+processes (spawn context: Megatron must not be imported before the CPU support is installed) and returns
+every rank's result, in rank order. If any rank fails, the others are stopped and the failing rank's
+traceback is raised. Results cross a process boundary: return plain Python data or numpy arrays (tensors
+pickled in a process that imported megatron.core need megatron.core, and the CPU support, to unpickle).
+"""
+
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+class RankError(RuntimeError):
+    """A rank of `run_local` raised or died."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, threads: int, args: tuple, out: Any) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        out.put((rank, True, fn(rank, world_size, port, *args)))
+    except BaseException:
+        out.put((rank, False, traceback.format_exc()))
+
+
+def run_local(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 600.0, threads_per_rank: int | None = None
+) -> list[Any]:
+    """Run `fn(rank, world_size, port, *args)` on `world_size` spawned ranks; returns their results.
+
+    `fn` must be importable (a module-level function). Raises RankError with the first failure's traceback,
+    or when `timeout_s` passes without every rank reporting.
+    """
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(fn, rank, world_size, port, threads, args, out), daemon=False)
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world_size:
+            try:
+                rank, ok, value = out.get(timeout=1.0)
+            except queue.Empty:
+                crashed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                if crashed:
+                    codes = [procs[r].exitcode for r in crashed]
+                    raise RankError(f"ranks {crashed} exited with codes {codes} without reporting") from None
+                if time.monotonic() > deadline:
+                    raise RankError(
+                        f"ranks {sorted(set(range(world_size)) - results.keys())} did not report within {timeout_s} s"
+                    ) from None
+                continue
+            if not ok:
+                raise RankError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=30 if len(results) == world_size else 1)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,207 @@
+"""Megatron `GPTModel` chunks built from a Hugging Face config (Llama, Qwen2, Qwen3 dense), and their weights.
+
+The layer spec is Transformer Engine's when TE and CUDA are available (and `megatron.transformer_impl`
+allows it), Megatron's local spec otherwise, with torch SDPA as its core attention (`attention.py`); the
+choice is logged. The vocabulary is padded to a multiple
+of lcm(128, TP) (`convert.arch.padded_vocab_size`); the padded rows are zero and masked out of every
+softmax (`logits.py`), so log-probs equal the HF model's.
+
+Each pipeline stage holds `virtual_pipeline_model_parallel_size` chunks. Parameter names inside a chunk
+number layers from 0; `global_name` turns them into the model-wide names the conversion rules use.
+"""
+
+import logging
+from collections.abc import Iterator, Mapping
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.extensions.transformer_engine import HAVE_TE
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer import TransformerConfig
+
+from userrl_megatron.config.loader import ConfigError
+from userrl_megatron.config.schema import MegatronConfig
+from userrl_megatron.convert.arch import Architecture, padded_vocab_size
+from userrl_megatron.convert.rules import Converter, Split
+from userrl_megatron.convert.sharding import shard
+from userrl_megatron.megatron.attention import SDPAttention
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LAYER_PREFIX = "decoder.layers."
+RECOMPUTE = {"none": {}, "selective": {"recompute_granularity": "selective"}}
+
+
+def use_transformer_engine(impl: str) -> bool:
+    """Whether to build with the Transformer Engine spec (`megatron.transformer_impl`: auto, TE, local)."""
+    available = HAVE_TE and torch.cuda.is_available()
+    if impl == "transformer_engine" and not available:
+        raise ConfigError("megatron.transformer_impl = transformer_engine needs CUDA and Transformer Engine installed")
+    chosen = available and impl != "local"
+    reason = {True: "available", False: "unavailable" if not available else "disabled by transformer_impl"}
+    spec = "transformer_engine" if chosen else "local (torch SDPA attention)"
+    log.info("layer spec: %s (Transformer Engine %s)", spec, reason[available])
+    return chosen
+
+
+def transformer_config(
+    arch: Architecture, cfg: MegatronConfig, dtype: torch.dtype, use_te: bool, initialize: bool = False
+) -> TransformerConfig:
+    """Megatron's TransformerConfig for `arch` under the parallel layout and options of `cfg`."""
+    on_gpu = torch.cuda.is_available()
+    vpp = cfg.virtual_pipeline_model_parallel_size
+    recompute = dict(RECOMPUTE.get(cfg.recompute, {}))
+    if cfg.recompute == "full":
+        recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=cfg.tensor_model_parallel_size,
+        pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        context_parallel_size=cfg.context_parallel_size,
+        sequence_parallel=cfg.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=not on_gpu,
+        perform_initialization=initialize,
+        variable_seq_lengths=True,  # episodes differ in length: pipeline stages exchange shapes
+        moe_token_dispatcher_type="alltoall",  # unused by dense models; the default rejects variable lengths
+        calculate_per_token_loss=True,  # losses come back as sums + counts, normalised over the whole batch
+        bias_activation_fusion=use_te,
+        bias_dropout_fusion=use_te,
+        masked_softmax_fusion=use_te,
+        apply_rope_fusion=use_te,
+        gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=on_gpu,
+        **recompute,
+    )
+
+
+def build_chunks(
+    arch: Architecture, cfg: MegatronConfig, dtype: torch.dtype, use_te: bool, initialize: bool = False
+) -> list[GPTModel]:
+    """This rank's model chunks (one per virtual pipeline stage), on its device, not yet wrapped in DDP.
+
+    `initialize` runs Megatron's random initialisation (skip it when weights are loaded next)."""
+    config = transformer_config(arch, cfg, dtype, use_te, initialize)
+    if use_te:
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+    else:
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    vocab = padded_vocab_size(arch.vocab_size, cfg.tensor_model_parallel_size)
+    vpp = cfg.virtual_pipeline_model_parallel_size
+    chunks = []
+    for stage in range(vpp):
+        vp_stage = stage if vpp > 1 else None
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=vocab,
+            max_sequence_length=arch.max_position_embeddings,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            parallel_output=True,
+            share_embeddings_and_output_weights=arch.tied_embeddings,
+            position_embedding_type="rope",
+            rotary_base=arch.rope_theta,
+            vp_stage=vp_stage,
+        )
+        if torch.cuda.is_available():
+            model.cuda(torch.cuda.current_device())
+        chunks.append(model)
+    return chunks
+
+
+def global_name(chunk: torch.nn.Module, local_name: str) -> str:
+    """The model-wide name of a chunk parameter: decoder layer indices offset by the chunk's first layer."""
+    if not local_name.startswith(LAYER_PREFIX):
+        return local_name
+    index, rest = local_name[len(LAYER_PREFIX) :].split(".", 1)
+    layer = chunk.decoder.layers[int(index)]
+    return f"{LAYER_PREFIX}{layer.layer_number - 1}.{rest}"
+
+
+def named_global_parameters(chunks: list[torch.nn.Module]) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """(global name, parameter) of every parameter of every chunk, in chunk order."""
+    for chunk in chunks:
+        for name, param in chunk.named_parameters():
+            yield global_name(chunk, name), param
+
+
+def source_name(name: str, arch: Architecture) -> str:
+    """The rule name a parameter is loaded from: a tied output layer (last stage, PP > 1) is the embedding."""
+    if arch.tied_embeddings and name == "output_layer.weight":
+        return "embedding.word_embeddings.weight"
+    return name
+
+
+def check_split(name: str, param: torch.nn.Parameter, split: Split, tp: int) -> None:
+    """Fail if Megatron shards a parameter differently from what the conversion table says."""
+    if tp == 1:
+        return
+    sharded = bool(getattr(param, "tensor_model_parallel", False))
+    expected_dim = {Split.ROW: 1, Split.REPLICATED: None}.get(split, 0)
+    actual_dim = getattr(param, "partition_dim", None) if sharded else None
+    if actual_dim != expected_dim:
+        raise RuntimeError(
+            f"{name}: the conversion table says {split.value} (partition dim {expected_dim}), "
+            f"Megatron shards it on dim {actual_dim}"
+        )
+
+
+@torch.no_grad()
+def load_full_weights(
+    chunks: list[torch.nn.Module], full: Mapping[str, torch.Tensor], converter: Converter, tp_rank: int, tp: int
+) -> None:
+    """Copy this rank's shard of each full Megatron tensor (`full[global name]`) into the chunks' parameters."""
+    vocab = padded_vocab_size(converter.arch.vocab_size, tp)
+    for name, param in named_global_parameters(chunks):
+        key = source_name(name, converter.arch)
+        split = converter.split_of(key)
+        check_split(name, param, split, tp)
+        local = shard(full[key], split, tp_rank, tp, padded_rows=vocab)
+        if local.shape != param.shape:
+            raise ValueError(
+                f"{name}: shard of shape {tuple(local.shape)} for a parameter of shape {tuple(param.shape)}"
+            )
+        param.copy_(local)
+
+
+class HFSource(Mapping[str, torch.Tensor]):
+    """Full Megatron tensors computed on demand from HF tensors (read lazily from disk by the caller's mapping)."""
+
+    def __init__(self, hf: Mapping[str, torch.Tensor], converter: Converter) -> None:
+        self.hf, self.converter = hf, converter
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        rule, layer = self.converter.rule_for(name)
+        return rule.to_mcore([self.hf[h.format(i=layer)] for h in rule.hf], self.converter.arch)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.converter.mcore_names())
+
+    def __len__(self) -> int:
+        return len(self.converter.mcore_names())

@@ -1,0 +1,119 @@
+"""Megatron DDP wrapping, the (distributed) AdamW optimizer, the LR schedule, and CPU offload between phases.
+
+Gradients are reduced in fp32 across data-parallel ranks; with `megatron.use_distributed_optimizer` the
+optimizer state is sharded across them (ZeRO-1). The LR schedule is Megatron's `OptimizerParamScheduler`:
+linear warmup from 0 over `lr_warmup_steps`, then constant, linear or cosine decay to `min_lr` over
+`lr_decay_steps`. The schedule is advanced *before* each optimizer step, so the k-th step (1-based) uses
+the learning rate of step k (a warmup of one step trains at the full rate from the first step).
+"""
+
+import logging
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from userrl_megatron.config.schema import MegatronConfig
+
+log = logging.getLogger(__name__)
+
+
+def wrap_ddp(chunks: list[torch.nn.Module], cfg: MegatronConfig) -> list[DistributedDataParallel]:
+    """Wrap each model chunk in Megatron's DDP (contiguous fp32 gradient buffers)."""
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,  # one reduction after the last micro-batch (no bucket overlap)
+        use_distributed_optimizer=cfg.use_distributed_optimizer,
+    )
+    dp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    wrapped = []
+    for i, chunk in enumerate(chunks):
+        layout = None
+        if cfg.use_distributed_optimizer:  # the shard layout the optimizer expects, computed up front
+            params = [p for p in chunk.parameters() if p.requires_grad]
+            layout = DistributedOptimizer.compute_full_param_layout(params, None, dp_size, ddp_config)
+        wrapped.append(
+            DistributedDataParallel(
+                config=chunk.config,
+                ddp_config=ddp_config,
+                module=chunk,
+                disable_bucketing=i > 0,
+                full_param_layout=layout,
+            )
+        )
+    return wrapped
+
+
+def build_optimizer(
+    chunks: list[DistributedDataParallel], cfg: MegatronConfig, dtype: torch.dtype
+) -> MegatronOptimizer:
+    """AdamW with decoupled weight decay and global-norm clipping; fp32 master weights for bf16/fp16."""
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_beta1,
+        adam_beta2=cfg.adam_beta2,
+        adam_eps=cfg.adam_eps,
+        clip_grad=cfg.grad_clip,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        params_dtype=dtype,
+        use_distributed_optimizer=cfg.use_distributed_optimizer,
+    )
+    return get_megatron_optimizer(config, chunks)
+
+
+def build_scheduler(optimizer: MegatronOptimizer, cfg: MegatronConfig) -> OptimizerParamScheduler:
+    """Megatron's LR scheduler for `megatron.lr_schedule` with warmup."""
+    warmup = cfg.lr_warmup_steps
+    decay = cfg.lr_decay_steps if cfg.lr_schedule != "constant" else warmup + 1
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if warmup > 0 else cfg.lr,
+        max_lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        lr_warmup_steps=warmup,
+        lr_decay_steps=max(decay, warmup + 1),
+        lr_decay_style=cfg.lr_schedule,
+        start_wd=cfg.weight_decay,
+        end_wd=cfg.weight_decay,
+        wd_incr_steps=1,
+        wd_incr_style="constant",
+    )
+
+
+def current_lr(optimizer: MegatronOptimizer) -> float:
+    """The learning rate of the first parameter group (all groups share the schedule)."""
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def offload(chunks: list[DistributedDataParallel], optimizer: MegatronOptimizer) -> None:
+    """Move optimizer state, then parameters, to pinned host memory and free gradients (GPU only).
+
+    The optimizer goes first: for fp32 models its master shards are views of the parameter buffers.
+    """
+    if not torch.cuda.is_available():
+        log.debug("offload: nothing to do on CPU")
+        return
+    optimizer.offload_to_cpu()
+    for chunk in chunks:
+        for buffer in chunk.buffers + chunk.expert_parallel_buffers:
+            buffer.offload_to_cpu(move_params=True, move_grads=True)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def onload(chunks: list[DistributedDataParallel], optimizer: MegatronOptimizer) -> None:
+    """Undo `offload`: parameters back (gradients reallocated and zeroed), then optimizer state."""
+    if not torch.cuda.is_available():
+        return
+    for chunk in chunks:
+        for buffer in chunk.buffers + chunk.expert_parallel_buffers:
+            buffer.reload_from_cpu(move_params=True, move_grads=True)
+    optimizer.restore_from_cpu()
+    torch.cuda.synchronize()

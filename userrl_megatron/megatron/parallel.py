@@ -1,0 +1,230 @@
+"""Process setup for the Megatron actor: torch.distributed, Megatron's model-parallel groups, CPU support.
+
+`initialize(cfg, rank=..., world_size=..., master_addr=..., master_port=...)` is the one call every actor
+rank makes first, whether it runs in a Ray actor, a `torch.multiprocessing` child or under `torchrun`. It
+uses gloo on CPU (and installs the CPU support, see `cpu.py`) and NCCL on GPU, then builds Megatron's
+TP / PP (virtual PP) / CP / DP groups in Megatron's default order (tp-cp-ep-dp-pp).
+
+Layout errors (sizes that do not divide the world, or the model) are raised as `ConfigError`s naming the
+config keys, before any group is created.
+"""
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from userrl_megatron.config.loader import ConfigError
+from userrl_megatron.config.schema import MegatronConfig
+from userrl_megatron.convert.arch import Architecture
+from userrl_megatron.megatron import cpu
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this rank sits: sizes of each parallel dimension and this rank's index in each."""
+
+    rank: int
+    world_size: int
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    vpp: int
+    tp_rank: int
+    pp_rank: int
+    cp_rank: int
+    dp_rank: int
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def is_stage_source(self) -> bool:
+        """tp_rank 0, cp_rank 0, dp_rank 0 of its pipeline stage: the rank that yields exported weights."""
+        return self.tp_rank == 0 and self.cp_rank == 0 and self.dp_rank == 0
+
+    @property
+    def is_output_rank(self) -> bool:
+        """Last stage, tp_rank 0: reports the outputs (log-probs, loss sums) of its data-parallel replica;
+        with context parallelism each CP rank reports its own positions."""
+        return self.is_last_stage and self.tp_rank == 0
+
+
+def check_layout(cfg: MegatronConfig, world_size: int) -> None:
+    """Raise ConfigError if the parallel sizes in `cfg` cannot tile `world_size` ranks."""
+    problems = []
+    sizes = {
+        "tensor_model_parallel_size": cfg.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": cfg.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": cfg.virtual_pipeline_model_parallel_size,
+        "context_parallel_size": cfg.context_parallel_size,
+        "expert_model_parallel_size": cfg.expert_model_parallel_size,
+    }
+    problems += [f"megatron.{k} must be >= 1, got {v}" for k, v in sizes.items() if v < 1]
+    if not problems:
+        model_parallel = cfg.tensor_model_parallel_size * cfg.pipeline_model_parallel_size * cfg.context_parallel_size
+        if world_size % model_parallel:
+            problems.append(
+                f"tensor x pipeline x context parallel sizes = {cfg.tensor_model_parallel_size} x "
+                f"{cfg.pipeline_model_parallel_size} x {cfg.context_parallel_size} = {model_parallel} do not divide "
+                f"the {world_size} actor ranks"
+            )
+        if cfg.virtual_pipeline_model_parallel_size > 1 and cfg.pipeline_model_parallel_size < 3:
+            # With two stages, prev and next are the same rank and the interleaved schedule's simultaneous
+            # sends in both directions can be matched to the wrong receives (wrong activations, silently).
+            problems.append("megatron.virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size >= 3")
+        if cfg.expert_model_parallel_size > 1:
+            problems.append(
+                "megatron.expert_model_parallel_size > 1 needs an MoE model; only dense models are supported"
+            )
+    if not torch.cuda.is_available():
+        if cfg.context_parallel_size > 1:
+            problems.append("megatron.context_parallel_size > 1 needs CUDA (Transformer Engine attention)")
+        if cfg.sequence_parallel:
+            problems.append("megatron.sequence_parallel needs CUDA (Transformer Engine or apex norms)")
+    if cfg.sequence_parallel and cfg.tensor_model_parallel_size < 2:
+        problems.append("megatron.sequence_parallel needs tensor_model_parallel_size >= 2")
+    if problems:
+        raise ConfigError("invalid Megatron layout:\n  - " + "\n  - ".join(problems))
+
+
+def check_model_layout(cfg: MegatronConfig, arch: Architecture) -> None:
+    """Raise ConfigError if the model cannot be split as `cfg` asks (heads over TP, layers over PP stages)."""
+    tp, pp, vpp = (
+        cfg.tensor_model_parallel_size,
+        cfg.pipeline_model_parallel_size,
+        cfg.virtual_pipeline_model_parallel_size,
+    )
+    problems = []
+    if arch.num_heads % tp:
+        problems.append(
+            f"megatron.tensor_model_parallel_size = {tp} must divide the model's {arch.num_heads} attention heads"
+        )
+    if arch.num_kv_heads % tp:
+        problems.append(
+            f"megatron.tensor_model_parallel_size = {tp} must divide the model's {arch.num_kv_heads} key/value heads "
+            "(num_key_value_heads)"
+        )
+    if arch.ffn_hidden_size % tp:
+        problems.append(
+            f"megatron.tensor_model_parallel_size = {tp} must divide intermediate_size {arch.ffn_hidden_size}"
+        )
+    if arch.num_layers % (pp * vpp):
+        problems.append(
+            f"pipeline_model_parallel_size x virtual_pipeline_model_parallel_size = {pp} x {vpp} must divide the "
+            f"model's {arch.num_layers} layers"
+        )
+    if cfg.context_parallel_size > 1 and cfg.micro_batch_tokens % (2 * cfg.context_parallel_size):
+        problems.append("megatron.micro_batch_tokens must be a multiple of 2 x context_parallel_size")
+    if problems:
+        raise ConfigError("the model does not fit the Megatron layout:\n  - " + "\n  - ".join(problems))
+
+
+def initialize(
+    cfg: MegatronConfig,
+    *,
+    rank: int,
+    world_size: int,
+    master_addr: str = "127.0.0.1",
+    master_port: int = 29500,
+    timeout_minutes: int = 30,
+) -> Layout:
+    """Join the process group and build Megatron's parallel groups; returns this rank's Layout.
+
+    Safe to call in Ray actors, spawned children and torchrun workers. On CPU it installs the CPU support.
+    Calling it again lays the same processes out anew (the default process group is kept; actors built
+    under the previous layout must not be used any more).
+    """
+    check_layout(cfg, world_size)
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
+        cpu.install()
+    from megatron.core import parallel_state
+
+    if on_gpu:
+        torch.cuda.set_device(_local_device(rank))
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(
+            backend="nccl" if on_gpu else "gloo",
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
+    if parallel_state.model_parallel_is_initialized():  # a new layout on the same processes
+        parallel_state.destroy_model_parallel()
+    vpp = cfg.virtual_pipeline_model_parallel_size
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=cfg.tensor_model_parallel_size,
+        pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+        context_parallel_size=cfg.context_parallel_size,
+        distributed_timeout_minutes=timeout_minutes,
+    )
+    layout = current_layout()
+    log.info(
+        "rank %d/%d: tp %d/%d pp %d/%d cp %d/%d dp %d/%d (%s)",
+        rank,
+        world_size,
+        layout.tp_rank,
+        layout.tp,
+        layout.pp_rank,
+        layout.pp,
+        layout.cp_rank,
+        layout.cp,
+        layout.dp_rank,
+        layout.dp,
+        "nccl" if on_gpu else "gloo, CPU support installed",
+    )
+    return layout
+
+
+def current_layout() -> Layout:
+    """The Layout of this rank, read from Megatron's parallel state (after `initialize`)."""
+    from megatron.core import parallel_state as ps
+
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
+    return Layout(
+        rank=torch.distributed.get_rank(),
+        world_size=torch.distributed.get_world_size(),
+        tp=ps.get_tensor_model_parallel_world_size(),
+        pp=ps.get_pipeline_model_parallel_world_size(),
+        cp=ps.get_context_parallel_world_size(),
+        dp=ps.get_data_parallel_world_size(),
+        vpp=vpp,
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        cp_rank=ps.get_context_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+    )
+
+
+def shutdown() -> None:
+    """Destroy Megatron's groups and the default process group (end of a worker's life)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def device() -> torch.device:
+    """The device this rank computes on."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _local_device(rank: int) -> int:
+    count = torch.cuda.device_count()
+    if count == 1:  # Ray and most schedulers expose exactly one GPU per actor
+        return 0
+    return int(os.environ.get("LOCAL_RANK", rank % count))
