@@ -59,14 +59,37 @@ def bucket_layout(
     return entries
 
 
-def pack_bucket(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[BucketEntry]]:
-    """One flat uint8 buffer holding every tensor's raw bytes, and the layout the receiver will compute."""
+class FlatBuffer:
+    """A flat uint8 buffer kept across weight pushes, grown when a bucket needs more room.
+
+    A fresh multi-hundred-megabyte allocation per bucket costs more in page faults than the copy or the
+    broadcast itself on CPU; reusing one buffer pays that once. Views into it are valid until the next `take`.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self._data = torch.empty(0, dtype=torch.uint8, device=self.device)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A view of the first `nbytes` bytes (contents undefined)."""
+        if self._data.numel() < nbytes:
+            self._data = torch.empty(0, dtype=torch.uint8, device=self.device)  # free the old one first
+            self._data = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._data[:nbytes]
+
+
+def pack_bucket(
+    named_tensors: Sequence[tuple[str, torch.Tensor]], buffer: FlatBuffer | None = None
+) -> tuple[torch.Tensor, list[BucketEntry]]:
+    """One flat uint8 buffer holding every tensor's raw bytes (in `buffer` when given), and its layout."""
     layout = bucket_layout(
         [name for name, _ in named_tensors],
         [t.dtype for _, t in named_tensors],
         [t.shape for _, t in named_tensors],
     )
-    flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in named_tensors])
+    flat = (buffer or FlatBuffer(named_tensors[0][1].device)).take(layout[-1].end)
+    for entry, (_, tensor) in zip(layout, named_tensors, strict=True):
+        flat[entry.start : entry.end].copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
     return flat, layout
 
 

@@ -7,6 +7,7 @@ broadcasts the flat bucket. One bucket is in flight at a time. Engines are pause
 """
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from userrl_megatron.config.schema import SyncConfig
-from userrl_megatron.sync.bucket import dtype_name, pack_bucket
+from userrl_megatron.sync.bucket import FlatBuffer, dtype_name
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 
 log = logging.getLogger(__name__)
@@ -34,24 +35,76 @@ class EngineEndpoint:
     tp_size: int = 1
 
 
-def iter_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group consecutive tensors into buckets of at most `bucket_bytes` (a larger tensor travels alone).
+@dataclass
+class _InFlight:
+    """A bucket on its way: the broadcast's work handle and the engines' pending HTTP replies."""
 
-    A dtype change also starts a new bucket, so every tensor in a flat bucket is aligned to its itemsize.
-    """
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors:
+    work: Any
+    replies: list[Future]
+
+
+class _Packer:
+    """Fills one flat bucket, tensor by tensor, in SGLang's `flattened_bucket` layout (no padding)."""
+
+    def __init__(self, buffer: FlatBuffer) -> None:
+        self.buffer = buffer
+        self.entries: list[tuple[str, torch.dtype, list[int], int, int]] = []  # name, dtype, shape, start, end
+        self.nbytes = 0
+        self._flat: torch.Tensor | None = None
+
+    def fits(self, tensor: torch.Tensor, bucket_bytes: int) -> bool:
+        """Whether `tensor` still goes into this bucket (same dtype, within the size; a lone big tensor always)."""
+        same_dtype = self.entries[-1][1] == tensor.dtype
+        return same_dtype and self.nbytes + tensor.numel() * tensor.element_size() <= bucket_bytes
+
+    def add(self, name: str, tensor: torch.Tensor, bucket_bytes: int) -> None:
         nbytes = tensor.numel() * tensor.element_size()
-        if bucket and (size + nbytes > bucket_bytes or tensor.dtype != bucket[-1][1].dtype):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
+        if self._flat is None:
+            self._flat = self.buffer.take(max(bucket_bytes, nbytes))
+        start, end = self.nbytes, self.nbytes + nbytes
+        # Copy through a typed view of the bucket: a strided source (a q/k/v split) needs no extra copy.
+        self._flat[start:end].view(tensor.dtype).view(tensor.shape).copy_(tensor.detach())
+        self.entries.append((name, tensor.dtype, list(tensor.shape), start, end))
+        self.nbytes = end
+
+    def flat(self) -> torch.Tensor:
+        assert self._flat is not None
+        return self._flat[: self.nbytes]
+
+    def metadata(self) -> tuple[list[str], list[str], list[list[int]]]:
+        return [e[0] for e in self.entries], [dtype_name(e[1]) for e in self.entries], [e[2] for e in self.entries]
+
+
+class _Clock:
+    """Accumulates the seconds spent in each phase of a push."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.totals: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[phase] = self.totals.get(phase, 0.0) + time.perf_counter() - begin
+
+    def timed_iter(self, items: Iterable[T], phase: str) -> Iterator[T]:
+        """`items`, with the time spent producing each one (e.g. TP gathers) added to `phase`."""
+        iterator = iter(items)
+        while True:
+            with self(phase):
+                item = next(iterator, _END)
+            if item is _END:
+                return
+            yield item  # type: ignore[misc]
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+_END = object()
 
 
 class _EventLoopThread:
@@ -91,6 +144,8 @@ class WeightSender:
         factory = client_factory or _default_client
         self._clients = [self._call(_construct(factory, e.url)) for e in engines]
         self._group: dist.ProcessGroup | None = None
+        device = "cuda" if backend == "nccl" else "cpu"  # NCCL broadcasts device memory, gloo host memory
+        self._buffers = (FlatBuffer(device), FlatBuffer(device))  # double-buffered flat buckets, reused
 
     @property
     def world_size(self) -> int:
@@ -116,43 +171,69 @@ class WeightSender:
         log.info("weight-sync group %s: %d engines, world size %d", self.group_name, len(self.engines), self.world_size)
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
-        """Broadcast every tensor to every engine, bucket by bucket; engines then report `version`."""
+        """Broadcast every tensor to every engine, bucket by bucket; engines then report `version`.
+
+        Tensors are copied into the flat bucket as the export yields them (nothing else is kept), and the
+        next bucket is filled while the previous one is on the wire and being loaded (two buffers, one
+        bucket in flight)."""
         if self._group is None:
             raise RuntimeError("WeightSender.connect() must run before push()")
-        start, sent, buckets = time.perf_counter(), 0, 0
+        clock, bucket_bytes = _Clock(), self.cfg.bucket_mb * 1024 * 1024
         self._all(lambda c: c.begin_weight_update())
-        for bucket in iter_buckets(named_tensors, self.cfg.bucket_mb * 1024 * 1024):
-            flat, _ = pack_bucket(bucket)
-            names = [name for name, _ in bucket]
-            dtypes = [dtype_name(t.dtype) for _, t in bucket]
-            shapes = [list(t.shape) for _, t in bucket]
-            pending = [
-                self._loop.submit(
-                    c.update_weights_from_distributed(
-                        names,
-                        dtypes,
-                        shapes,
-                        self.group_name,
-                        flush_cache=False,
-                        weight_version=str(version),
-                        load_format="flattened_bucket",
-                    )
-                )
-                for c in self._clients
-            ]
-            dist.broadcast(flat, group=self._group, group_src=0)
-            for future in pending:
-                future.result()
-            sent += flat.numel()
-            buckets += 1
+        inflight: _InFlight | None = None
+        packer = _Packer(self._buffers[0])
+        sent = buckets = 0
+        for name, tensor in clock.timed_iter(named_tensors, "export"):
+            if packer.entries and not packer.fits(tensor, bucket_bytes):
+                inflight = self._send(packer, version, inflight, clock)
+                sent, buckets = sent + packer.nbytes, buckets + 1
+                packer = _Packer(self._buffers[buckets % 2])
+            with clock("pack"):
+                packer.add(name, tensor, bucket_bytes)
+        if packer.entries:
+            inflight = self._send(packer, version, inflight, clock)
+            sent, buckets = sent + packer.nbytes, buckets + 1
+        self._wait(inflight, clock)
         self._all(lambda c: c.end_weight_update())
-        seconds = time.perf_counter() - start
+        seconds = clock.elapsed()
         return {
             "sync/bytes": float(sent),
             "sync/buckets": float(buckets),
             "sync/seconds": seconds,
             "sync/gb_per_s": sent / max(seconds, 1e-9) / 1e9,
+            **{f"sync/{k}_s": v for k, v in clock.totals.items()},
         }
+
+    def _send(self, packer: "_Packer", version: int, previous: "_InFlight | None", clock: "_Clock") -> "_InFlight":
+        """Start one bucket once the previous one has landed: the HTTP update on every engine, then the broadcast."""
+        self._wait(previous, clock)
+        names, dtypes, shapes = packer.metadata()
+        replies = [
+            self._loop.submit(
+                c.update_weights_from_distributed(
+                    names,
+                    dtypes,
+                    shapes,
+                    self.group_name,
+                    flush_cache=False,
+                    weight_version=str(version),
+                    load_format="flattened_bucket",
+                )
+            )
+            for c in self._clients
+        ]
+        work = dist.broadcast(packer.flat(), group=self._group, group_src=0, async_op=True)
+        return _InFlight(work, replies)
+
+    @staticmethod
+    def _wait(inflight: "_InFlight | None", clock: "_Clock") -> None:
+        if inflight is None:
+            return
+        with clock("broadcast"):
+            inflight.work.wait()
+        with clock("engine_load"):
+            for reply in inflight.replies:
+                reply.result()
 
     def close(self) -> None:
         """Leave the group and stop the HTTP thread."""

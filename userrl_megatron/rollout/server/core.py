@@ -20,6 +20,7 @@ from userrl_megatron.rollout.server.model import EngineModel
 from userrl_megatron.rollout.server.sampling import parse_sampling_params
 from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request, Scheduler
 from userrl_megatron.rollout.server.weights import receive_weights
+from userrl_megatron.sync.bucket import FlatBuffer
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class EngineCore:
             cfg.prefix_cache_tokens,
         )
         self.groups: dict[str, tuple[Any, str]] = {}  # group name -> (process group, backend)
+        self._receive_buffers: dict[str, FlatBuffer] = {}  # device -> the flat bucket buffer reused across updates
         self._session: str | None = None  # selector of the open weight-update session
         self._released: set[str] = set()
         self.started = False
@@ -266,7 +268,8 @@ class EngineCore:
                         f"Group {group_name} not in {list(self.groups)}. Please call `init_weights_update_group` first."
                     )
                 device = torch.device("cpu") if entry[1] == "gloo" else self.model.device
-                weights = receive_weights(entry[0], names, dtypes, shapes, load_format, device)
+                buffer = self._receive_buffers.setdefault(str(device), FlatBuffer(device))
+                weights = receive_weights(entry[0], names, dtypes, shapes, load_format, device, buffer)
             except Exception as e:
                 return False, f"Failed to receive weights: {e}"
             try:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from userrl_megatron.sync.bucket import bucket_layout, dtype_from_name, unpack_bucket
+from userrl_megatron.sync.bucket import FlatBuffer, bucket_layout, dtype_from_name, unpack_bucket
 
 LOAD_FORMATS = (None, "flattened_bucket")
 
@@ -21,13 +21,17 @@ def receive_weights(
     shapes: Sequence[Sequence[int]],
     load_format: str | None,
     device: torch.device,
+    buffer: FlatBuffer | None = None,
 ) -> list[tuple[str, torch.Tensor]]:
-    """Block until the trainer's broadcasts arrive; returns (HF name, tensor) pairs in `names` order."""
+    """Block until the trainer's broadcasts arrive; returns (HF name, tensor) pairs in `names` order.
+
+    A flattened bucket lands in `buffer` when given (reused across updates); the tensors returned are views
+    into it, valid until the next update."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unsupported load_format {load_format!r}; the embedded server takes null or flattened_bucket")
     if load_format == "flattened_bucket":
         layout = bucket_layout(names, dtypes, shapes)
-        flat = torch.empty(layout[-1].end, dtype=torch.uint8, device=device)
+        flat = (buffer or FlatBuffer(device)).take(layout[-1].end)
         dist.broadcast(flat, src=0, group=group)
         return unpack_bucket(flat, layout)
     if not (len(names) == len(dtypes) == len(shapes)):

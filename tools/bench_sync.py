@@ -1,0 +1,132 @@
+"""Weight-sync throughput: the trainer's full path against a raw gloo broadcast of the same bytes, in one run.
+
+The model (a random Qwen3 of about 125M parameters by default, fp32) is trained by a TP=2 Megatron actor on
+two Ray workers; one embedded engine serves it. Each sync walks the real path: pause, TP gather to the stage
+source, HF conversion, 512 MB flat buckets, `update_weights_from_distributed` over HTTP while the bucket is
+broadcast over gloo, load into the engine, flush, resume. The baseline broadcasts one flat buffer of the same
+number of bytes between two fresh processes over gloo. Reported: GB/s of each and ratio = raw time / ours.
+
+    python tools/bench_sync.py --out bench_sync.json
+    python tools/bench_sync.py --hidden 256 --layers 2 --repeats 2   # a quick check
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def make_model(folder: Path, hidden: int, layers: int, vocab: int) -> Path:
+    from tests.support.tiny_models import make_tiny_model
+
+    return make_tiny_model(
+        "qwen3",
+        folder,
+        tokenizer="char",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3 // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=max(2, hidden // 64),
+        num_key_value_heads=max(2, hidden // 64 // 3),
+        head_dim=64,
+    )
+
+
+def bench_ours(model: Path, tp: int, repeats: int, bucket_mb: int, run_dir: Path) -> dict[str, Any]:
+    """Median seconds of a full sync through the trainer's components (Ray workers, engine pool)."""
+    from userrl_megatron.config import load_config
+    from userrl_megatron.trainer.components import start_components
+
+    cfg = load_config(
+        overrides=[
+            f"model.path={model}",
+            "model.tool_format=tags",
+            f"megatron.tensor_model_parallel_size={tp}",
+            f"megatron.devices_per_node={tp}",
+            f"sync.bucket_mb={bucket_mb}",
+            "gyms.train=[echo-procedural]",
+        ]
+    )
+
+    async def run() -> list[dict[str, float]]:
+        async with start_components(cfg, run_dir) as parts:
+            return [await parts.sync_weights(version) for version in range(1, repeats + 1)]
+
+    runs = asyncio.run(run())
+    seconds = statistics.median(r["sync/seconds"] for r in runs)
+    nbytes = runs[0]["sync/bytes"]
+    phases = {k.removeprefix("sync/"): statistics.median(r[k] for r in runs) for k in runs[0] if k.endswith("_s")}
+    return {
+        "bytes": nbytes,
+        "buckets": runs[0]["sync/buckets"],
+        "seconds": seconds,
+        "gb_per_s": nbytes / seconds / 1e9,
+        "phases": phases,
+    }
+
+
+def _raw_rank(rank: int, world_size: int, port: int, nbytes: int, repeats: int) -> list[float]:
+    import torch
+
+    from userrl_megatron.sync.group import init_custom_process_group
+
+    group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", world_size, rank, "raw_bench")
+    buffer = torch.ones(nbytes, dtype=torch.uint8) if rank == 0 else torch.empty(nbytes, dtype=torch.uint8)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.distributed.broadcast(buffer, group=group, group_src=0)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def bench_raw(nbytes: int, repeats: int) -> dict[str, Any]:
+    """Median seconds of one gloo broadcast of `nbytes` from a sender to one receiver process."""
+    from userrl_megatron.megatron.launch import run_local
+
+    times = run_local(_raw_rank, 2, nbytes, repeats, threads_per_rank=1)
+    seconds = statistics.median(max(pair) for pair in zip(*times, strict=True))
+    return {"bytes": nbytes, "seconds": seconds, "gb_per_s": nbytes / seconds / 1e9}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--bucket-mb", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    with tempfile.TemporaryDirectory() as scratch:
+        model = make_model(Path(scratch) / "model", args.hidden, args.layers, args.vocab)
+        ours = bench_ours(model, args.tp, args.repeats, args.bucket_mb, Path(scratch) / "run")
+    raw = bench_raw(int(ours["bytes"]), args.repeats)
+    report = {
+        "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "params": ours["bytes"] / 4},
+        "tp": args.tp,
+        "bucket_mb": args.bucket_mb,
+        "ours": ours,
+        "raw_gloo_broadcast": raw,
+        "ratio": raw["seconds"] / ours["seconds"],
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
