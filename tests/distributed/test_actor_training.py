@@ -27,6 +27,10 @@ ALGOS = {
     "seq_mean_token_mean": AlgoConfig(loss_agg="seq-mean-token-mean"),
 }
 LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "dp2": {"use_distributed_optimizer": False}}
+# fp32 flash attention (torch SDPA, on both sides) blocks its sums by shape: splitting the heads over TP
+# ranks moves gradients by ~3e-5 of their scale (TP=1 agrees to 5e-8). A normalisation or mapping error
+# moves them by orders of magnitude more.
+GRAD_RTOL = 1e-4
 
 
 def with_reference_terms(batch: TrainBatch, seed: int) -> TrainBatch:
@@ -78,7 +82,7 @@ def test_loss_and_gradient_equal_the_torch_reference(model_dir: Path) -> None:
                 assert grads.keys() == ref_grads.keys(), key
                 worst = max(float((torch.from_numpy(grads[k]) - ref_grads[k]).abs().max()) for k in grads)
                 scale = max(float(g.abs().max()) for g in ref_grads.values())
-                assert worst <= 1e-5 * scale, (key, worst, scale)
+                assert worst <= GRAD_RTOL * scale, (key, worst, scale)
 
 
 def _steps(rank: int, world: int, port: int, model_dir: Path, batches: list[TrainBatch], algo: AlgoConfig) -> dict:
@@ -103,7 +107,7 @@ def test_optimizer_steps_equal_the_torch_reference_under_every_layout(model_dir:
         assert steps == results[1][layout]  # identical on every rank
         for step, (got, want) in enumerate(zip(steps, expected, strict=True)):
             assert abs(got["actor/loss"] - want["loss"]) <= 1e-5, (layout, step, got["actor/loss"], want["loss"])
-            assert abs(got["actor/grad_norm"] - want["grad_norm"]) <= 1e-5, (layout, step)
+            assert got["actor/grad_norm"] == pytest.approx(want["grad_norm"], rel=GRAD_RTOL), (layout, step)
             assert got["actor/lr"] == pytest.approx(want["lr"], rel=1e-12)
     first = results[0]["tp2"][0]
     assert first["actor/trained_tokens"] == sum(sum(m) for m in batches[0].loss_mask)

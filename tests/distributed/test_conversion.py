@@ -84,5 +84,5 @@ def test_smollm2_logprobs_at_tp3_match_transformers() -> None:
     texts = ["The capital of France is Paris.", "def add(a, b):\n    return a + b", "Hi!"]
     seqs = [tok(t).input_ids for t in texts]
     results = spawn(_smollm2_logprobs, 3, seqs)
-    assert max_abs_diff(results[0], hf_logprobs(hf, seqs)) <= 5e-5  # 30 fp32 layers: measured 1.7e-5
+    assert max_abs_diff(results[0], hf_logprobs(hf, seqs)) <= 5e-5  # 30 fp32 layers: measured 2.1e-5
     assert results[1] == results[0] == results[2]
