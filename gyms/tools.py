@@ -6,6 +6,7 @@ calling write the same actions as plain tags (`[action] ...`); `tool_call_to_act
 """
 
 import json
+import re
 from typing import Any
 
 INTERACT_TOOL_NAME = "interact_with_env"
@@ -52,6 +53,12 @@ TAG_FORMAT_INSTRUCTIONS = (
 )
 
 
+# Task.metadata["reply_without_tool_call"]: what a reply without a tool call means. "end": the episode ends (UserRL,
+# the default); "action": the text is sent to the gym as "[action] <text>".
+REPLY_WITHOUT_TOOL_CALL = ("end", "action")
+_TAG_LINE = re.compile(r"^[ \t]*\[(?:action|answer|search|finish)\]", re.IGNORECASE | re.MULTILINE)
+
+
 class ToolCallError(ValueError):
     """A tool call that cannot be mapped to a gym action (wrong tool, bad arguments)."""
 
@@ -90,3 +97,25 @@ def _decode_arguments(arguments: str | dict[str, Any]) -> dict[str, Any]:
     if not isinstance(arguments, dict):
         raise ToolCallError(f"tool arguments must be a JSON object, got {type(arguments).__name__}")
     return arguments
+
+
+def text_to_action(text: str, reply_without_tool_call: str = "end") -> str | None:
+    """The gym action of a reply that has no tool call, or None when the episode should end.
+
+    A line starting with a tag (`[answer] 42`, the plain tag form for models without tool calling) is the action,
+    up to the next tagged line; thinking blocks are ignored. Without a tag the text becomes `[action] <text>` if
+    `reply_without_tool_call` is "action", and ends the episode if it is "end".
+    """
+    from gyms.reply_json import strip_think
+
+    if reply_without_tool_call not in REPLY_WITHOUT_TOOL_CALL:
+        modes = ", ".join(REPLY_WITHOUT_TOOL_CALL)
+        raise ValueError(f"reply_without_tool_call must be one of {modes}, got {reply_without_tool_call!r}")
+    body = strip_think(text)
+    tags = list(_TAG_LINE.finditer(body))
+    if tags:
+        end = tags[1].start() if len(tags) > 1 else len(body)
+        return body[tags[0].start() : end].strip()
+    if reply_without_tool_call == "action" and body:
+        return f"[action] {body}"
+    return None

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 # Command-group modules under userrl_megatron/commands/, in the order `--help` lists them.
-COMMANDS = ("config", "model", "convert")
+COMMANDS = ("config", "model", "data", "gym", "rollout", "serve", "train", "convert")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` and run the chosen subcommand; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse cannot match `key=value` overrides given after an option that follows another positional
+    # (`gym play NAME --task ID key=value`): collect them here.
+    if extra and isinstance(getattr(args, "overrides", None), list) and all("=" in e[1:] for e in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from userrl_megatron.config.loader import ConfigError
     from userrl_megatron.errors import UserError
 

@@ -158,7 +158,7 @@ def test_explain_is_yaml_with_the_same_values() -> None:
 
 
 def test_saved_config_loads_back_identically(tmp_path: Path) -> None:
-    cfg = load_config(overrides=["run.name=x", "algo.turn_level=EM", "gyms.options={travel: {max_steps: 16}}"])
+    cfg = load_config(overrides=["run.name=x", "algo.turn_level=EM", "gyms.travel.preference_correct_reward=0.6"])
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config([tmp_path / "config.yaml"]) == cfg
 

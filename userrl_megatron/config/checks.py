@@ -1,5 +1,9 @@
 """Cross-field checks that must fail before any work starts (all problems are reported at once)."""
 
+import functools
+import re
+
+from gyms.config import FUNCTION_OPERATORS
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.schema import RootConfig
 
@@ -18,7 +22,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.policy_loss": ("ppo_clip",),
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "algo.kl_estimator": ("k1", "k2", "k3"),
-    "algo.user_sim_failure": ("mask", "keep"),
+    "algo.user_sim_failure": ("drop", "mask", "keep"),
+    "gyms.persuade.reward_baseline": ("best", "previous"),
+    "gyms.search.judge": ("llm", "exact"),
+    "gyms.search.backend": ("offline", "web"),
+    "user_sim.http_backend": ("aiohttp", "httpx"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
     "logging.level": ("DEBUG", "INFO", "WARNING", "ERROR"),
 }
@@ -29,6 +37,7 @@ GROUP_ESTIMATORS = ("grpo", "grpo_multiturn")
 def check_config(cfg: RootConfig) -> None:
     """Raise ConfigError listing every inconsistency in `cfg`."""
     problems = _choice_problems(cfg) + _parallel_problems(cfg) + _budget_problems(cfg) + _algo_problems(cfg)
+    problems += _gym_problems(cfg) + _pool_problems(cfg) + _engine_problems(cfg)
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
@@ -43,8 +52,7 @@ def check_config(cfg: RootConfig) -> None:
 def _choice_problems(cfg: RootConfig) -> list[str]:
     problems = []
     for dotted, allowed in CHOICES.items():
-        section, key = dotted.split(".")
-        value = getattr(getattr(cfg, section), key)
+        value = functools.reduce(getattr, dotted.split("."), cfg)
         if value not in allowed:
             problems.append(f"{dotted} = {value!r}; choose from {', '.join(allowed)}")
     return problems
@@ -144,4 +152,59 @@ def _algo_problems(cfg: RootConfig) -> list[str]:
             )
     if a.kl_coef < 0 or a.entropy_coef < 0 or a.tis_cap < 0:
         problems.append("algo.kl_coef, algo.entropy_coef and algo.tis_cap must be >= 0")
+    return problems
+
+
+def _gym_problems(cfg: RootConfig) -> list[str]:
+    gen, sim, problems = cfg.gyms.function.generator, cfg.user_sim, []
+    if not 1 <= gen.terms <= 4:
+        problems.append(f"gyms.function.generator.terms must be in 1..4 (inputs a, b, c, d), got {gen.terms}")
+    unknown = [op for op in gen.operators if op not in FUNCTION_OPERATORS]
+    if unknown:
+        allowed = " ".join(FUNCTION_OPERATORS)
+        problems.append(f"gyms.function.generator.operators: unknown {unknown}; choose from {allowed}")
+    if gen.terms > 1 and not [op for op in gen.operators if op != "**"]:
+        problems.append("gyms.function.generator.operators needs one of + - * / when terms > 1")
+    if gen.max_input < 1 or gen.tasks_per_split < 1:
+        problems.append("gyms.function.generator.max_input and tasks_per_split must be >= 1")
+    travel = cfg.gyms.travel
+    if travel.search_failure_interval < 0 or travel.elicitation_interval < 1:
+        problems.append("gyms.travel.search_failure_interval must be >= 0 and elicitation_interval >= 1")
+    if sim.max_concurrency < 1 or sim.timeout_s <= 0 or sim.max_retries < 0 or sim.backoff_s < 0:
+        problems.append("user_sim: max_concurrency >= 1, timeout_s > 0, max_retries >= 0 and backoff_s >= 0 required")
+    return problems
+
+
+def _pool_problems(cfg: RootConfig) -> list[str]:
+    r = cfg.rollout
+    problems = [
+        f"rollout.{key} must be >= 0, got {getattr(r, key)}"
+        for key in ("health_check_interval_s", "engine_max_restarts", "generate_failovers")
+        if getattr(r, key) < 0
+    ]
+    if r.max_concurrent_episodes < 1:
+        problems.append(f"rollout.max_concurrent_episodes must be >= 1, got {r.max_concurrent_episodes}")
+    return problems
+
+
+def _engine_problems(cfg: RootConfig) -> list[str]:
+    e, g, problems = cfg.rollout.embedded, cfg.rollout.sglang, []
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", e.device):
+        problems.append(f"rollout.embedded.device = {e.device!r}; choose from auto, cpu, cuda, cuda:N")
+    for key, port in (("rollout.embedded.base_port", e.base_port), ("rollout.sglang.base_port", g.base_port)):
+        if port and not 1 <= port <= 65535 - cfg.rollout.num_engines:  # 0: the pool picks free ports
+            problems.append(f"{key} = {port} leaves no room for rollout.num_engines = {cfg.rollout.num_engines} ports")
+    for key in ("max_running_requests", "max_prefill_tokens"):
+        if getattr(e, key) < 1:
+            problems.append(f"rollout.embedded.{key} must be >= 1, got {getattr(e, key)}")
+    if e.prefix_cache_tokens < 0 or e.context_length < 0:
+        problems.append("rollout.embedded.prefix_cache_tokens and rollout.embedded.context_length must be >= 0")
+    timeouts = {
+        "rollout.embedded.health_check_timeout_s": e.health_check_timeout_s,
+        "rollout.embedded.startup_timeout_s": e.startup_timeout_s,
+        "rollout.sglang.startup_timeout_s": g.startup_timeout_s,
+    }
+    problems += [f"{key} must be > 0, got {value}" for key, value in timeouts.items() if value <= 0]
+    if not 0.0 < g.mem_fraction_static <= 1.0:
+        problems.append(f"rollout.sglang.mem_fraction_static must be in (0, 1], got {g.mem_fraction_static}")
     return problems

@@ -5,7 +5,18 @@ that no field lacks one. Defaults describe the embedded CPU quickstart; recipes 
 """
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from gyms.config import (
+    EchoGymConfig,
+    FunctionGymConfig,
+    IntentionGymConfig,
+    PersuadeGymConfig,
+    SearchGymConfig,
+    TauGymConfig,
+    TelepathyGymConfig,
+    TravelGymConfig,
+    TurtleGymConfig,
+)
 
 
 @dataclass
@@ -59,6 +70,22 @@ class SGLangConfig:
     enable_memory_saver: bool = True  # lets engines release memory while actors train (colocated mode)
     base_port: int = 30000  # first HTTP port; engine i listens on base_port + i
     extra_args: list[str] = field(default_factory=list)  # extra `sglang.launch_server` arguments, passed verbatim
+    host: str = "127.0.0.1"  # bind address of the SGLang servers (0.0.0.0 to reach them from other nodes)
+    startup_timeout_s: float = 900.0  # how long to wait for a launched server's /health_generate to answer 200
+
+
+@dataclass
+class EmbeddedServerConfig:
+    host: str = "127.0.0.1"  # bind address of `userrl serve` (loopback unless other hosts must reach it)
+    base_port: int = 30000  # first HTTP port; embedded engine i listens on base_port + i
+    device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda" or "cuda:N"
+    context_length: int = 0  # longest prompt + output served; 0 = the model's max_position_embeddings
+    max_running_requests: int = 64  # requests decoded together in one batched forward
+    max_prefill_tokens: int = 8192  # prompt tokens prefilled per scheduler iteration (at least one request)
+    prefix_cache_tokens: int = 16384  # tokens of finished sequences whose KV is kept for reuse (0 disables)
+    random_seed: int = 0  # seed of sampled requests that carry no sampling_seed
+    health_check_timeout_s: float = 20.0  # /health answers 503 when no forward completes within this time
+    startup_timeout_s: float = 300.0  # how long to wait for a launched server's /health_generate to answer 200
 
 
 @dataclass
@@ -79,15 +106,27 @@ class RolloutConfig:
     reward_in_feedback: bool = True  # append "Reward: x" to the gym feedback shown to the policy (UserRL)
     max_concurrent_episodes: int = 64  # episodes in flight per engine
     request_timeout_s: float = 600.0  # timeout of one generate request
+    health_check_interval_s: float = 10.0  # seconds between the pool's engine health checks (0 disables)
+    engine_max_restarts: int = 3  # restarts of one engine before the pool gives it up
+    generate_failovers: int = 2  # times one generate request moves to another engine after its engine failed
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # SGLang server settings (backend: sglang)
+    embedded: EmbeddedServerConfig = field(default_factory=EmbeddedServerConfig)  # embedded server (backend: embedded)
 
 
 @dataclass
 class GymsConfig:
-    data_dir: str = ""  # folder with the public gym data (`userrl data fetch`); empty = the default cache
-    train: list[str] = field(default_factory=lambda: ["function"])  # training mixture: gym names or row files
-    test: list[str] = field(default_factory=lambda: ["function"])  # evaluation mixture: gym names or row files
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-gym settings, e.g. {travel: {max_steps: 16}}
+    data_dir: str = ""  # public data folder (`userrl data fetch`); empty = $USERRL_DATA_DIR or the default cache
+    train: list[str] = field(default_factory=lambda: ["function-procedural"])  # training sources (userrl data list)
+    test: list[str] = field(default_factory=lambda: ["function-procedural"])  # evaluation sources
+    function: FunctionGymConfig = field(default_factory=FunctionGymConfig)  # FunctionGym and its task generator
+    intention: IntentionGymConfig = field(default_factory=IntentionGymConfig)  # IntentionGym
+    persuade: PersuadeGymConfig = field(default_factory=PersuadeGymConfig)  # PersuadeGym
+    search: SearchGymConfig = field(default_factory=SearchGymConfig)  # SearchGym and its search backend
+    tau: TauGymConfig = field(default_factory=TauGymConfig)  # tau, tau_retail and tau_airline (tau-bench)
+    telepathy: TelepathyGymConfig = field(default_factory=TelepathyGymConfig)  # TelepathyGym
+    travel: TravelGymConfig = field(default_factory=TravelGymConfig)  # TravelGym and its scenario generator
+    turtle: TurtleGymConfig = field(default_factory=TurtleGymConfig)  # TurtleGym
+    echo: EchoGymConfig = field(default_factory=EchoGymConfig)  # EchoGym, the toy gym of the learning test
 
 
 @dataclass
@@ -100,8 +139,11 @@ class UserSimConfig:
     timeout_s: float = 30.0  # per-call timeout
     max_retries: int = 4  # retries after a timeout, 429 or 5xx before the call counts as failed
     backoff_s: float = 1.0  # first retry delay; doubles each retry, with jitter
+    backoff_max_s: float = 30.0  # longest retry delay
     max_concurrency: int = 64  # simulator calls in flight at once
     cache_dir: str = ""  # on-disk response cache keyed by the request; empty disables it
+    disable_thinking: bool = False  # send chat_template_kwargs.enable_thinking=false (Qwen3 on vLLM/SGLang)
+    http_backend: str = "aiohttp"  # HTTP transport of the openai client: "aiohttp" (fast when busy) or "httpx"
 
 
 @dataclass
@@ -124,7 +166,7 @@ class AlgoConfig:
     ppo_epochs: int = 1  # passes over each step's episodes
     mini_batches_per_step: int = 1  # optimizer steps per RL step (episodes split evenly)
     drop_equal_score_groups: bool = False  # skip groups whose scores are all equal (zero advantage)
-    user_sim_failure: str = "mask"  # episodes with user-simulator failures: "mask" (no loss) or "keep"
+    user_sim_failure: str = "mask"  # user-simulator failures: "drop" the episode, "mask" (in baseline, no loss), "keep"
 
 
 @dataclass

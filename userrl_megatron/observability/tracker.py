@@ -40,14 +40,15 @@ class JsonlBackend:
 
 
 class ConsoleBackend:
-    """A compact line per step with every metric, grouped by prefix."""
+    """One line per step: the metrics named in `keys` (in that order), or every metric when `keys` is empty."""
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, keys: tuple[str, ...] = ()) -> None:
         self.console = console or Console(highlight=False)
+        self.keys = keys
 
     def log(self, metrics: Metrics, step: int) -> None:
-        parts = [f"[bold]step {step}[/bold]"]
-        parts += [f"{k}={_short(v)}" for k, v in sorted(metrics.items())]
+        shown = [(k, metrics[k]) for k in self.keys if k in metrics] if self.keys else sorted(metrics.items())
+        parts = [f"[bold]step {step}[/bold]"] + [f"{k}={_short(v)}" for k, v in shown]
         self.console.print("  ".join(parts), soft_wrap=True)
 
     def close(self) -> None:
@@ -106,12 +107,13 @@ class Tracker:
         run_name: str = "run",
         config: dict[str, Any] | None = None,
         console: Console | None = None,
+        console_keys: tuple[str, ...] = (),
     ) -> None:
         run_dir = Path(run_dir)
         self.backends: list[Backend] = [JsonlBackend(run_dir / "metrics.jsonl")]
         for name in cfg.backends:
             if name == "console":
-                self.backends.append(ConsoleBackend(console))
+                self.backends.append(ConsoleBackend(console, console_keys))
             elif name == "wandb":
                 self.backends.append(WandbBackend(cfg, run_dir, run_name, config))
             elif name == "tensorboard":

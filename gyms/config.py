@@ -1,0 +1,102 @@
+"""Typed settings of each gym, one dataclass per gym, referenced from `GymsConfig` (config section `gyms`).
+
+Defaults are UserRL's training settings (its env_manager overrides, spec §3), with the UserRL bugs fixed (see
+gyms/README.md). `max_steps` is always replaced by the rollout's max turns: build a gym's config with
+`config_for(name, gyms_cfg, max_steps)`. Every field carries a one-line comment (`userrl config show --explain`).
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+FUNCTION_OPERATORS = ("+", "-", "*", "/", "**")
+
+
+@dataclass
+class FunctionGeneratorConfig:
+    seed: int = 0  # seed of the procedural stream; train and test draw disjoint tasks from it
+    tasks_per_split: int = 256  # tasks in each split of the `function-procedural` source
+    terms: int = 1  # distinct inputs (of a, b, c, d) the rule combines: 1 (easiest) to 4 (UserRL-like)
+    operators: list[str] = field(default_factory=lambda: ["+", "-"])  # of + - * / and ** (squares a term)
+    max_input: int = 9  # test-case inputs are drawn from 1..max_input
+    reveal_test_case: bool = True  # state the test case in the first user message (no [search] needed)
+
+
+@dataclass
+class FunctionGymConfig:
+    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+    generator: FunctionGeneratorConfig = field(default_factory=FunctionGeneratorConfig)  # `function-procedural`
+
+
+@dataclass
+class IntentionGymConfig:
+    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+    multi_detail_penalty: float = 0.2  # reward cut per extra detail covered by one question
+    history_turns: int = 3  # past exchanges shown to the user simulator and the coverage judge
+
+
+@dataclass
+class PersuadeGymConfig:
+    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+    reward_baseline: str = "best"  # stance moves are paid from "best" stance so far (fix) or "previous" (UserRL)
+
+
+@dataclass
+class SearchGymConfig:
+    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+    max_search_steps: int = 5  # searches allowed per episode
+    max_search_results: int = 5  # results shown per search
+    judge: str = "llm"  # answers failing the exact match go to the LLM judge ("llm") or are wrong ("exact")
+    backend: str = "offline"  # "offline" (BM25 over corpus_path) or "web" (HTTP search API)
+    corpus_path: str = ""  # offline corpus: a .jsonl file of {title, text} or a folder of .txt/.md files
+    web_url: str = "https://google.serper.dev/search"  # web backend endpoint (Serper-compatible JSON API)
+    web_api_key_env: str = "SERPER_API_KEY"  # environment variable holding the web search API key
+    web_timeout_s: float = 10.0  # timeout of one web search request
+    web_retries: int = 2  # retries of a failed web search request
+
+
+@dataclass
+class TelepathyGymConfig:
+    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+
+
+@dataclass
+class TravelGymConfig:
+    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+    search_correct_reward: float = 0.0  # reward of a correct first search of an aspect (UserRL eval: 0.2)
+    preference_correct_reward: float = 0.8  # reward of a question that elicits a hidden preference (eval: 0.6)
+    choice_best_reward: float = 1.0  # reward of recommending the best (cheapest correct) option
+    choice_correct_reward: float = 0.8  # reward of recommending a correct but not the best option
+    search_failure_interval: int = 5  # every k-th search fails on purpose (0 disables)
+    elicitation_interval: int = 3  # after k off-preference utterances the user volunteers a preference
+    one_choice_per_aspect: bool = True  # a second recommendation for an aspect is refused
+
+
+@dataclass
+class TurtleGymConfig:
+    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+    success_threshold: float = 1.0  # rubric score that solves the story and ends the episode (UserRL default 0.9)
+
+
+@dataclass
+class TauGymConfig:
+    max_steps: int = 30  # tool calls + messages to the user per episode (replaced by rollout.max_turns in training)
+    data_dir: str = ""  # folder holding taubench/ and userrl/; empty = where the task was loaded from
+
+
+@dataclass
+class EchoGymConfig:
+    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+    turns: int = 3  # turns per episode (each asks for one letter)
+    alphabet: str = "ab"  # letters the user may ask for
+    same_letter: bool = True  # ask for the same letter every turn (False: a fresh letter each turn)
+    seed: int = 0  # seed of the `echo-procedural` task stream
+    tasks_per_split: int = 64  # tasks in each split of `echo-procedural`
+
+
+def config_for(name: str, gyms_cfg: Any, max_steps: int) -> Any:
+    """Gym `name`'s typed config from the `gyms` section, with `max_steps` forced to the rollout's max turns."""
+    from gyms.base import gym_spec
+
+    section = getattr(gyms_cfg, gym_spec(name).config_field)
+    return dataclasses.replace(section, max_steps=max_steps)

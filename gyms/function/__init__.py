@@ -1,0 +1,3 @@
+"""FunctionGym (deterministic): guess a hidden arithmetic rule, then answer its test case."""
+
+from gyms.function import env as env  # registers the gym

@@ -1,0 +1,90 @@
+"""FunctionGym: guess a hidden arithmetic rule over four inputs by probing it, then answer the test case.
+
+Deterministic (no LLM). Rewards: 1.0 for the correct answer (which ends the episode), 0 otherwise (spec §3.1).
+"""
+
+import re
+from typing import Any
+
+from gyms.base import StepResult, register_gym, task_record
+from gyms.config import FunctionGymConfig
+from gyms.function.rules import Number, Rule
+from gyms.function.tasks import function_record, function_smoke, function_tasks
+from gyms.turn_gym import TurnGym
+
+_NUMBER = re.compile(r"-?\d+\.?\d*")
+TOLERANCE = 1e-6
+
+
+class FunctionGym(TurnGym):
+    name = "function"
+
+    def __init__(self, task: Any, config: FunctionGymConfig | None = None, user_sim: Any = None) -> None:
+        self.config = config or FunctionGymConfig()
+        super().__init__(self.config.max_steps)
+        self.record = task_record(task, lambda task_id: function_record(task_id, self.config.generator))
+        self.rule = Rule(self.record["rule"])
+        self.test_case: list[Number] = list(self.record["test_case"])
+        self.expected = float(self.record["expected_result"])
+        self.solved = False
+
+    def start(self) -> None:
+        self.solved = False
+
+    def observation(self) -> str:
+        return "A new hidden function is ready: probe it with [action], get the test case with [search] test."
+
+    async def act(self, tag: str | None, payload: str) -> StepResult:
+        if tag == "action":
+            return StepResult(self._probe(payload), 0.0)
+        if tag == "search":
+            if payload.lower() != "test":
+                return StepResult("Search content should only be 'test' to get the test case.", 0.0)
+            return StepResult(f"Test case: {self.test_case}", 0.0)
+        if tag == "answer":
+            return self._answer(payload)
+        if tag == "finish":
+            reveal = "" if self.solved else f" The correct answer was {_show(self.expected)}."
+            return StepResult(f"Episode finished.{reveal}", 0.0, done=True)
+        return StepResult("Invalid action format. Please use [action], [search], [answer] or [finish].", 0.0)
+
+    def _probe(self, payload: str) -> str:
+        numbers = [_parse_number(n) for n in _NUMBER.findall(payload)]
+        if len(numbers) != 4:
+            return "Please provide exactly four numbers."
+        if numbers == self.test_case:
+            return "This is the test case and I cannot provide you with the calculation feedback."
+        try:
+            result = round(self.rule(numbers), 4)
+        except (ArithmeticError, ValueError):
+            return "The function cannot be calculated for these numbers (e.g. a division by zero). Try other numbers."
+        return f"For numbers {numbers}, the result is {result}."
+
+    def _answer(self, payload: str) -> StepResult:
+        value = _read_answer(payload)
+        if value is None:
+            return StepResult("Invalid numerical answer. Please answer with a single number.", 0.0)
+        if abs(value - self.expected) <= TOLERANCE:
+            self.solved = True
+            return StepResult("Your answer is correct!", 1.0, done=True, info={"solved": True})
+        return StepResult("Your answer is wrong. Keep reasoning about the hidden function and answer again.", 0.0)
+
+
+def _parse_number(text: str) -> Number:
+    return float(text) if "." in text else int(text)
+
+
+def _read_answer(payload: str) -> float | None:
+    """The answered number: the payload itself, or the only number written in it ("The answer is 42.")."""
+    try:
+        return float(payload)
+    except ValueError:
+        numbers = _NUMBER.findall(payload)
+        return float(numbers[0]) if len(numbers) == 1 else None
+
+
+def _show(value: float) -> str:
+    return str(int(value)) if value.is_integer() else str(value)
+
+
+register_gym("function", userrl_env="FunctionGym", tasks=function_tasks, smoke=function_smoke)(FunctionGym)

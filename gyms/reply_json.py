@@ -1,0 +1,88 @@
+"""Reading a JSON object out of an LLM reply: thinking blocks, code fences, Python literals, trailing prose."""
+
+import ast
+import json
+import re
+from typing import Any
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
+_PY_LITERALS = {"true": "True", "false": "False", "null": "None"}
+
+
+def strip_think(text: str) -> str:
+    """Remove `<think>…</think>` blocks, and an unterminated leading `<think>` block's opening (Qwen3)."""
+    text = _THINK.sub("", text)
+    if "</think>" in text.lower():  # the opening tag was in the prompt (thinking forced on): keep the answer part
+        text = text[text.lower().rindex("</think>") + len("</think>") :]
+    return text.strip()
+
+
+def extract_json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in `text`, or None.
+
+    Tries, in order: the whole text; each fenced block; each `{` position decoded up to its matching brace
+    (so prose before or after the object is ignored). Each candidate is read as JSON first, then as a Python
+    literal (single quotes, True/False/None), so both `true` and `True` work.
+    """
+    text = strip_think(text)
+    candidates = [text, *(m.group(1) for m in _FENCE.finditer(text))]
+    for candidate in candidates:
+        obj = _as_object(candidate.strip())
+        if obj is not None:
+            return obj
+    for start in [m.start() for m in re.finditer(r"\{", text)]:
+        obj = _object_at(text, start)
+        if obj is not None:
+            return obj
+    return None
+
+
+def _as_object(candidate: str) -> dict[str, Any] | None:
+    if not candidate.startswith("{"):
+        return None
+    try:
+        obj = json.loads(candidate)
+    except json.JSONDecodeError:
+        obj = _python_literal(candidate)
+    return obj if isinstance(obj, dict) else None
+
+
+def _object_at(text: str, start: int) -> dict[str, Any] | None:
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text, start)
+        return obj if isinstance(obj, dict) else None
+    except json.JSONDecodeError:
+        end = _matching_brace(text, start)
+        return _python_literal(text[start : end + 1]) if end is not None else None
+
+
+def _matching_brace(text: str, start: int) -> int | None:
+    depth, quote, escaped = 0, "", False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
+def _python_literal(candidate: str) -> dict[str, Any] | None:
+    fixed = re.sub(r"\b(true|false|null)\b", lambda m: _PY_LITERALS[m.group(1)], candidate)
+    try:
+        obj = ast.literal_eval(fixed)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None

@@ -1,0 +1,103 @@
+"""SearchGym: search (offline BM25 corpus or a web API), then answer; exact match first, LLM judge fallback (§3.4).
+
+A correct answer pays 1.0 and ends the episode; wrong answers pay 0 and the episode goes on. Searches beyond
+`max_search_steps` are refused (and still use a step).
+"""
+
+import re
+from typing import Any
+
+from gyms.base import StepResult, register_gym, task_record
+from gyms.config import SearchGymConfig
+from gyms.search import prompts
+from gyms.search.bm25 import Hit, OfflineSearch
+from gyms.search.tasks import search_record, search_smoke, search_tasks
+from gyms.search.web import SearchBackendError, WebSearch
+from gyms.turn_gym import TurnGym
+
+
+def normalize(text: str) -> str:
+    """Lower-case alphanumerics only (UserRL's exact-match normalisation)."""
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+class SearchGym(TurnGym):
+    name = "search"
+    fallback_feedback = "Your answer could not be judged right now. Please try again."
+
+    def __init__(self, task: Any, config: SearchGymConfig | None = None, user_sim: Any = None) -> None:
+        self.config = config or SearchGymConfig()
+        self.needs_user_sim = self.config.judge == "llm"
+        super().__init__(self.config.max_steps, user_sim)
+        self.record = task_record(task, search_record)
+        self.backend = (
+            WebSearch(self.config) if self.config.backend == "web" else OfflineSearch(self.config.corpus_path)
+        )
+        self.start()
+
+    def start(self) -> None:
+        self.searches = 0
+        self.solved = False
+
+    def observation(self) -> str:
+        return self.record["question"]
+
+    async def act(self, tag: str | None, payload: str) -> StepResult:
+        if tag == "search":
+            return await self._search(payload)
+        if tag == "answer":
+            return await self._answer(payload)
+        if tag == "finish":
+            reveal = "" if self.solved else f" The answer was '{self.record['answer']}'."
+            return StepResult(f"Episode finished.{reveal}", 0.0, done=True)
+        return StepResult("Invalid action. Use [search] <query> to search or [answer] <answer> to answer.", 0.0)
+
+    async def _search(self, query: str) -> StepResult:
+        if not query:
+            return StepResult("Please provide a search query.", 0.0)
+        self.searches += 1
+        limit = self.config.max_search_steps
+        if self.searches > limit:
+            return StepResult(f"You have reached the maximum number of search steps ({limit}). Please answer.", 0.0)
+        try:
+            hits = await self.backend.search(query, self.config.max_search_results)
+        except SearchBackendError as e:
+            return StepResult(
+                "The search backend is not available right now. Please try again later.",
+                0.0,
+                info={"search_error": str(e)},
+            )
+        return StepResult(format_hits(query, hits), 0.0)
+
+    async def _answer(self, answer: str) -> StepResult:
+        if not answer:
+            return StepResult("Please provide an answer.", 0.0)
+        correct = normalize(answer) == normalize(self.record["answer"]) and bool(normalize(answer))
+        judged = False
+        if not correct and self.config.judge == "llm":
+            data = await self.ask(
+                prompts.JUDGE_SYSTEM,
+                prompts.JUDGE_USER.format(question=self.record["question"], gold=self.record["answer"], answer=answer),
+                "judgment",
+            )
+            correct, judged = str(data["judgment"]).strip().lower() == "yes", True
+        info = {"correct": correct, "judged": judged}
+        if correct:
+            self.solved = True
+            return StepResult(f"Correct! Your answer '{answer}' is correct.", 1.0, done=True, info=info)
+        return StepResult(f"Incorrect. Your answer '{answer}' is not correct.", 0.0, info=info)
+
+
+def format_hits(query: str, hits: list[Hit]) -> str:
+    """UserRL's result layout: a numbered list of titles with their snippets."""
+    if not hits:
+        return f"No results found for '{query}'."
+    lines = [f"Search results for '{query}':"]
+    for i, hit in enumerate(hits, 1):
+        snippet = " ".join(hit.text.split())
+        snippet = snippet if len(snippet) <= 400 else snippet[:400] + "..."
+        lines.append(f"{i}. {hit.title}\n- {snippet}")
+    return "\n".join(lines)
+
+
+register_gym("search", needs_user_sim=True, userrl_env="SearchGym", tasks=search_tasks, smoke=search_smoke)(SearchGym)

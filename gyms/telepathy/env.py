@@ -1,0 +1,58 @@
+"""TelepathyGym: the simulator answers yes/no questions about a hidden entity and judges guesses (spec §3.6).
+
+Reward only on `[answer]`: the improvement of the guess score (1 for a correct guess, else 0) over the best so
+far, so an episode returns at most 1.0; a correct guess ends the episode.
+"""
+
+from typing import Any
+
+from gyms.base import StepResult, register_gym, task_record
+from gyms.config import TelepathyGymConfig
+from gyms.telepathy import prompts
+from gyms.telepathy.tasks import telepathy_record, telepathy_smoke, telepathy_tasks
+from gyms.turn_gym import TurnGym
+
+
+class TelepathyGym(TurnGym):
+    name = "telepathy"
+    needs_user_sim = True
+    fallback_feedback = "I cannot answer right now. Please try again."
+
+    def __init__(self, task: Any, config: TelepathyGymConfig | None = None, user_sim: Any = None) -> None:
+        self.config = config or TelepathyGymConfig()
+        super().__init__(self.config.max_steps, user_sim)
+        self.record = task_record(task, telepathy_record)
+        self.best_score = 0.0
+
+    def start(self) -> None:
+        self.best_score = 0.0
+
+    def observation(self) -> str:
+        return self.record["description"]
+
+    async def act(self, tag: str | None, payload: str) -> StepResult:
+        if tag == "finish":
+            return StepResult("Game finished.", 0.0, done=True)
+        if not payload:
+            return StepResult("Please ask a yes-or-no question, or give your guess with [answer].", 0.0)
+        entity = self.record["target_entity"]
+        if tag == "answer":
+            data = await self.ask(
+                prompts.GUESS_SYSTEM, prompts.GUESS_USER.format(entity=entity, guess=payload), "judgment"
+            )
+            correct = str(data["judgment"]).strip().lower() == "yes"
+            score = 1.0 if correct else 0.0
+            reward = max(0.0, score - self.best_score)
+            self.best_score = max(self.best_score, score)
+            default = "Your guess is correct!" if correct else "Your guess is not correct."
+            feedback = str(data.get("feedback") or default)
+            return StepResult(feedback, reward, done=correct, info={"correct": correct})
+        data = await self.ask(
+            prompts.QUESTION_SYSTEM, prompts.QUESTION_USER.format(entity=entity, question=payload), "response"
+        )
+        return StepResult(str(data["response"]).strip(), 0.0)
+
+
+register_gym("telepathy", needs_user_sim=True, userrl_env="TelepathyGym", tasks=telepathy_tasks, smoke=telepathy_smoke)(
+    TelepathyGym
+)

@@ -1,0 +1,222 @@
+"""TravelGym: elicit hidden preferences, search, and recommend one option per travel aspect (spec §3.7).
+
+Rewards (config): a correct first search of an aspect `search_correct_reward`; a question that uncovers a hidden
+preference `preference_correct_reward`; recommending the best option `choice_best_reward`, a correct one
+`choice_correct_reward`, anything else 0. Every `search_failure_interval`-th search fails on purpose; after
+`elicitation_interval` utterances that uncover nothing the traveller volunteers a preference (reward 0). The
+episode ends when the best option of every aspect is found, or (one choice per aspect) when every aspect has a
+recommendation. UserRL's async-path bugs are fixed; see gyms/README.md.
+"""
+
+import json
+import random
+import re
+from typing import Any
+
+from gyms.base import StepResult, register_gym, task_record
+from gyms.config import TravelGymConfig
+from gyms.travel import prompts
+from gyms.travel.catalog import ASPECT_INITIALS, OPTION_SCHEMAS
+from gyms.travel.generator import generate_scenario
+from gyms.travel.tasks import travel_smoke, travel_tasks
+from gyms.turn_gym import TurnGym
+from gyms.user_sim import UserSimError
+
+INITIAL_ASPECTS = {initial: aspect for aspect, initial in ASPECT_INITIALS.items()}
+_OPTION_ID = re.compile(r"^[ACFHR]\d+$")
+SEARCH_FAILED = "The search backend is having problems at the moment. Please try again later."
+SEARCH_MISMATCH = (
+    "Your search request could not be matched. Send one request at a time, for one travel aspect, with all and "
+    "only the arguments the user needs, stated correctly."
+)
+NO_SUCH_PREFERENCE = (
+    "Good question, but I don't have a particular preference about that (or I already told you). Feel free to ask "
+    "me about other specifics."
+)
+TOO_VAGUE = "That's a bit too general for me to answer. Could you ask me about something more specific?"
+CANNOT_REPLY = "Sorry, I'm not sure how to respond to that right now. Could you say it again?"
+
+
+class TravelGym(TurnGym):
+    name = "travel"
+    needs_user_sim = True
+    fallback_feedback = CANNOT_REPLY
+
+    def __init__(self, task: Any, config: TravelGymConfig | None = None, user_sim: Any = None) -> None:
+        self.config = config or TravelGymConfig()
+        super().__init__(self.config.max_steps, user_sim)
+        record = task_record(task, lambda scenario_id: {"id": scenario_id})
+        self.scenario = record if "aspects" in record else generate_scenario(record["id"])
+        self.start()
+
+    def start(self) -> None:
+        self.remaining: list[dict[str, Any]] = list(self.scenario["preferences"])
+        self.history: list[tuple[str, str]] = []
+        self.unsearched = list(self.scenario["dimensions"])
+        self.searches = 0
+        self.off_preference = 0
+        self.chosen: list[str] = []  # aspects with a recommendation
+        self.best_found: list[str] = []  # aspects whose best option was recommended
+        self.rng = random.Random(f"travel-elicit:{self.scenario['id']}")
+
+    def observation(self) -> str:
+        return self.scenario["initial_description"]
+
+    async def act(self, tag: str | None, payload: str) -> StepResult:
+        if tag == "search":
+            try:
+                return await self._search(payload)
+            except UserSimError as e:
+                return self._say(payload, SEARCH_FAILED, 0.0, role="Database", info={"user_sim_error": str(e)})
+        if tag == "action":
+            return await self._talk(payload)
+        if tag == "answer":
+            return self._recommend(payload)
+        if tag == "finish":
+            n = len(self.scenario["dimensions"])
+            return StepResult(
+                f"Session ended. You found the best option for {len(self.best_found)} of {n} aspects.", 0.0, True
+            )
+        return StepResult("Your response format is wrong and cannot be parsed properly.", 0.0)
+
+    # -------------------------------------------------------------------------------------------------- search
+
+    async def _search(self, request: str) -> StepResult:
+        self.searches += 1
+        interval = self.config.search_failure_interval
+        if interval and self.searches % interval == 0:
+            return self._say(request, SEARCH_FAILED, 0.0, role="Database", info={"search_failure": True})
+        arguments = "\n\n".join(
+            f"Aspect: {aspect}\n{json.dumps(spec['arguments'], indent=2)}"
+            for aspect, spec in self.scenario["aspects"].items()
+        )
+        data = await self.ask(
+            prompts.SEARCH_JUDGE_SYSTEM,
+            prompts.SEARCH_JUDGE_USER.format(request=request, arguments=arguments),
+            "alignment_judgement",
+        )
+        aligned = str(data["alignment_judgement"]).strip().lower() == "true"
+        aspect = str(data.get("alignment_aspect", "")).strip().lower().replace(" ", "_")
+        aspect = "rental_car" if aspect == "car_rental" else aspect
+        if not aligned or aspect not in self.scenario["dimensions"]:
+            return self._say(request, SEARCH_MISMATCH, 0.0, role="Database")
+        if aspect not in self.unsearched:
+            repeat = f"Your search request is correct, but you already have the options for <{aspect}>: use them."
+            return self._say(request, repeat, 0.0, role="Database")
+        self.unsearched.remove(aspect)
+        lines = [json.dumps(o) for o in self.scenario["aspects"][aspect]["options"]]
+        feedback = (
+            f"Your search request is correct.\n\n{OPTION_SCHEMAS[aspect]}\n\nAll options for <{aspect}>:\n"
+            + "\n".join(lines)
+        )
+        self.history += [("Agent", request), ("Database", f"(the options for <{aspect}>)")]
+        return StepResult(feedback, self.config.search_correct_reward, info={"searched": aspect})
+
+    # ------------------------------------------------------------------------------------------------- dialogue
+
+    async def _talk(self, utterance: str) -> StepResult:
+        if not utterance:
+            return StepResult("Please say something to the user.", 0.0)
+        try:
+            judged = await self.ask(
+                prompts.UTTERANCE_JUDGE_SYSTEM,
+                prompts.UTTERANCE_JUDGE_USER.format(
+                    scenario=self.scenario["scenario"],
+                    history=self._history(),
+                    utterance=utterance,
+                    preferences="\n".join(f"{p['id']} ({p['aspect']}): {p['preference']}" for p in self.remaining)
+                    or "(none left)",
+                ),
+                "type",
+            )
+            kind = str(judged["type"]).strip()
+            asked = next((p for p in self.remaining if p["id"] == str(judged.get("preference_id", "")).strip()), None)
+            if kind == "2" and asked is not None:
+                reply = await self._reveal(prompts.REVEAL_SYSTEM, asked, utterance)
+                self.off_preference = 0
+                return self._say(
+                    utterance, reply, self.config.preference_correct_reward, info={"elicited": asked["id"]}
+                )
+            if self.off_preference >= self.config.elicitation_interval and self.remaining:
+                volunteered = self.rng.choice(self.remaining)
+                reply = await self._reveal(prompts.ELICIT_SYSTEM, volunteered, utterance)
+                self.off_preference = 0
+                return self._say(utterance, reply, 0.0, info={"volunteered": volunteered["id"]})
+            if kind == "3":
+                reply = NO_SUCH_PREFERENCE
+            elif kind == "4":
+                reply = TOO_VAGUE
+            else:
+                data = await self.ask(
+                    prompts.NATURAL_SYSTEM,
+                    prompts.NATURAL_USER.format(history=self._history(), utterance=utterance),
+                    "response",
+                )
+                reply = str(data["response"]).strip()
+        except UserSimError as e:
+            return self._say(utterance, CANNOT_REPLY, 0.0, info={"user_sim_error": str(e)})
+        self.off_preference += 1
+        return self._say(utterance, reply, 0.0, info={"utterance_type": kind})
+
+    async def _reveal(self, system: str, preference: dict[str, Any], utterance: str) -> str:
+        """The traveller's reply hinting at `preference`, which then counts as uncovered."""
+        data = await self.ask(
+            system,
+            prompts.PREFERENCE_USER.format(
+                aspect=preference["aspect"],
+                preference=preference["preference"],
+                implicit=preference["implicit_elicitation"],
+                history=self._history(),
+                utterance=utterance,
+            ),
+            "response",
+        )
+        self.remaining = [p for p in self.remaining if p["id"] != preference["id"]]
+        return str(data["response"]).strip()
+
+    # ---------------------------------------------------------------------------------------------- recommend
+
+    def _recommend(self, payload: str) -> StepResult:
+        ids = [part.strip().upper() for part in payload.split(",") if part.strip()]
+        if len(ids) != 1:
+            return StepResult("Please recommend exactly one option id at a time, e.g. H1.", 0.0)
+        option_id = ids[0]
+        if not _OPTION_ID.match(option_id):
+            return StepResult(f"'{option_id}' is not an option id. Option ids look like H1, F12 or C4.", 0.0)
+        aspect = INITIAL_ASPECTS[option_id[0]]
+        if aspect not in self.scenario["dimensions"]:
+            return StepResult(f"This trip has no {aspect.replace('_', ' ')} to book.", 0.0)
+        if self.config.one_choice_per_aspect and aspect in self.chosen:
+            return StepResult(
+                f"You have already recommended a {aspect.replace('_', ' ')} option, and only one recommendation "
+                "per travel aspect is allowed. Focus on the other travel aspects.",
+                0.0,
+            )
+        spec = self.scenario["aspects"][aspect]
+        if option_id == spec["best_id"] and aspect not in self.best_found:
+            reward, verdict = self.config.choice_best_reward, "Your choice is the best option!"
+            self.best_found.append(aspect)
+        elif option_id in spec["correct_ids"] and option_id != spec["best_id"]:
+            reward, verdict = self.config.choice_correct_reward, "Your choice is a correct option, but not the best."
+        else:
+            reward, verdict = 0.0, "Your choice is neither the best nor a correct option."
+        if aspect not in self.chosen:
+            self.chosen.append(aspect)
+        if self.config.one_choice_per_aspect:
+            self.remaining = [p for p in self.remaining if p["aspect"] != aspect]
+            verdict += " Your choice is recorded: do not recommend another option for this aspect."
+        all_best = len(self.best_found) == len(self.scenario["dimensions"])
+        all_chosen = self.config.one_choice_per_aspect and len(self.chosen) == len(self.scenario["dimensions"])
+        return StepResult(verdict, reward, done=all_best or all_chosen, info={"choice": option_id, "aspect": aspect})
+
+    # ------------------------------------------------------------------------------------------------ helpers
+
+    def _say(self, said: str, reply: str, reward: float, role: str = "User", info: dict | None = None) -> StepResult:
+        self.history += [("Agent", said), (role, reply)]
+        return StepResult(reply, reward, info=info or {})
+
+    def _history(self) -> str:
+        return "\n".join(f"{role}: {text}" for role, text in self.history) or "(no conversation yet)"
+
+
+register_gym("travel", needs_user_sim=True, userrl_env="TravelGym", tasks=travel_tasks, smoke=travel_smoke)(TravelGym)

@@ -1,0 +1,230 @@
+"""The rollout pool on Ray with two real embedded engine servers (subprocesses), on placement-group bundles."""
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from gyms.base import Gym, StepResult
+from tests.support.chatty import check_logprobs, function_task, make_chatty_model
+from userrl_megatron.config.schema import EmbeddedServerConfig, GymsConfig, MegatronConfig, RolloutConfig, RunConfig
+from userrl_megatron.rollout.chat import ChatTemplate
+from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
+from userrl_megatron.rollout.pool import EngineSession, RolloutPool
+from userrl_megatron.trainer.placement import create_placement, plan_bundles, start_ray
+from userrl_megatron.types import SamplingParams
+
+pytestmark = pytest.mark.distributed
+
+DEADLINE_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> object:
+    import ray
+
+    start_ray(RunConfig(), num_cpus=4)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def chatty(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_chatty_model(tmp_path_factory.mktemp("chatty") / "model")
+
+
+@pytest.fixture
+def placement(ray_cluster: object) -> object:
+    """Bundles for one actor rank and the two engines, released after the test."""
+    from ray.util import remove_placement_group
+
+    reserved = create_placement(plan_bundles(MegatronConfig(), pool_config(), use_gpu=False), timeout_s=60)
+    yield reserved
+    remove_placement_group(reserved.group)
+
+
+def pool_config(**overrides: object) -> RolloutConfig:
+    return RolloutConfig(
+        **{
+            "num_engines": 2,
+            "max_turns": 4,
+            "max_new_tokens_per_turn": 24,
+            "max_prompt_tokens": 400,
+            "max_response_tokens": 300,
+            "health_check_interval_s": 0.0,
+            "embedded": EmbeddedServerConfig(base_port=0, max_running_requests=16),
+            **overrides,
+        }
+    )
+
+
+async def until(condition: Callable[[], Awaitable[bool] | bool], what: str) -> None:
+    """Poll `condition` until true, failing after DEADLINE_S."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        value = condition()
+        if await value if isinstance(value, Awaitable) else value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def server_state(url: str) -> dict:
+    async with aiohttp.ClientSession() as http, http.get(url + "/server_info") as response:
+        return (await response.json())["internal_states"][0]
+
+
+def test_routing_pause_and_health_checks(placement: object, chatty: Path, tmp_path: Path) -> None:
+    cfg = pool_config(health_check_interval_s=0.5)
+    chat = ChatTemplate.from_pretrained(chatty, "tags")
+    prompt = chat.prompt_ids(function_task(0).prompt)
+    turn = SamplingParams(max_new_tokens=8, stop_token_ids=chat.stop_token_ids)
+
+    async def scenario() -> None:
+        async with RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path) as pool:
+            assert len(pool.urls) == 2 and len(set(pool.urls)) == 2
+            assert pool.concurrency == 2 * cfg.max_concurrent_episodes
+            a, b = pool.session("a"), pool.session("b")
+            await asyncio.gather(a.generate(prompt, turn), b.generate(prompt, turn))
+            assert (a.history, b.history) == ([0], [1])  # least outstanding: one each
+            # Episode a keeps engine 0 even when a new episode's request is already there.
+            c = pool.session("c")
+            await asyncio.gather(c.generate(prompt, turn), a.generate(prompt, turn))
+            assert (c.history, a.history) == ([0], [0, 0])
+
+            # Pause while a long request (no stop token: it runs to max_new_tokens) is in flight on engine 1.
+            long = SamplingParams(max_new_tokens=400, stop_token_ids=[])
+            running = asyncio.create_task(b.generate(prompt, long))
+            await until(lambda: _running(pool.urls[1]), "the long request to run")
+            await pool.pause()
+            state = await server_state(pool.urls[1])
+            assert (state["paused"], state["running"]) == (True, 0)  # aborted by the pause
+            held = asyncio.create_task(pool.session("d").generate(prompt, turn))
+            await asyncio.sleep(0)
+            assert not running.done() and not held.done()
+            await pool.resume()
+            generation = await running
+            # Generated again after resume, in full: no partial output of the aborted attempt.
+            assert (generation.finish_reason, len(generation.output_ids)) == ("length", 400)
+            assert (await held).finish_reason in ("stop", "length")
+            await pool.flush_cache()
+            assert await pool.check_health() == [True, True]
+            assert [e.restarts for e in pool.engines] == [0, 0]
+
+            # An engine that dies while idle is found by the periodic health check and restarted.
+            killed = await pool.engines[0].actor.pid.remote()
+            os.kill(killed, signal.SIGKILL)
+            await until(lambda: pool.engines[0].restarts == 1 and pool.engines[0].healthy, "the restart")
+            assert await pool.engines[0].actor.pid.remote() != killed
+            assert await pool.check_health() == [True, True]
+
+    asyncio.run(scenario())
+
+
+async def _running(url: str) -> bool:
+    return (await server_state(url))["running"] >= 1
+
+
+class GatedGym:
+    """A real gym whose first step waits for a gate: the test kills an engine while episodes are mid-way."""
+
+    def __init__(self, inner: Gym, gate: asyncio.Event) -> None:
+        self.inner, self.gate, self.name, self.steps = inner, gate, inner.name, 0
+
+    async def reset(self) -> str:
+        return await self.inner.reset()
+
+    async def step(self, action: str) -> StepResult:
+        self.steps += 1
+        if self.steps == 1:
+            await self.gate.wait()
+        return await self.inner.step(action)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def test_an_engine_killed_mid_rollout_loses_no_episode(placement: object, chatty: Path, tmp_path: Path) -> None:
+    cfg = pool_config()
+    chat = ChatTemplate.from_pretrained(chatty, "tags")
+    tasks = [function_task(i, reply_without_tool_call="action") for i in range(4)]
+    make = gym_factory(GymsConfig(), cfg.max_turns)
+    restarted: list[int] = []
+
+    async def on_restart(index: int, client: object) -> None:
+        restarted.append(index)
+
+    async def scenario() -> tuple[list, dict[str, EngineSession], int, int]:
+        gate = asyncio.Event()
+        runner = EpisodeRunner(cfg, chat, lambda task: GatedGym(make(task), gate))
+        async with RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path, on_restart=on_restart) as pool:
+            sessions: dict[str, EngineSession] = {}
+
+            def engine_for(episode_id: str) -> EngineSession:
+                return sessions.setdefault(episode_id, pool.session(episode_id))
+
+            rollout = asyncio.create_task(runner.run_groups(tasks, 4, engine_for, concurrency=16))
+            # Every episode's first turn was generated: those still going wait at the gate.
+            await until(lambda: sum(e.served for e in pool.engines) >= 16, "16 first turns")
+            assert sorted(s.history[0] for s in sessions.values()) == [0] * 8 + [1] * 8
+            killed = await pool.engines[1].actor.pid.remote()
+            os.kill(killed, signal.SIGKILL)
+            await until(lambda: _dead(pool, 1), "the server process to die")
+            gate.set()
+            groups = await rollout
+            await pool.wait_ready(DEADLINE_S)
+            pid = await pool.engines[1].actor.pid.remote()
+            # The restarted engine serves again.
+            probe = await pool.engines[1].client.generate(chat.prompt_ids(tasks[0].prompt), SamplingParams(4))
+            assert len(probe.output_ids) == 4
+            return groups, sessions, killed, pid
+
+    groups, sessions, killed, pid = asyncio.run(scenario())
+    episodes = [e for g in groups for e in g.episodes]
+    assert len(episodes) == 16
+    assert {e.finish_reason for e in episodes} <= {"max_turns", "truncated", "max_tokens", "done", "no_tool_call"}
+    moved = [s.history for s in sessions.values() if s.history[0] == 1 and len(s.history) > 1]
+    assert moved and all(h[1:] == [0] * (len(h) - 1) for h in moved)  # engine 1's episodes finished on engine 0
+    assert restarted == [1] and pid not in (killed, -1)
+    model = AutoModelForCausalLM.from_pretrained(chatty, dtype=torch.float32)
+    for episode in episodes:
+        episode.check()
+        check_logprobs(episode, model)  # every engine served the same weights, token-exact
+
+
+async def _dead(pool: RolloutPool, index: int) -> bool:
+    return not await pool.engines[index].actor.alive.remote()
+
+
+def test_rollout_command_on_the_pool(
+    ray_cluster: object, chatty: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from userrl_megatron.cli import main
+    from userrl_megatron.observability.dumps import read_episodes
+
+    out = tmp_path / "rollouts.jsonl"
+    args = [
+        "rollout", "--limit", "3", "--samples", "2", "--out", str(out),
+        f"model.path={chatty}", "model.tool_format=tags", "model.max_context_length=4096",
+        "rollout.num_engines=2", "rollout.embedded.base_port=0", "rollout.max_prompt_tokens=2048",
+        "rollout.max_response_tokens=256", "rollout.max_new_tokens_per_turn=32", "megatron.micro_batch_tokens=4096",
+    ]  # fmt: skip
+    assert main(args) == 0
+    records = read_episodes(out)
+    assert len(records) == 6
+    assert [r["task_id"] for r in records] == [r["task_id"] for r in records[::2] for _ in range(2)]
+    for record in records:
+        assert record["gym"] == "function" and record["turns"]
+        assert record["trained_tokens"] == sum(len(t["tokens"]) for t in record["turns"])
+        assert all(t["generate_s"] > 0 for t in record["turns"])
+    printed = capsys.readouterr().out
+    assert "6 episodes in" in printed and "generated tokens/s" in printed
+    assert any(line.startswith("│ function │        6 │") for line in printed.splitlines())

@@ -1,0 +1,201 @@
+"""A small OpenAI-compatible server for tests: scripted replies and injected faults over real HTTP.
+
+    with OpenAIServer(when("Yes-or-No", "Yes"), fail_first(2, Fault(500), then=reply("ok"))) as server:
+        sim = UserSimulator(UserSimConfig(base_url=server.base_url, ...))
+
+It serves `POST /v1/chat/completions` and `GET /v1/models` on 127.0.0.1 (a free port) from a background thread,
+so sync and async tests (and benchmarks) can use it alike. A rule is a callable from the request body (a dict)
+to a reply: a string (the assistant content), an `Answer` (content with a delay / token counts), a `Fault`
+(an HTTP error, a delay, or a dropped connection), or None to let the next rule decide. The server counts
+requests (`server.count`, `server.requests`) and the most requests it had in flight at once (`max_in_flight`).
+"""
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Answer:
+    content: str
+    delay_s: float = 0.0  # wait before answering (longer than the client timeout = a timeout)
+    prompt_tokens: int = 11
+    completion_tokens: int = 7
+
+
+@dataclass
+class Fault:
+    status: int = 500  # HTTP status of the error reply
+    body: str = '{"error": {"message": "injected fault", "type": "server_error"}}'
+    delay_s: float = 0.0
+    drop: bool = False  # close the connection without any reply
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Reply = str | Answer | Fault
+Rule = Callable[[dict[str, Any]], Reply | None]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def reply(content: Reply) -> Rule:
+    """Always this reply."""
+    return lambda body: content
+
+
+def when(substring: str, content: Reply | Rule) -> Rule:
+    """When any message contains `substring`: this reply, or what the rule `content` answers."""
+
+    def rule(body: dict[str, Any]) -> Reply | None:
+        if not any(substring in str(m.get("content", "")) for m in body["messages"]):
+            return None
+        return content(body) if callable(content) else content
+
+    return rule
+
+
+def sequence(*contents: Reply) -> Rule:
+    """Successive replies for successive requests (the last one repeats)."""
+    counter = itertools.count()
+    return lambda body: contents[min(next(counter), len(contents) - 1)]
+
+
+def fail_first(n: int, fault: Fault | Reply, then: Rule) -> Rule:
+    """`fault` for the first `n` requests that reach this rule, then defer to `then`."""
+    counter = itertools.count()
+    return lambda body: fault if next(counter) < n else then(body)
+
+
+class OpenAIServer:
+    """See the module docstring."""
+
+    def __init__(self, *rules: Rule, model: str = "test-model", routes: dict[str, Handler] | None = None) -> None:
+        self.rules = list(rules)
+        self.routes = routes or {}  # extra routes, "METHOD /path" or "/path" (POST), e.g. a search API stub
+        self.model = model
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._runner: web.AppRunner | None = None
+        self._ids = itertools.count(1)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def count(self) -> int:
+        """Chat requests received so far."""
+        return len(self.requests)
+
+    def __enter__(self) -> "OpenAIServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._serve, name="openai-test-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout=30):
+            raise RuntimeError("test OpenAI server did not start")
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop = None
+
+    def _serve(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._startup())
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _startup(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        for route, handler in self.routes.items():
+            method, path = route.split(" ", 1) if " " in route else ("POST", route)
+            app.router.add_route(method, path, handler)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _shutdown(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._answer(request, body)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        out = next((r for r in (rule(body) for rule in self.rules) if r is not None), None)
+        if out is None:
+            return web.json_response({"error": {"message": "no rule matched the request"}}, status=400)
+        if isinstance(out, str):
+            out = Answer(out)
+        await asyncio.sleep(out.delay_s)
+        if isinstance(out, Fault):
+            if out.drop:
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response()
+            return web.Response(status=out.status, text=out.body, headers=out.headers, content_type="application/json")
+        payload = {
+            "id": f"chatcmpl-{next(self._ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", self.model),
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": out.content}, "finish_reason": "stop"}
+            ],
+            "usage": {
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "total_tokens": out.prompt_tokens + out.completion_tokens,
+            },
+        }
+        return web.Response(text=json.dumps(payload), content_type="application/json")
+
+
+def serve_in_process(content: str, delay_s: float, url_queue: Any, stop: Any) -> None:
+    """Target of a child process (benchmarks): answer every call with `content` after `delay_s`, put the base URL
+    on `url_queue`, and serve until the `stop` event is set."""
+    with OpenAIServer(reply(Answer(content, delay_s=delay_s))) as server:
+        url_queue.put(server.base_url)
+        stop.wait()

@@ -1,0 +1,63 @@
+"""Helpers for tests that run real engine servers on 127.0.0.1, and a trainer-side weight push over gloo."""
+
+import asyncio
+import socket
+
+import torch
+import torch.distributed as dist
+
+from userrl_megatron.rollout.engine import SGLangClient
+from userrl_megatron.sync.bucket import dtype_name, pack_bucket
+from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def push_weights(
+    client: SGLangClient,
+    named_tensors: list[tuple[str, torch.Tensor]],
+    group_name: str,
+    load_format: str | None = None,
+    weight_version: str | None = None,
+) -> None:
+    """Act as trainer rank 0: create the group with the engine, broadcast the tensors, tear the group down.
+
+    The SGLang sequence: the HTTP calls that block on the collective run in the background while this process
+    joins the group / issues its broadcasts.
+    """
+    port = free_port()
+    _, group = await asyncio.gather(
+        client.init_weights_update_group("127.0.0.1", port, 1, 2, group_name, "gloo"),
+        asyncio.to_thread(init_custom_process_group, "gloo", f"tcp://127.0.0.1:{port}", 2, 0, group_name),
+    )
+    await client.begin_weight_update()
+    await asyncio.gather(
+        client.update_weights_from_distributed(
+            [name for name, _ in named_tensors],
+            [dtype_name(t.dtype) for _, t in named_tensors],
+            [list(t.shape) for _, t in named_tensors],
+            group_name,
+            weight_version=weight_version,
+            load_format=load_format,
+        ),
+        asyncio.to_thread(broadcast_weights, group, named_tensors, load_format),
+    )
+    await client.end_weight_update()
+    await client.destroy_weights_update_group(group_name)
+    destroy_custom_process_group(group)
+
+
+def broadcast_weights(
+    group: dist.ProcessGroup, named_tensors: list[tuple[str, torch.Tensor]], load_format: str | None
+) -> None:
+    """Rank 0's side of SGLang's wire protocol: one broadcast per tensor, or one of the flattened bucket."""
+    if load_format == "flattened_bucket":
+        dist.broadcast(pack_bucket(named_tensors)[0], src=0, group=group)
+    else:
+        for _, tensor in named_tensors:
+            dist.broadcast(tensor.contiguous(), src=0, group=group)

@@ -1,0 +1,215 @@
+"""The embedded engine in-process (LocalEngine / EngineCore) against plain transformers, on a tiny random model."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.support.engine_ref import hf_greedy, hf_logprobs
+from tests.support.tiny_models import make_tiny_model
+from userrl_megatron.config.schema import EmbeddedServerConfig
+from userrl_megatron.rollout.engine import EngineError, RolloutEngine
+from userrl_megatron.rollout.server.local import LocalEngine
+from userrl_megatron.rollout.server.sampling import parse_sampling_params
+from userrl_megatron.rollout.server.scheduler import Request
+from userrl_megatron.types import SamplingParams
+
+GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model("llama", tmp_path_factory.mktemp("engine") / "tiny", tokenizer="char")
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_dir: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir: Path) -> LocalEngine:
+    eng = LocalEngine.launch(str(tiny_dir), EmbeddedServerConfig(device="cpu", prefix_cache_tokens=0))
+    yield eng
+    eng.close()
+
+
+def prompts(count: int, seed: int = 0, low: int = 3, high: int = 40) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high, (count,), generator=g).tolist()
+    return [torch.randint(3, 99, (n,), generator=g).tolist() for n in lengths]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_local_engine_is_a_rollout_engine(engine: LocalEngine) -> None:
+    assert isinstance(engine, RolloutEngine)
+
+
+def test_greedy_matches_transformers_generate(engine: LocalEngine, hf: torch.nn.Module) -> None:
+    for prompt in prompts(4, seed=1):
+        gen = run(engine.generate(prompt, GREEDY))
+        assert gen.output_ids == hf_greedy(hf, prompt, GREEDY.max_new_tokens)
+        assert gen.finish_reason == ("stop" if gen.output_ids[-1] == hf.config.eos_token_id else "length")
+
+
+def test_logprobs_equal_a_forward_pass(engine: LocalEngine, hf: torch.nn.Module) -> None:
+    prompt = prompts(1, seed=2)[0]
+    greedy = run(engine.generate(prompt, GREEDY))
+    assert (
+        max(abs(a - b) for a, b in zip(greedy.output_logprobs, hf_logprobs(hf, prompt, greedy.output_ids), strict=True))
+        < 1e-4
+    )
+    sampled = run(engine.generate(prompt, SamplingParams(max_new_tokens=24, temperature=0.7, seed=3)))
+    expected = hf_logprobs(hf, prompt, sampled.output_ids, temperature=0.7)
+    assert max(abs(a - b) for a, b in zip(sampled.output_logprobs, expected, strict=True)) < 1e-4
+
+
+def test_32_concurrent_requests_each_equal_their_single_result(engine: LocalEngine) -> None:
+    batch = prompts(32, seed=4)
+    params = [GREEDY if i % 2 else SamplingParams(max_new_tokens=24, temperature=1.0, seed=i) for i in range(32)]
+    single = [run(engine.generate(p, s)) for p, s in zip(batch, params, strict=True)]
+
+    async def together():
+        return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(batch, params, strict=True)))
+
+    for alone, joint in zip(single, run(together()), strict=True):
+        assert joint.output_ids == alone.output_ids
+        assert max(abs(a - b) for a, b in zip(joint.output_logprobs, alone.output_logprobs, strict=True)) < 1e-4
+
+
+def test_requests_joining_and_leaving_mid_decode(engine: LocalEngine, hf: torch.nn.Module) -> None:
+    """A long generation keeps running while short requests with longer prompts join (the cache shifts right)
+    and leave, and its columns fill up (the cache grows and slides)."""
+    long_prompt, others = [5, 6, 7], prompts(6, seed=5, low=60, high=120)
+
+    async def scenario():
+        long = asyncio.ensure_future(engine.generate(long_prompt, SamplingParams(max_new_tokens=150, temperature=0)))
+        results = []
+        for p in others:
+            results.append(await engine.generate(p, SamplingParams(max_new_tokens=8, temperature=0)))
+        return await long, results
+
+    long, results = run(scenario())
+    assert long.output_ids == hf_greedy(hf, long_prompt, 150)
+    for p, r in zip(others, results, strict=True):
+        assert r.output_ids == hf_greedy(hf, p, 8)
+
+
+def test_seeded_sampling_is_reproducible(engine: LocalEngine) -> None:
+    prompt = prompts(1, seed=6)[0]
+    a, b, c = (run(engine.generate(prompt, SamplingParams(max_new_tokens=16, seed=s))) for s in (7, 7, 8))
+    assert a.output_ids == b.output_ids
+    assert a.output_ids != c.output_ids
+
+
+def test_stop_token_ids_and_length(engine: LocalEngine, hf: torch.nn.Module) -> None:
+    prompt = prompts(1, seed=7)[0]
+    full = hf_greedy(hf, prompt, 12)
+    stop = full[5]
+    first = full.index(stop)
+    gen = run(engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=[stop])))
+    assert gen.output_ids == full[: first + 1] and gen.finish_reason == "stop"
+    short = run(engine.generate(prompt, SamplingParams(max_new_tokens=3, temperature=0)))
+    assert short.output_ids == full[:3] and short.finish_reason == "length"
+
+
+def test_min_tokens_penalties_and_bias(engine: LocalEngine, hf: torch.nn.Module) -> None:
+    prompt, eos = prompts(1, seed=10)[0], hf.config.eos_token_id
+
+    def generate(**params: object) -> Request:
+        spec = parse_sampling_params({"max_new_tokens": 6, "temperature": 0, **params}, hf.config.vocab_size)
+        return run(engine.core.generate(Request(prompt, spec)))
+
+    first = generate(logit_bias={str(eos): 100.0})
+    assert first.output_ids == [eos] and first.finish_reason == {"type": "stop", "matched": eos}
+    held_back = generate(logit_bias={str(eos): 100.0}, min_new_tokens=4)
+    assert eos not in held_back.output_ids[:4] and held_back.output_ids[4] == eos
+    penalised = generate(max_new_tokens=12, frequency_penalty=0.5, presence_penalty=0.3)
+    expected: list[int] = []
+    with torch.no_grad():  # by hand: logit -= 0.5 * count + 0.3 for every token already generated
+        for _ in range(12):
+            logits = hf(torch.tensor([prompt + expected])).logits[0, -1]
+            for token in set(expected):
+                logits[token] -= 0.5 * expected.count(token) + 0.3
+            expected.append(int(logits.argmax()))
+    assert penalised.output_ids == expected
+
+
+def test_bad_input_is_rejected_with_sglangs_messages(engine: LocalEngine) -> None:
+    with pytest.raises(EngineError, match=r"^input_ids cannot be empty\.$"):
+        run(engine.generate([], GREEDY))
+    with pytest.raises(EngineError, match=r"^top_p must be in \(0, 1\], got 0.0\.$"):
+        run(engine.generate([5], SamplingParams(top_p=0.0)))
+    with pytest.raises(EngineError, match=r"^The input \(600 tokens\) is longer than the model's context length"):
+        run(engine.generate([5] * 600, GREEDY))
+    with pytest.raises(EngineError, match=r"^Requested token count exceeds the model's maximum context length of 512"):
+        run(engine.generate([5] * 500, SamplingParams(max_new_tokens=13)))
+
+
+def test_prefix_cache_reuses_finished_turns(tiny_dir: Path, hf: torch.nn.Module) -> None:
+    """Second turns (a first turn's prompt + output + new tokens), prefilled together in one padded forward with
+    prefix hits of different lengths, compute only what is new and give the tokens of a fresh computation."""
+    eng = LocalEngine.launch(str(tiny_dir), EmbeddedServerConfig(device="cpu", prefix_cache_tokens=4096))
+    spec = parse_sampling_params({"max_new_tokens": 16, "temperature": 0}, hf.config.vocab_size)
+
+    async def turns():
+        firsts = prompts(3, seed=8)
+        outputs = [await eng.generate(p, GREEDY) for p in firsts]
+        seconds = [
+            p + o.output_ids + [10, 11, 12][: i + 1] for i, (p, o) in enumerate(zip(firsts, outputs, strict=True))
+        ]
+        done = await asyncio.gather(*(eng.core.generate(Request(p, spec)) for p in seconds))
+        return firsts, outputs, seconds, done
+
+    try:
+        firsts, outputs, seconds, done = run(turns())
+        for first, output, second, request in zip(firsts, outputs, seconds, done, strict=True):
+            assert request.cached_tokens == len(first) + len(output.output_ids) - 1
+            assert request.output_ids == hf_greedy(hf, second, 16)
+        assert run(eng.core.flush_cache()) == (True, "")
+        assert len(eng.core.scheduler.prefix) == 0
+    finally:
+        eng.close()
+
+
+def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module) -> None:
+    prompt = prompts(1, seed=9)[0]
+    expected = hf_greedy(hf, prompt, 400)
+    params = SamplingParams(max_new_tokens=400, temperature=0)
+
+    async def paused_mid_generation(mode: str):
+        task = asyncio.ensure_future(engine.generate(prompt, params))
+        while engine.core.scheduler.counts()[0] == 0:  # wait until it is decoding
+            await asyncio.sleep(0.001)
+        await engine.pause(mode)
+        held = asyncio.ensure_future(engine.generate(prompt[:5], SamplingParams(max_new_tokens=2, temperature=0)))
+        await asyncio.sleep(0.05)
+        assert not held.done()  # new requests wait while paused
+        await engine.resume()
+        return await task, await held
+
+    for mode in ("retract", "in_place"):
+        done, held = run(paused_mid_generation(mode))
+        assert done.output_ids == expected and done.finish_reason == "length"
+        assert held.output_ids == hf_greedy(hf, prompt[:5], 2)
+    aborted, _ = run(paused_mid_generation("abort"))
+    assert aborted.finish_reason == "abort"
+    assert aborted.output_ids == expected[: len(aborted.output_ids)] and len(aborted.output_ids) < 400
+
+
+def test_a_failing_forward_aborts_its_requests_and_the_engine_keeps_serving(
+    engine: LocalEngine, hf: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("out of memory")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.core.model, "forward", broken)
+        failed = run(engine.generate([5, 6, 7], GREEDY))
+    assert failed.finish_reason == "abort" and failed.output_ids == []
+    assert run(engine.generate([5, 6, 7], GREEDY)).output_ids == hf_greedy(hf, [5, 6, 7], GREEDY.max_new_tokens)

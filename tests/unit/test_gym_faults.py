@@ -1,0 +1,96 @@
+"""Fault injection for every LLM gym over real HTTP: 500, 429, timeouts, malformed JSON and empty replies are
+retried, then counted as failures; the step answers with the gym's fallback and `user_sim_error`, reward 0, and
+the episode goes on (the next step works)."""
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+import gyms
+from tests.support.gym_play import sim_for
+from tests.support.openai_server import Answer, Fault, OpenAIServer, Reply, fail_first
+
+STORY = {
+    "new_title": "T",
+    "new_surface": "S",
+    "new_bottom": "B",
+    "evaluation": [{"statement": "x", "score": 1.0}],
+}
+DETAILS = [{"description": "Length", "importance": "3", "inquiry": "How long?", "options": ["A week"]}]
+# gym: (task, action, {system prompt marker: valid reply}, simulator calls the action makes)
+CASES: dict[str, tuple[Any, str, dict[str, str], int]] = {
+    "telepathy": (
+        {"id": "e", "title": "Kiwi", "description": "A fruit.", "target_entity": "Kiwi", "category": "food"},
+        "[action] Is it green?",
+        {"game master": '{"response": "Yes"}'},
+        1,
+    ),
+    "turtle": (STORY, "[action] Did she die?", {"You host": '{"response": "No"}'}, 1),
+    "persuade": (
+        {"id": "X", "claim": "C", "argument": "A"},
+        "[answer] Because.",
+        {"debate": '{"response": "Hm.", "stance": "Neutral"}'},
+        1,
+    ),
+    "intention": (
+        {"id": "i", "category": "Travel", "task": "Plan a trip.", "missing_details": DETAILS},
+        "[action] How long?",
+        {
+            "You play a person": '{"response": "A week."}',
+            "You judge": '{"is_task_related": true, "covered_detail_numbers": [1]}',
+        },
+        2,
+    ),
+    "search": (
+        {"id": "b", "question": "Q?", "answer": "Romulus"},
+        "[answer] Remus",
+        {"You judge answers": '{"judgment": "No"}'},
+        1,
+    ),
+    "travel": (
+        "flight:2-1|hotel:2-2",
+        "[action] Hello!",
+        {"You classify": '{"type": "1"}', "Reply briefly": '{"response": "Hi."}'},
+        1,
+    ),
+}
+FAULTS: dict[str, Reply] = {
+    "http_500": Fault(500),
+    "http_429": Fault(429, headers={"Retry-After": "0"}),
+    "timeout": Answer('{"response": "late"}', delay_s=0.6),  # the client gives up after 0.3 s
+    "malformed_json": "Sure! I think the answer is yes.",
+    "empty": "",
+}
+RETRIES = 1
+
+
+@pytest.mark.parametrize("fault_name", list(FAULTS))
+@pytest.mark.parametrize("gym_name", list(CASES))
+def test_failed_simulator_calls_are_marked_and_the_episode_survives(gym_name: str, fault_name: str) -> None:
+    task, action, replies, calls = CASES[gym_name]
+
+    def valid(body: dict[str, Any]) -> str | None:
+        system = body["messages"][0]["content"]
+        return next((reply for marker, reply in replies.items() if marker in system), None)
+
+    attempts = calls * (RETRIES + 1)
+    with OpenAIServer(fail_first(attempts, FAULTS[fault_name], then=valid)) as server:
+        sim = sim_for(server, max_retries=RETRIES, timeout_s=0.3)
+        gym = gyms.make_gym(gym_name, task, user_sim=sim)
+
+        async def run() -> list[gyms.StepResult]:
+            await gym.reset()
+            results = [await gym.step(action), await gym.step(action)]
+            await sim.close()
+            return results
+
+        failed, recovered = asyncio.run(run())
+    assert failed.reward == 0.0 and not failed.ended
+    assert failed.feedback == type(gym).fallback_feedback
+    assert json.dumps(failed.info["user_sim_error"]).startswith(f'"user simulator failed after {RETRIES + 1} attempts')
+    assert "user_sim_error" not in recovered.info
+    metrics = sim.metrics()
+    assert (metrics["failures"], metrics["retries"]) == (calls, calls * RETRIES)
+    assert server.count == attempts + (2 if gym_name == "travel" else calls)  # travel: judge, then the reply

@@ -1,0 +1,73 @@
+"""The gyms config section: typed per-gym configs, config_for, cross-field checks, live smoke runs."""
+
+import dataclasses
+
+import pytest
+
+import gyms
+from gyms.smoke import run_smoke
+from tests.support.gym_play import sim_for
+from tests.support.openai_server import OpenAIServer, reply
+from userrl_megatron.config import ConfigError, load_config
+from userrl_megatron.config.schema import GymsConfig
+
+
+def test_every_gym_has_its_config_section() -> None:
+    cfg = GymsConfig()
+    for name in gyms.list_gyms():
+        field = gyms.gym_spec(name).config_field
+        section = getattr(cfg, field)
+        default_steps = section.max_steps
+        built = gyms.config_for(name, cfg, 7)
+        assert dataclasses.is_dataclass(built) and built.max_steps == 7 and section.max_steps == default_steps
+        assert dataclasses.replace(built, max_steps=default_steps) == section
+
+
+def test_gym_settings_load_from_overrides() -> None:
+    cfg = load_config(
+        overrides=[
+            "gyms.function.generator.terms=3",
+            "gyms.function.generator.operators=['+','*']",  # quoted: * is YAML syntax
+            "gyms.travel.preference_correct_reward=0.6",
+            "gyms.persuade.reward_baseline=previous",
+            "user_sim.http_backend=httpx",
+        ]
+    )
+    assert cfg.gyms.function.generator.terms == 3 and cfg.gyms.function.generator.operators == ["+", "*"]
+    assert gyms.config_for("travel", cfg.gyms, 16).preference_correct_reward == 0.6
+    assert cfg.gyms.persuade.reward_baseline == "previous"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["gyms.function.generator.terms=5"], "gyms.function.generator.terms must be in 1..4"),
+        (["gyms.function.generator.operators=['+','%']"], "gyms.function.generator.operators: unknown ['%']"),
+        (
+            ["gyms.function.generator.terms=2", "gyms.function.generator.operators=['**']"],
+            "gyms.function.generator.operators needs one of + - * / when terms > 1",
+        ),
+        (
+            ["gyms.persuade.reward_baseline=worst"],
+            "gyms.persuade.reward_baseline = 'worst'; choose from best, previous",
+        ),
+        (["gyms.search.backend=bing"], "gyms.search.backend = 'bing'; choose from offline, web"),
+        (["gyms.search.judge=human"], "gyms.search.judge = 'human'; choose from llm, exact"),
+        (["user_sim.http_backend=curl"], "user_sim.http_backend = 'curl'; choose from aiohttp, httpx"),
+        (["gyms.travel.elicitation_interval=0"], "gyms.travel.search_failure_interval must be >= 0"),
+        (["user_sim.max_concurrency=0"], "user_sim: max_concurrency >= 1"),
+        (["gyms.options={}"], "unknown key 'gyms.options'"),
+    ],
+)
+def test_bad_gym_settings_name_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=overrides)
+    assert message in str(e.value)
+
+
+def test_live_smoke_checks_only_that_nothing_crashes() -> None:
+    with OpenAIServer(reply('{"response": "Yes", "judgment": "No", "feedback": "no"}')) as server:
+        sim = sim_for(server)
+        results = run_smoke(["telepathy"], sim)
+    assert [(r.ok, r.total_reward) for r in results] == [(True, 0.0), (True, 0.0)]  # the guess was judged wrong
+    assert sim.metrics()["calls"] == 4.0

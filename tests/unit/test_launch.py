@@ -1,0 +1,83 @@
+"""Engine launch: the SGLang and `userrl serve` command lines, and the shared wait-for-health failure paths
+(the healthy path runs with the embedded server in tests/e2e)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
+from userrl_megatron.rollout.engine import EngineError
+from userrl_megatron.rollout.launch import embedded_server_command, launch_server
+from userrl_megatron.rollout.sglang import sglang_command
+
+
+def test_sglang_command_defaults() -> None:
+    assert sglang_command(SGLangConfig(), "/models/qwen3-8b", tp_size=1, port=30000, python="py") == [
+        "py", "-m", "sglang.launch_server",
+        "--model-path", "/models/qwen3-8b",
+        "--host", "127.0.0.1",
+        "--port", "30000",
+        "--tp-size", "1",
+        "--dtype", "auto",
+        "--mem-fraction-static", "0.5",
+        "--base-gpu-id", "0",
+        "--skip-server-warmup",
+        "--enable-memory-saver",
+    ]  # fmt: skip
+
+
+def test_sglang_command_tp_no_memory_saver_and_extra_args() -> None:
+    cfg = SGLangConfig(
+        mem_fraction_static=0.72,
+        enable_memory_saver=False,
+        host="0.0.0.0",
+        extra_args=["--enable-weights-cpu-backup", "--context-length", "32768"],
+    )
+    command = sglang_command(cfg, "/m", tp_size=4, port=30004, dtype="bfloat16", base_gpu_id=4, python="py")
+    assert command == [
+        "py", "-m", "sglang.launch_server",
+        "--model-path", "/m",
+        "--host", "0.0.0.0",
+        "--port", "30004",
+        "--tp-size", "4",
+        "--dtype", "bfloat16",
+        "--mem-fraction-static", "0.72",
+        "--base-gpu-id", "4",
+        "--skip-server-warmup",
+        "--enable-weights-cpu-backup", "--context-length", "32768",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"^tp_size must be >= 1, got 0$"):
+        sglang_command(cfg, "/m", tp_size=0, port=1)
+
+
+def test_embedded_server_command() -> None:
+    cfg = EmbeddedServerConfig(device="cpu", max_running_requests=32, prefix_cache_tokens=0)
+    assert embedded_server_command("/m", cfg, 31000, "bfloat16", "policy", python="py", parent_pid=42) == [
+        "py", "-m", "userrl_megatron", "serve",
+        "--model", "/m",
+        "--dtype", "bfloat16",
+        "--host", "127.0.0.1",
+        "--port", "31000",
+        "--device", "cpu",
+        "--context-length", "0",
+        "--max-running-requests", "32",
+        "--max-prefill-tokens", "8192",
+        "--prefix-cache-tokens", "0",
+        "--random-seed", "0",
+        "--health-check-timeout", "20.0",
+        "--served-model-name", "policy",
+        "--parent-pid", "42",
+    ]  # fmt: skip
+
+
+def test_a_server_that_exits_fails_fast_with_its_log(tmp_path: Path) -> None:
+    command = [sys.executable, "-c", "import sys; print('bad flag --tp-size'); sys.exit(3)"]
+    with pytest.raises(EngineError, match=r"exited with code 3 before becoming healthy(.|\n)*bad flag --tp-size"):
+        launch_server(command, "http://127.0.0.1:9", timeout_s=60, log_path=tmp_path / "log")
+
+
+def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path) -> None:
+    command = [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"]
+    with pytest.raises(EngineError, match=r"not healthy after 1s; last log lines:\nloading"):
+        launch_server(command, "http://127.0.0.1:9", timeout_s=1, log_path=tmp_path / "log")

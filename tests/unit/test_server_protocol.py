@@ -1,0 +1,108 @@
+"""SGLang request parsing: sampling-params validation, the 0.5.23 contract check, batch and n expansion."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from userrl_megatron.rollout.server.protocol import SAMPLING_FIELDS, contract_error, parse_generate
+from userrl_megatron.rollout.server.sampling import SampleRow, parse_sampling_params, sample
+from userrl_megatron.types import SamplingParams
+
+VOCAB = 50
+
+
+def test_defaults_and_greedy_encoding() -> None:
+    spec = parse_sampling_params({}, VOCAB)
+    assert (spec.max_new_tokens, spec.temperature, spec.top_p, spec.top_k, spec.greedy) == (128, 1.0, 1.0, -1, False)
+    greedy = parse_sampling_params({"temperature": 0.0, "max_new_tokens": None}, VOCAB)
+    assert (greedy.temperature, greedy.top_k, greedy.greedy, greedy.max_new_tokens) == (1.0, 1, True, 128)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"temperature": float("nan")}, "temperature must be a non-negative finite number, got nan."),
+        ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5."),
+        ({"min_p": -0.1}, "min_p must be in [0, 1], got -0.1."),
+        ({"top_k": 0}, "top_k must be -1 (disable) or at least 1, got 0."),
+        ({"frequency_penalty": 3}, "frequency_penalty must be in [-2, 2], got 3.0."),
+        ({"presence_penalty": -3}, "presence_penalty must be in [-2, 2], got -3.0."),
+        ({"repetition_penalty": 0}, "repetition_penalty must be in (0, 2] (1.0 = no penalty), got 0.0."),
+        ({"max_new_tokens": -1}, "max_new_tokens must be at least 0, got -1."),
+        ({"max_new_tokens": 2, "min_new_tokens": 3}, "min_new_tokens must be in [0, max_new_tokens(2)], got 3."),
+        ({"logit_bias": {"50": 1.0}}, "logit_bias must has keys in [0, 49], got 50."),
+        ({"sampling_seed": 2**63}, "sampling_seed must be in [-2**63, 2**63 - 1], got 9223372036854775808."),
+        ({"regex": "a+"}, "sampling_params.regex is not supported by the embedded server."),
+    ],
+)
+def test_invalid_sampling_params_use_sglangs_messages(params: dict, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        parse_sampling_params(params, VOCAB)
+    assert str(e.value) == message
+
+
+def test_project_sampling_params_pass_the_contract() -> None:
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9, top_k=20, stop_token_ids=[3], seed=5)
+    body = {"input_ids": [1, 2], "sampling_params": params.to_dict(), "return_logprob": True}
+    assert contract_error(body) is None
+    assert set(params.to_dict()) <= set(SAMPLING_FIELDS)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ([], "invalid type: sequence, expected struct GenerateRequest"),
+        ({"input_ids": "abc"}, 'invalid type: string "abc", expected a value or an array of values for TokenIdsOrList'),
+        ({"input_ids": [1, 2.5]}, "invalid type: floating point `2.5`, expected i64"),
+        ({"input_ids": [1], "stream": 1}, "invalid type: integer `1`, expected a boolean"),
+        ({"input_ids": [1], "sampling_params": {"top_p": "x"}}, 'invalid type: string "x", expected f64'),
+        ({"input_ids": [1], "sampling_params": {"ignore_eos": 0}}, "invalid type: integer `0`, expected a boolean"),
+        (
+            {"input_ids": [1], "return_logprob": "yes"},
+            'invalid type: string "yes", expected a value or an array of values for BoolOrList',
+        ),
+    ],
+)  # fmt: skip
+def test_contract_errors(body: object, message: str) -> None:
+    assert contract_error(body) == message
+
+
+def _model() -> SimpleNamespace:
+    return SimpleNamespace(encode=lambda text: [ord(c) for c in text])
+
+
+def test_batch_n_and_rid_expansion() -> None:
+    items, single = parse_generate({"input_ids": [1, 2], "rid": "r"}, _model())
+    assert single and [(i.rid, i.input_ids) for i in items] == [("r", [1, 2])]
+    items, single = parse_generate({"text": ["ab", "c"], "rid": "r", "return_logprob": [True, False]}, _model())
+    assert not single and [(i.rid, i.input_ids, i.return_logprob) for i in items] == [
+        ("r_0", [97, 98], True),
+        ("r_1", [99], False),
+    ]
+    items, single = parse_generate({"input_ids": [[1], [2]], "sampling_params": {"n": 2, "temperature": 0.5}}, _model())
+    assert not single and [i.input_ids for i in items] == [[1], [1], [2], [2]]
+    assert len({i.rid for i in items}) == 4 and all(i.sampling == {"temperature": 0.5} for i in items)
+    with pytest.raises(ValueError, match=r"^The n parameter must be the same for all requests in a batch\.$"):
+        parse_generate({"input_ids": [[1], [2]], "sampling_params": [{"n": 1}, {"n": 2}]}, _model())
+    with pytest.raises(ValueError, match=r"^The length of return_logprob \(3\) does not match the batch size \(2\)\.$"):
+        parse_generate({"input_ids": [[1], [2]], "return_logprob": [True, True, True]}, _model())
+
+
+def test_sampler_logprobs_and_truncation() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 1.0, 0.0]])
+    greedy = parse_sampling_params({"temperature": 0}, 4)
+    hot = parse_sampling_params({"temperature": 2.0, "top_k": 1}, 4)  # top_k 1 draws the argmax but keeps T
+    rows = [SampleRow(greedy, [], None), SampleRow(hot, [], torch.Generator().manual_seed(0))]
+    tokens, logprobs, top = sample(logits.clone(), rows, top_logprobs=2)
+    assert tokens == [0, 1]
+    assert logprobs[0] == pytest.approx(torch.log_softmax(logits[0], -1)[0].item())
+    assert logprobs[1] == pytest.approx(torch.log_softmax(logits[1] / 2.0, -1)[1].item())  # before truncation
+    assert top.indices.tolist() == [[0, 1], [1, 2]]
+    nucleus = parse_sampling_params({"top_p": 0.5}, 4)  # token 1 alone holds > 50% of row 2's mass
+    draws = {
+        sample(logits[1:].clone(), [SampleRow(nucleus, [], torch.Generator().manual_seed(s))])[0][0] for s in range(20)
+    }
+    assert draws == {1}
+    banned = sample(logits[:1].clone(), [SampleRow(greedy, [], None, banned=(0,))])[0]
+    assert banned == [1]

@@ -1,0 +1,53 @@
+"""SGLang's flattened_bucket layout: offsets, raw bytes, alignment rule, round trip."""
+
+import pytest
+import torch
+
+from userrl_megatron.sync.bucket import bucket_layout, dtype_from_name, dtype_name, pack_bucket, unpack_bucket
+
+
+def test_layout_is_back_to_back_in_names_order() -> None:
+    layout = bucket_layout(["a", "b", "c"], ["float32", "bfloat16", "bfloat16"], [[2, 3], [4], [1, 1]])
+    assert [(e.name, e.start, e.end) for e in layout] == [("a", 0, 24), ("b", 24, 32), ("c", 32, 34)]
+    assert layout[1].dtype == torch.bfloat16 and layout[0].shape == (2, 3)
+
+
+def test_pack_concatenates_raw_bytes_and_unpack_restores_exactly() -> None:
+    tensors = [
+        ("w", torch.arange(6, dtype=torch.float32).reshape(2, 3)),
+        ("h", torch.tensor([1.5, -2.0], dtype=torch.bfloat16)),
+        ("i", torch.tensor([7], dtype=torch.int64).view(1, 1)),
+    ]
+    with pytest.raises(ValueError, match=r"^Unaligned received tensor i: byte offset 28, dtype torch.int64$"):
+        pack_bucket(tensors)
+    tensors = [tensors[2], tensors[0], tensors[1]]  # larger itemsizes first keeps every offset aligned
+    flat, layout = pack_bucket(tensors)
+    assert flat.dtype == torch.uint8 and flat.numel() == 8 + 24 + 4
+    assert flat[8:12].tolist() == list(torch.tensor([0.0]).numpy().tobytes())  # w[0, 0] right after i
+    restored = unpack_bucket(flat, layout)
+    for (name, original), (got_name, got) in zip(tensors, restored, strict=True):
+        assert got_name == name and got.dtype == original.dtype and torch.equal(got, original)
+
+
+def test_receiver_layout_matches_sender_from_names_dtypes_shapes() -> None:
+    tensors = [("x", torch.randn(3, 5)), ("y", torch.randn(7).half())]
+    flat, sent = pack_bucket(tensors)
+    received = bucket_layout(["x", "y"], ["float32", "float16"], [[3, 5], [7]])
+    assert received == sent
+    assert torch.equal(unpack_bucket(flat.clone(), received)[1][1], tensors[1][1])
+
+
+def test_bad_buckets_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"^Cannot create empty tensor bucket$"):
+        bucket_layout([], [], [])
+    with pytest.raises(ValueError, match=r"^Negative dimension in received tensor a: torch.Size\(\[-1\]\)$"):
+        bucket_layout(["a"], ["float32"], [[-1]])
+    with pytest.raises(ValueError, match=r"^bucket holds 3 bytes but the layout needs 4$"):
+        unpack_bucket(torch.zeros(3, dtype=torch.uint8), bucket_layout(["a"], ["float32"], [[1]]))
+    with pytest.raises(ValueError, match=r"^unknown dtype .float33.$"):
+        dtype_from_name("float33")
+
+
+def test_dtype_names_round_trip() -> None:
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8):
+        assert dtype_from_name(dtype_name(dtype)) is dtype

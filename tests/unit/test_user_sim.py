@@ -1,0 +1,245 @@
+"""UserSimulator over real HTTP (the real openai client against tests.support.openai_server)."""
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gyms.reply_json import extract_json_object, strip_think
+from gyms.user_sim import Reply, UserSimError, UserSimulator
+from tests.support.openai_server import Answer, Fault, OpenAIServer, fail_first, reply, sequence, when
+from userrl_megatron.config.schema import UserSimConfig
+
+MESSAGES = [{"role": "system", "content": "You answer."}, {"role": "user", "content": "Hi"}]
+
+
+def make_sim(server: OpenAIServer, **overrides: object) -> UserSimulator:
+    cfg = UserSimConfig(base_url=server.base_url, model="sim", timeout_s=2.0, backoff_s=0.001, max_retries=3)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return UserSimulator(cfg)
+
+
+def chat(sim: UserSimulator, **kwargs: object) -> Reply:
+    async def run() -> Reply:
+        try:
+            return await sim.chat(MESSAGES, **kwargs)
+        finally:
+            await sim.close()
+
+    return asyncio.run(run())
+
+
+@pytest.fixture
+def server() -> Iterator[OpenAIServer]:
+    with OpenAIServer() as s:
+        yield s
+
+
+def test_reply_usage_and_metrics(server: OpenAIServer) -> None:
+    server.rules = [reply(Answer("Hello there", prompt_tokens=12, completion_tokens=3))]
+    sim = make_sim(server, temperature=0.3, max_tokens=99)
+    out = chat(sim)
+    assert (out.text, out.data, out.usage.prompt_tokens, out.usage.completion_tokens) == ("Hello there", None, 12, 3)
+    assert out.latency_s > 0 and not out.cached
+    assert server.requests[0] == {"model": "sim", "messages": MESSAGES, "temperature": 0.3, "max_tokens": 99}
+    m = sim.metrics()
+    assert {k: m[k] for k in ("calls", "requests", "failures", "retries", "prompt_tokens", "completion_tokens")} == {
+        "calls": 1.0,
+        "requests": 1.0,
+        "failures": 0.0,
+        "retries": 0.0,
+        "prompt_tokens": 12.0,
+        "completion_tokens": 3.0,
+    }
+    assert m["latency_mean_s"] == pytest.approx(out.latency_s) and m["latency_max_s"] == pytest.approx(out.latency_s)
+
+
+def test_per_call_overrides_and_thinking_switch(server: OpenAIServer) -> None:
+    server.rules = [reply("ok")]
+    chat(make_sim(server, disable_thinking=True), temperature=0.9, max_tokens=5)
+    body = server.requests[0]
+    assert (body["temperature"], body["max_tokens"]) == (0.9, 5)
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_api_key_comes_from_the_named_environment_variable(
+    server: OpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.rules = [reply("ok")]
+    monkeypatch.setenv("SIM_TEST_KEY", "sk-from-env")
+    chat(make_sim(server, api_key_env="SIM_TEST_KEY"))
+    assert server.headers[0]["Authorization"] == "Bearer sk-from-env"
+
+
+def test_json_reply_with_thinking_and_fence(server: OpenAIServer) -> None:
+    server.rules = [reply('<think>let me see {"no": 1}</think>Sure:\n```json\n{"judgment": "Yes", "ok": true}\n```')]
+    out = chat(make_sim(server), json=True)
+    assert out.data == {"judgment": "Yes", "ok": True}
+    assert out.text.startswith("Sure:")
+
+
+@pytest.mark.parametrize("fault", [Fault(500), Fault(503), Fault(429), Fault(408), Fault(drop=True)])
+def test_transient_faults_are_retried(server: OpenAIServer, fault: Fault) -> None:
+    server.rules = [fail_first(2, fault, then=reply("fine"))]
+    sim = make_sim(server)
+    assert chat(sim).text == "fine"
+    assert server.count == 3
+    m = sim.metrics()
+    assert (m["retries"], m["failures"], m["requests"]) == (2.0, 0.0, 3.0)
+
+
+def test_timeouts_retry_then_fail_with_a_typed_error(server: OpenAIServer) -> None:
+    server.rules = [reply(Answer("late", delay_s=0.4))]
+    sim = make_sim(server, timeout_s=0.1, max_retries=2)
+    with pytest.raises(UserSimError, match=r"user simulator failed after 3 attempts: no reply within 0\.1 s") as e:
+        chat(sim)
+    assert (e.value.kind, e.value.attempts) == ("timeout", 3)
+    m = sim.metrics()
+    assert (m["requests"], m["retries"], m["failures"]) == (3.0, 2.0, 1.0)
+
+
+def test_malformed_json_is_retried_then_accepted(server: OpenAIServer) -> None:
+    server.rules = [sequence("I think yes.", '{"response": "Yes"}')]
+    sim = make_sim(server)
+    assert chat(sim, json=True).data == {"response": "Yes"}
+    assert sim.metrics()["retries"] == 1.0
+
+
+def test_persistently_malformed_or_empty_replies_fail(server: OpenAIServer) -> None:
+    for content, kind in [("no json here", "bad_json"), ("", "empty"), ("<think>only thinking</think>", "empty")]:
+        server.rules = [reply(content)]
+        sim = make_sim(server, max_retries=1)
+        with pytest.raises(UserSimError) as e:
+            chat(sim, json=True)
+        assert e.value.kind == kind
+        assert sim.metrics()["failures"] == 1.0
+
+
+def test_client_errors_are_not_retried(server: OpenAIServer) -> None:
+    server.rules = [reply(Fault(400, '{"error": {"message": "bad model"}}'))]
+    sim = make_sim(server)
+    with pytest.raises(UserSimError, match="user simulator request rejected: HTTP 400") as e:
+        chat(sim)
+    assert (e.value.kind, server.count, sim.metrics()["retries"]) == ("client", 1, 0.0)
+    server.rules = [reply(Fault(401, '{"error": {"message": "no key"}}'))]
+    with pytest.raises(UserSimError, match=r"HTTP 401 \(is \$OPENAI_API_KEY set\?\)"):
+        chat(make_sim(server))
+
+
+def test_garbage_200_body_is_retried(server: OpenAIServer) -> None:
+    server.rules = [fail_first(1, Fault(200, "this is not json"), then=reply("good"))]
+    sim = make_sim(server)
+    assert chat(sim).text == "good"
+    assert sim.metrics()["retries"] == 1.0
+
+
+def test_unreachable_endpoint_is_a_connection_failure() -> None:
+    with OpenAIServer() as s:
+        url = s.base_url
+    sim = UserSimulator(UserSimConfig(base_url=url, timeout_s=1.0, backoff_s=0.001, max_retries=1))
+    with pytest.raises(UserSimError) as e:
+        chat(sim)
+    assert e.value.kind == "connection"
+
+
+def test_concurrency_is_bounded(server: OpenAIServer) -> None:
+    server.rules = [reply(Answer("ok", delay_s=0.05))]
+    sim = make_sim(server, max_concurrency=3)
+
+    async def run() -> list[str]:
+        replies = await asyncio.gather(*(sim.chat(MESSAGES) for _ in range(12)))
+        await sim.close()
+        return [r.text for r in replies]
+
+    assert asyncio.run(run()) == ["ok"] * 12
+    assert server.max_in_flight == 3 and sim.metrics()["in_flight_max"] == 3.0
+
+
+def test_response_cache_replays_without_requests(server: OpenAIServer, tmp_path: Path) -> None:
+    server.rules = [sequence('{"n": 1}', '{"n": 2}', '{"n": 3}')]
+    sim = make_sim(server, cache_dir=str(tmp_path))
+    first, second = chat(sim, json=True), chat(sim, json=True)
+    assert (first.data, second.data, second.cached, server.count) == ({"n": 1}, {"n": 1}, True, 1)
+    assert chat(sim, json=True, temperature=0.5).data == {"n": 2}  # another request, another key
+    fresh = make_sim(server, cache_dir=str(tmp_path))  # a new process reads the same files
+    assert chat(fresh, json=True).data == {"n": 1} and server.count == 2
+    m = sim.metrics()
+    assert (m["calls"], m["cache_hits"], m["requests"], m["answered"]) == (3.0, 1.0, 2.0, 2.0)
+
+
+def test_failed_calls_are_not_cached(server: OpenAIServer, tmp_path: Path) -> None:
+    server.rules = [sequence(Fault(500), "ok")]
+    sim = make_sim(server, cache_dir=str(tmp_path), max_retries=0)
+    with pytest.raises(UserSimError):
+        chat(sim)
+    assert chat(sim).text == "ok" and sim.metrics()["cache_hits"] == 0.0
+
+
+def test_one_simulator_serves_several_event_loops(server: OpenAIServer) -> None:
+    server.rules = [reply("ok")]
+    sim = make_sim(server)
+    assert [chat(sim).text for _ in range(3)] == ["ok"] * 3
+
+
+def test_backoff_is_exponential_with_jitter_and_capped() -> None:
+    sim = UserSimulator(UserSimConfig(backoff_s=1.0, backoff_max_s=5.0))
+    for attempt, base in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 5.0), (9, 5.0)]:
+        delays = [sim._backoff(attempt) for _ in range(200)]
+        assert all(0.5 * base <= d < 1.5 * base for d in delays)
+        assert max(delays) - min(delays) > 0.1 * base  # jittered
+
+
+def test_metrics_reset(server: OpenAIServer) -> None:
+    server.rules = [when("Hi", "hello")]
+    sim = make_sim(server)
+    chat(sim)
+    assert sim.metrics(reset=True)["calls"] == 1.0
+    assert sim.metrics()["calls"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"a": 1}', {"a": 1}),
+        ('```json\n{"a": true, "b": null}\n```', {"a": True, "b": None}),
+        ('```\n{"a": false}\n```\nHope this helps', {"a": False}),
+        ('Here you go: {"a": {"b": [1, 2]}} and more text {"c": 3}', {"a": {"b": [1, 2]}}),
+        ("{'thought': 'single quotes', 'ok': True}", {"thought": "single quotes", "ok": True}),
+        ('{"ok": True, "text": "python-ish"}', {"ok": True, "text": "python-ish"}),
+        ('<think>{"wrong": 1}</think>{"right": 2}', {"right": 2}),
+        ('reasoning without opening tag</think>\n{"right": 3}', {"right": 3}),
+        ('{"text": "a } brace"} trailing', {"text": "a } brace"}),
+        ("[1, 2]", None),
+        ("no object", None),
+        ('{"unterminated": ', None),
+    ],
+)
+def test_extract_json_object(text: str, expected: object) -> None:
+    assert extract_json_object(text) == expected
+
+
+def test_strip_think() -> None:
+    assert strip_think("<think>\nhmm\n</think>\n\nYes") == "Yes"
+    assert strip_think("<THINK>a</THINK>b<think>c</think>d") == "bd"
+
+
+@pytest.mark.parametrize("backend", ["aiohttp", "httpx"])
+def test_both_http_backends(server: OpenAIServer, backend: str) -> None:
+    server.rules = [fail_first(1, Fault(502), then=reply('{"ok": true}'))]
+    sim = make_sim(server, http_backend=backend)
+    assert chat(sim, json=True).data == {"ok": True}
+    assert sim.metrics()["retries"] == 1.0
+
+
+def test_aiohttp_backend_needs_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from userrl_megatron.errors import UserError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "httpx_aiohttp" else real(name))
+    with pytest.raises(UserError, match=r"user_sim\.http_backend=aiohttp needs the httpx-aiohttp package"):
+        UserSimulator(UserSimConfig())
+    UserSimulator(UserSimConfig(http_backend="httpx"))  # the other transport needs nothing more

@@ -1,0 +1,86 @@
+"""`userrl serve --model DIR`: the embedded engine server (SGLang native API + OpenAI chat) on CPU or one GPU."""
+
+import argparse
+import asyncio
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    from dataclasses import replace
+
+    from userrl_megatron.config.schema import EmbeddedServerConfig
+    from userrl_megatron.errors import UserError
+    from userrl_megatron.model_store import resolve_model
+    from userrl_megatron.rollout.server.core import EngineCore
+    from userrl_megatron.rollout.server.http import serve
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {
+        "host": args.host,
+        "device": args.device,
+        "context_length": args.context_length,
+        "max_running_requests": args.max_running_requests,
+        "max_prefill_tokens": args.max_prefill_tokens,
+        "prefix_cache_tokens": args.prefix_cache_tokens,
+        "random_seed": args.random_seed,
+        "health_check_timeout_s": args.health_check_timeout,
+    }
+    cfg = replace(EmbeddedServerConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    port = args.port if args.port is not None else cfg.base_port
+    path = str(resolve_model(args.model))
+    core = EngineCore(path, cfg, args.dtype, args.served_model_name or args.model, args.weight_version)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        watch = asyncio.ensure_future(_watch_parent(args.parent_pid, stop)) if args.parent_pid else None
+        await serve(core, cfg.host, port, stop)
+        if watch is not None:
+            watch.cancel()
+
+    core.start()
+    try:
+        asyncio.run(run())
+    except OSError as e:
+        raise UserError(f"cannot serve on {cfg.host}:{port}: {e}") from e
+    finally:
+        core.shutdown()
+    return 0
+
+
+async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
+    """Stop serving once process `pid` is gone (a launcher that died cannot stop its server any more)."""
+    import os
+
+    while not stop.is_set():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            stop.set()
+            return
+        except PermissionError:
+            pass  # alive, owned by another user
+        await asyncio.sleep(1.0)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `serve`; unset options take their defaults from `rollout.embedded` (EmbeddedServerConfig)."""
+    p = sub.add_parser("serve", help="run the embedded engine server (SGLang native API + OpenAI chat)")
+    p.add_argument("--model", required=True, help="HF model directory or embedded model name")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default rollout.embedded.base_port)")
+    p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--context-length", type=int, help="longest prompt + output (default: the model's)")
+    p.add_argument("--max-running-requests", type=int, help="requests decoded together")
+    p.add_argument("--max-prefill-tokens", type=int, help="prompt tokens prefilled per scheduler iteration")
+    p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (0 disables)")
+    p.add_argument("--random-seed", type=int, help="seed of sampled requests without sampling_seed")
+    p.add_argument("--health-check-timeout", type=float, help="seconds /health waits for a forward")
+    p.add_argument("--served-model-name", default="", help="name /v1/models reports (default: --model)")
+    p.add_argument("--weight-version", default="default", help="starting weight-version label")
+    p.add_argument("--parent-pid", type=int, help="exit when this process is gone (set by the launcher)")
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.set_defaults(handler=_serve)

@@ -1,0 +1,70 @@
+"""Episode dumps: one JSON object per episode, every turn with its tokens, text, reward and timing.
+
+The one writer for `userrl rollout`'s rollouts.jsonl and the trainer's rollouts/step_N.jsonl, so both files
+read the same way (`read_episodes`).
+"""
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from userrl_megatron.types import Episode
+
+
+def episode_record(episode: Episode, step: int | None = None) -> dict[str, Any]:
+    """The dump record of one episode (plain JSON values only)."""
+    meta = episode.metadata
+    record: dict[str, Any] = {
+        "episode_id": meta.get("episode_id", ""),
+        "group_id": episode.group_id,
+        "gym": episode.task.gym,
+        "task_id": episode.task.task_id,
+        "finish_reason": episode.finish_reason,
+        "reward": episode.total_reward,
+        "turn_rewards": episode.turn_rewards,
+        "prompt_tokens": episode.prompt_length,
+        "response_tokens": len(episode.token_ids) - episode.prompt_length,
+        "trained_tokens": sum(episode.loss_mask),
+        "weight_version": episode.weight_version,
+        "duration_s": meta.get("duration_s"),
+        "prompt": [m.to_dict() for m in episode.task.prompt],
+        "turns": [
+            {
+                "index": turn.index,
+                "tokens": episode.token_ids[turn.start : turn.end],
+                "text": turn.text,
+                "action": turn.action,
+                "feedback": turn.feedback,
+                "reward": turn.reward,
+                "finish_reason": turn.info.get("finish_reason"),
+                "generate_s": turn.info.get("generate_s"),
+                "step_s": turn.info.get("step_s"),
+            }
+            for turn in episode.turns
+        ],
+    }
+    for key in ("error", "close_error"):
+        if key in meta:
+            record[key] = meta[key]
+    if step is not None:
+        record = {"step": step, **record}
+    return record
+
+
+def write_episodes(path: str | Path, episodes: Iterable[Episode], step: int | None = None) -> int:
+    """Append the records of `episodes` to the JSONL file `path` (created with its folder); returns the count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with path.open("a", encoding="utf-8") as f:
+        for episode in episodes:
+            f.write(json.dumps(episode_record(episode, step), ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def read_episodes(path: str | Path) -> list[dict[str, Any]]:
+    """The records of an episode dump, in order."""
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,169 @@
+"""Start an engine server as a subprocess and wait until it answers `/health_generate`.
+
+One path for both kinds of engine: `userrl serve` (the embedded server, runs anywhere) and
+`python -m sglang.launch_server` (GPU clusters). Only the command line differs.
+"""
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from userrl_megatron.config.schema import EmbeddedServerConfig
+from userrl_megatron.rollout.engine import EngineError
+
+log = logging.getLogger(__name__)
+
+HEALTH_PATH = "/health_generate"  # what slime polls; SGLang answers 200 once a generation went through
+
+
+@dataclass
+class ServerProcess:
+    """A launched engine server: its process (leader of its own process group), URL and log file."""
+
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM the whole process group (SGLang forks schedulers), SIGKILL after `timeout_s`; returns the code."""
+        if self.alive():
+            _signal_group(self.process, signal.SIGTERM)
+            try:
+                return self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process, signal.SIGKILL)
+        return self.process.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def connect_host(host: str) -> str:
+    """The address to reach a server bound to `host` from this machine."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def launch_server(
+    command: list[str],
+    url: str,
+    timeout_s: float,
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
+    """Run `command` (stdout and stderr to `log_path`) and block until `url` is healthy.
+
+    Raises EngineError, with the end of the server's log, if the process exits or the deadline passes.
+    """
+    if log_path is None:
+        log_path = Path(tempfile.mkstemp(prefix="engine-", suffix=".log")[1])
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("launching %s (log: %s)", " ".join(command), log_path)
+    with open(log_path, "ab") as sink:
+        process = subprocess.Popen(
+            command,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    server = ServerProcess(process, url.rstrip("/"), log_path)
+    try:
+        wait_healthy(server, timeout_s)
+    except BaseException:
+        server.stop(timeout_s=10)
+        raise
+    return server
+
+
+def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.5) -> None:
+    """Poll `GET {url}/health_generate` until 200; fail fast if the process dies."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not server.alive():
+            raise EngineError(
+                f"engine server exited with code {server.process.returncode} before becoming healthy "
+                f"({server.url}); last log lines:\n{server.log_tail()}"
+            )
+        if probe(server.url + HEALTH_PATH, timeout_s=max(poll_s, 5.0)):
+            return
+        if time.monotonic() >= deadline:
+            raise EngineError(
+                f"engine server at {server.url} not healthy after {timeout_s:.0f}s; last log lines:\n"
+                f"{server.log_tail()}"
+            )
+        time.sleep(poll_s)
+
+
+def probe(url: str, timeout_s: float) -> bool:
+    """True when GET `url` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def embedded_server_command(
+    model_path: str,
+    cfg: EmbeddedServerConfig,
+    port: int,
+    dtype: str = "float32",
+    served_model_name: str = "",
+    python: str = sys.executable,
+    parent_pid: int | None = None,
+) -> list[str]:
+    """The `userrl serve` command line for one embedded engine; with `parent_pid` it exits when that process
+    does (so a crashed launcher leaves no server behind)."""
+    command = [
+        python, "-m", "userrl_megatron", "serve",
+        "--model", model_path,
+        "--dtype", dtype,
+        "--host", cfg.host,
+        "--port", str(port),
+        "--device", cfg.device,
+        "--context-length", str(cfg.context_length),
+        "--max-running-requests", str(cfg.max_running_requests),
+        "--max-prefill-tokens", str(cfg.max_prefill_tokens),
+        "--prefix-cache-tokens", str(cfg.prefix_cache_tokens),
+        "--random-seed", str(cfg.random_seed),
+        "--health-check-timeout", str(cfg.health_check_timeout_s),
+    ]  # fmt: skip
+    if served_model_name:
+        command += ["--served-model-name", served_model_name]
+    if parent_pid is not None:
+        command += ["--parent-pid", str(parent_pid)]
+    return command
+
+
+def launch_embedded(
+    model_path: str,
+    cfg: EmbeddedServerConfig,
+    port: int,
+    dtype: str = "float32",
+    served_model_name: str = "",
+    log_path: Path | None = None,
+) -> ServerProcess:
+    """Start `userrl serve` and wait for it."""
+    command = embedded_server_command(model_path, cfg, port, dtype, served_model_name, parent_pid=os.getpid())
+    return launch_server(command, f"http://{connect_host(cfg.host)}:{port}", cfg.startup_timeout_s, log_path)
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)

@@ -1,0 +1,365 @@
+"""The rollout pool: Ray actors that each own one engine server, and routing of episodes onto them.
+
+Each `EngineServer` actor sits on its placement-group bundle and launches one server process (`userrl serve`
+or SGLang, the same launch path); the driver talks to the servers directly over HTTP (`SGLangClient`). An
+episode's first request goes to the engine with the fewest outstanding requests and every later turn follows
+it (its prefix stays in that engine's cache). When an engine dies, requests on it move to another engine and
+it is restarted in the background (a periodic health check catches silent deaths too); an `on_restart` hook
+lets the trainer push current weights into a restarted engine before it serves again. `pause`/`resume`
+bracket weight updates: requests aborted by the pause are sent again after `resume`.
+"""
+
+import asyncio
+import contextlib
+import functools
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, SGLangConfig
+from userrl_megatron.rollout.engine import EngineError, Generation, SGLangClient
+from userrl_megatron.types import SamplingParams
+
+log = logging.getLogger(__name__)
+
+RestartHook = Callable[[int, SGLangClient], Awaitable[None]]  # (engine index, its new client)
+
+
+@dataclass
+class EngineLaunch:
+    """How an `EngineServer` starts its server process."""
+
+    backend: str  # "embedded" or "sglang"
+    model_path: str
+    dtype: str
+    port: int  # 0: any free port (picked at each start)
+    tp: int = 1
+    embedded: EmbeddedServerConfig = field(default_factory=EmbeddedServerConfig)
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    log_path: str = ""
+
+
+class EngineServer:
+    """Ray actor owning one engine server process: start, restart, stop, liveness, log."""
+
+    def __init__(self, launch: EngineLaunch) -> None:
+        self.launch = launch
+        self.server: Any = None  # userrl_megatron.rollout.launch.ServerProcess
+
+    def start(self) -> str:
+        """Launch the server and wait until it is healthy; returns its URL."""
+        from userrl_megatron.rollout.launch import launch_embedded
+        from userrl_megatron.rollout.sglang import launch_sglang
+
+        spec = self.launch
+        port = spec.port or _free_port()
+        log_path = Path(spec.log_path) if spec.log_path else None
+        if spec.backend == "sglang":
+            gpus = ray.get_gpu_ids()
+            self.server = launch_sglang(
+                spec.sglang, spec.model_path, spec.tp, port, spec.dtype, int(gpus[0]) if gpus else 0, log_path
+            )
+        else:
+            self.server = launch_embedded(spec.model_path, spec.embedded, port, spec.dtype, log_path=log_path)
+        return self.server.url
+
+    def restart(self) -> str:
+        self.stop()
+        return self.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def alive(self) -> bool:
+        return self.server is not None and self.server.alive()
+
+    def pid(self) -> int:
+        """The server process id (-1 when none runs)."""
+        return self.server.process.pid if self.server is not None else -1
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.server.log_tail(lines) if self.server is not None else ""
+
+
+@dataclass(eq=False)
+class Engine:
+    """The driver's view of one engine."""
+
+    index: int
+    actor: Any
+    url: str = ""
+    client: SGLangClient | None = None
+    outstanding: int = 0  # generate requests in flight
+    healthy: bool = False
+    restarts: int = 0
+    epoch: int = 0  # bumped at each restart: a failure seen under an older epoch is that engine's death
+    dropped: bool = False  # out of restarts: never used again
+    served: int = 0  # generate requests answered
+    recovery: asyncio.Task | None = None
+
+
+class RolloutPool:
+    """Engines on Ray with sticky least-outstanding routing, failover, restarts, health checks, pause/resume.
+
+    Use inside one event loop: `async with RolloutPool(...) as pool:` then `pool.session(episode_id)` gives
+    each episode its engine handle (what `EpisodeRunner.run_groups` asks for).
+    """
+
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        dtype: str = "float32",
+        placement: Any = None,
+        log_dir: str | Path | None = None,
+        on_restart: RestartHook | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.model_path = model_path
+        self.dtype = dtype
+        self.placement = placement  # userrl_megatron.trainer.placement.Placement, or None
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.on_restart = on_restart
+        self.engines: list[Engine] = []
+        self._running = asyncio.Event()  # cleared while paused
+        self._changed = asyncio.Condition()  # an engine became healthy or was dropped
+        self._health_task: asyncio.Task | None = None
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        """Create one actor per engine, start every server (in parallel), connect, start health checks."""
+        self.engines = [Engine(i, self._new_actor(i)) for i in range(self.cfg.num_engines)]
+        try:
+            urls = await asyncio.gather(*(e.actor.start.remote() for e in self.engines))
+        except BaseException:
+            await self.close()
+            raise
+        for engine, url in zip(self.engines, urls, strict=True):
+            engine.url, engine.client, engine.healthy = url, self._client(url), True
+        self._running.set()
+        if self.cfg.health_check_interval_s > 0:
+            self._health_task = asyncio.create_task(self._health_loop())
+        log.info("rollout pool: %d %s engines at %s", len(self.engines), self.cfg.backend, ", ".join(urls))
+
+    async def close(self) -> None:
+        """Stop health checks and restarts, every server and every actor."""
+        tasks = [self._health_task] + [e.recovery for e in self.engines]
+        for task in tasks:
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        for engine in self.engines:
+            if engine.client is not None:
+                await engine.client.close()
+            with contextlib.suppress(RayActorError):
+                await engine.actor.stop.remote()
+                ray.kill(engine.actor)
+        self.engines = []
+
+    async def __aenter__(self) -> "RolloutPool":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- what the trainer and the runner use ----
+
+    @property
+    def urls(self) -> list[str]:
+        return [e.url for e in self.engines]
+
+    @property
+    def clients(self) -> list[SGLangClient]:
+        """One client per engine, in engine order (weight sync addresses every engine)."""
+        return [e.client for e in self.engines if e.client is not None]
+
+    @property
+    def concurrency(self) -> int:
+        """Episodes to keep in flight: `max_concurrent_episodes` per live engine."""
+        return self.cfg.max_concurrent_episodes * max(1, sum(not e.dropped for e in self.engines))
+
+    def session(self, episode_id: str = "") -> "EngineSession":
+        """An engine handle for one episode: its turns stay on one engine while that engine lives."""
+        return EngineSession(self, episode_id)
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Hold new requests and pause every engine; requests aborted by the pause are resent after `resume`."""
+        self._running.clear()
+        await self._each(lambda c: c.pause(mode))
+
+    async def resume(self) -> None:
+        await self._each(lambda c: c.resume())
+        self._running.set()
+
+    async def flush_cache(self) -> None:
+        await self._each(lambda c: c.flush_cache())
+
+    async def check_health(self) -> list[bool]:
+        """Probe every engine once; an engine that fails is restarted in the background."""
+        return list(await asyncio.gather(*(self._probe(e) for e in self.engines)))
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Wait until every engine that is not given up is healthy (e.g. after restarts)."""
+
+        def ready() -> bool:
+            return all(e.healthy or e.dropped for e in self.engines)
+
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
+
+    # ---- internals ----
+
+    def _new_actor(self, index: int) -> Any:
+        backend, rollout = self.cfg.backend, self.cfg
+        base_port = rollout.sglang.base_port if backend == "sglang" else rollout.embedded.base_port
+        log_path = str(self.log_dir / f"engine_{index}.log") if self.log_dir else ""
+        launch = EngineLaunch(
+            backend,
+            self.model_path,
+            self.dtype,
+            base_port + index if base_port else 0,
+            rollout.engine_tp,
+            rollout.embedded,
+            rollout.sglang,
+            log_path,
+        )
+        options = self.placement.engine_options(index) if self.placement is not None else {"num_cpus": 0}
+        return _engine_server_actor().options(**options).remote(launch)
+
+    def _client(self, url: str) -> SGLangClient:
+        # One quick transport retry: beyond that, failing over to another engine is faster than waiting.
+        return SGLangClient(url, timeout_s=self.cfg.request_timeout_s, max_retries=1, backoff_s=0.2)
+
+    async def _each(self, call: Callable[[SGLangClient], Awaitable[None]]) -> None:
+        live = [e.client for e in self.engines if e.healthy and e.client is not None]
+        await asyncio.gather(*(call(c) for c in live))
+
+    async def _pick(self) -> Engine:
+        """The healthy engine with the fewest outstanding requests (waits while all are restarting)."""
+        async with self._changed:
+            while True:
+                live = [e for e in self.engines if e.healthy]
+                if live:
+                    return min(live, key=lambda e: (e.outstanding, e.index))
+                if all(e.dropped for e in self.engines):
+                    raise EngineError("every engine of the rollout pool failed and was given up")
+                await self._changed.wait()
+
+    async def _failed(self, engine: Engine, epoch: int) -> bool:
+        """After a request error on `engine`: True if the engine is down (restart started), False if it is fine."""
+        return engine.epoch != epoch or not engine.healthy or not await self._probe(engine)
+
+    async def _probe(self, engine: Engine) -> bool:
+        """Is the engine alive and generating? If not, start its recovery."""
+        if engine.dropped or not engine.healthy:
+            return False
+        try:
+            alive = await engine.actor.alive.remote()
+        except RayActorError:
+            alive = False
+        if alive and engine.client is not None and await engine.client.health(timeout_s=60.0):
+            return True
+        self._recover(engine)
+        return False
+
+    def _recover(self, engine: Engine) -> None:
+        if engine.recovery is not None and not engine.recovery.done():
+            return
+        engine.healthy = False
+        engine.recovery = asyncio.create_task(self._restart(engine))
+
+    async def _restart(self, engine: Engine) -> None:
+        while engine.restarts < self.cfg.engine_max_restarts:
+            engine.restarts += 1
+            log.warning("engine %d (%s) is down: restart %d", engine.index, engine.url, engine.restarts)
+            try:
+                try:
+                    url = await engine.actor.restart.remote()
+                except RayActorError:  # the actor itself died: replace it
+                    engine.actor = self._new_actor(engine.index)
+                    url = await engine.actor.start.remote()
+                if engine.client is not None:
+                    await engine.client.close()
+                engine.url, engine.client, engine.epoch = url, self._client(url), engine.epoch + 1
+                if self.on_restart is not None:
+                    await self.on_restart(engine.index, engine.client)
+            except Exception as e:
+                log.error("restarting engine %d failed: %s", engine.index, e)
+                continue
+            await self._set(engine, healthy=True)
+            return
+        log.error("engine %d gave up after %d restarts", engine.index, engine.restarts)
+        await self._set(engine, dropped=True)
+
+    async def _set(self, engine: Engine, healthy: bool = False, dropped: bool = False) -> None:
+        async with self._changed:
+            engine.healthy, engine.dropped = healthy, dropped
+            self._changed.notify_all()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_check_interval_s)
+            if not self._running.is_set():
+                continue  # a paused engine does not generate: its health probe would wait until resume
+            try:
+                await self.check_health()
+            except Exception:  # keep checking: one failed round must not end the health checks
+                log.exception("engine health check failed")
+
+
+class EngineSession:
+    """One episode's engine handle (`generate` only): sticky routing with failover and pause handling."""
+
+    def __init__(self, pool: RolloutPool, episode_id: str = "") -> None:
+        self.pool = pool
+        self.episode_id = episode_id
+        self.engine: Engine | None = None
+        self.history: list[int] = []  # engine index that served each generate
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+        failovers = 0
+        while True:
+            await self.pool._running.wait()
+            if self.engine is None or not self.engine.healthy:
+                self.engine = await self.pool._pick()
+            engine, epoch = self.engine, self.engine.epoch
+            assert engine.client is not None
+            engine.outstanding += 1
+            try:
+                generation = await engine.client.generate(input_ids, sampling)
+            except EngineError:
+                if failovers >= self.pool.cfg.generate_failovers or not await self.pool._failed(engine, epoch):
+                    raise
+                failovers += 1
+                log.warning("episode %s: engine %d failed, moving on", self.episode_id, engine.index)
+                self.engine = None
+                continue
+            finally:
+                engine.outstanding -= 1
+            if generation.finish_reason == "abort" and not self.pool._running.is_set():
+                continue  # aborted by a pause: generate the turn again after resume
+            engine.served += 1
+            self.history.append(engine.index)
+            return generation
+
+
+@functools.cache
+def _engine_server_actor() -> Any:
+    return ray.remote(EngineServer)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

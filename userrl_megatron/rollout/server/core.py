@@ -1,0 +1,399 @@
+"""The embedded engine's operations, with SGLang's semantics and messages; usable in-process without HTTP.
+
+Every method that touches the model runs on the scheduler thread (`Scheduler.call`); the coroutines here only
+wait. Weight updates follow SGLang 0.5.23: they must run inside `begin_weight_update`/`end_weight_update`; when
+the engine is not paused they wait until in-flight requests finish (new ones queue behind them); when it is
+paused they run at once.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from userrl_megatron.config.schema import EmbeddedServerConfig
+from userrl_megatron.rollout.server.model import EngineModel
+from userrl_megatron.rollout.server.sampling import parse_sampling_params
+from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request, Scheduler
+from userrl_megatron.rollout.server.weights import receive_weights
+from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
+
+log = logging.getLogger(__name__)
+
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
+SELECTORS = ("target", "draft", "all")
+HEALTH_RID_PREFIX = "HEALTH_CHECK"
+
+
+def resolve_device(device: str) -> str:
+    """ "auto" -> "cuda" when a GPU is visible, else "cpu"."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class EngineCore:
+    """One model, one scheduler, the weight-update groups and the server's labels."""
+
+    def __init__(
+        self,
+        model_path: str,
+        cfg: EmbeddedServerConfig,
+        dtype: str = "float32",
+        served_model_name: str = "",
+        weight_version: str = "default",
+    ):
+        self.cfg = cfg
+        self.model_path = model_path
+        self.served_model_name = served_model_name or model_path
+        self.model = EngineModel(model_path, dtype, resolve_device(cfg.device), cfg.context_length)
+        self.scheduler = Scheduler(
+            self.model,
+            cfg.max_running_requests,
+            cfg.max_prefill_tokens,
+            weight_version,
+            cfg.random_seed,
+            cfg.prefix_cache_tokens,
+        )
+        self.groups: dict[str, tuple[Any, str]] = {}  # group name -> (process group, backend)
+        self._session: str | None = None  # selector of the open weight-update session
+        self._released: set[str] = set()
+        self.started = False
+        self.startup_time = time.time()
+
+    @property
+    def weight_version(self) -> str:
+        return self.scheduler.weight_version
+
+    def start(self) -> None:
+        self.scheduler.start()
+        self.started = True
+
+    def shutdown(self) -> None:
+        if self.started:
+            self.scheduler.stop()
+            self.started = False
+        for group, _ in self.groups.values():
+            destroy_custom_process_group(group)
+        self.groups.clear()
+
+    async def _on_scheduler(self, fn: Any, needs_idle: bool = False) -> Any:
+        return await asyncio.wrap_future(self.scheduler.call(fn, needs_idle=needs_idle))
+
+    # ---- generation ----
+
+    def check_input(self, input_ids: list[int], max_new_tokens: int) -> None:
+        """SGLang's input checks (empty input, context length) plus token-id range; raises ValueError."""
+        if not input_ids:
+            raise ValueError("input_ids cannot be empty.")
+        vocab = self.model.spec.vocab_size
+        bad = [t for t in input_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"Token ids must be in [0, {vocab - 1}]; got {bad[:5]}.")
+        context = self.model.spec.context_length
+        if len(input_ids) >= context:
+            raise ValueError(
+                f"The input ({len(input_ids)} tokens) is longer than the model's context length ({context} tokens)."
+            )
+        if max_new_tokens + len(input_ids) > context:
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of {context} tokens. You "
+                f"requested a total of {max_new_tokens + len(input_ids)} tokens: {len(input_ids)} tokens from the "
+                f"input messages and {max_new_tokens} tokens for the completion. Please reduce the number of tokens "
+                "in the input messages or the completion to fit within the limit."
+            )
+
+    async def generate(self, request: Request) -> Request:
+        """Run one request to completion (abort included); cancelling the caller aborts the request."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        request.on_finish = lambda r: call_soon(loop, _resolve, done, r)
+        self.scheduler.submit(request)
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            self.scheduler.abort(request.rid)
+            raise
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """SGLang `/abort_request`: rid prefix match; an empty rid without abort_all does nothing."""
+        if abort_all or rid:
+            self.scheduler.abort(rid, abort_all)
+
+    # ---- pause, flush, health ----
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        await self._on_scheduler(lambda: self.scheduler.pause(mode))
+
+    async def continue_generation(self) -> None:
+        def resume() -> None:
+            self.scheduler.paused = False
+
+        await self._on_scheduler(resume)
+
+    async def flush_cache(self, timeout: float = 0.0) -> tuple[bool, str]:
+        """Drop cached KV; refused while requests run or wait (waits up to `timeout` seconds for idle)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if await self._on_scheduler(self._try_flush):
+                return True, ""
+            if time.monotonic() >= deadline:
+                message = "Timed out waiting for idle state." if timeout > 0 else ""
+                return False, message
+            await asyncio.sleep(0.05)
+
+    def _try_flush(self) -> bool:
+        if not self.scheduler.is_idle(ignore_waiting=self.scheduler.paused):
+            return False
+        if self.scheduler.is_idle():
+            self.scheduler.release_kv()
+        return True
+
+    async def health(self) -> bool:
+        """SGLang's `/health_generate`: any forward after the probe was sent proves the engine is alive."""
+        if not self.started:
+            return False
+        tic = time.perf_counter()
+        probe = Request(
+            input_ids=[0],
+            sampling=parse_sampling_params({"max_new_tokens": 1, "temperature": 0.0}, self.model.spec.vocab_size),
+            rid=f"{HEALTH_RID_PREFIX}_{time.time_ns()}",
+        )
+        task = asyncio.ensure_future(self.generate(probe))
+        try:
+            deadline = tic + self.cfg.health_check_timeout_s
+            while time.perf_counter() < deadline:
+                if self.scheduler.last_progress > tic or task.done():
+                    return True
+                await asyncio.sleep(0.02)
+            return False
+        finally:
+            task.cancel()
+
+    # ---- weight sync ----
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> tuple[bool, str]:
+        """Join the trainer's group as rank `rank_offset` (one rank: the embedded engine has no TP).
+
+        The group is recorded by the joining thread itself, so a caller that goes away meanwhile loses nothing.
+        """
+
+        def join() -> None:
+            if not group_name:
+                raise ValueError("Group name cannot be empty")
+            if group_name in self.groups:
+                raise ValueError(f"group {group_name!r} already exists")
+            group = init_custom_process_group(
+                backend=backend,
+                init_method=f"tcp://{master_address}:{master_port}",
+                world_size=world_size,
+                rank=rank_offset,
+                group_name=group_name,
+                timeout=timedelta(minutes=30),
+            )
+            self.groups[group_name] = (group, backend)
+
+        try:
+            await asyncio.to_thread(join)
+        except Exception as e:
+            message = f"Failed to initialize custom process group: {e}."
+            log.error(message)
+            return False, message
+        return True, "Succeeded to initialize custom process group."
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> tuple[bool, str]:
+        entry = self.groups.pop(group_name, None)
+        if entry is None:
+            return False, "The group to be destroyed does not exist."
+        try:
+            destroy_custom_process_group(entry[0])
+        except Exception as e:
+            return False, f"Failed to destroy custom process group: {e}."
+        return True, "Succeeded to destroy custom process group."
+
+    async def begin_weight_update(self, selector: str = "all") -> tuple[bool, str]:
+        if selector not in SELECTORS:
+            return False, f"selector must be one of {', '.join(SELECTORS)}, got {selector!r}"
+        if self._session is not None:
+            return False, "a weight-update session is already open; call end_weight_update() first"
+        self._session = selector
+        return True, "Success"
+
+    async def end_weight_update(self) -> tuple[bool, str]:
+        if self._session is None:
+            return False, "no weight-update session is open; call begin_weight_update() first"
+        self._session = None
+        return True, "Success"
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        weight_version: str | None = None,
+        load_format: str | None = None,
+    ) -> tuple[bool, str]:
+        """Receive the trainer's broadcast(s) and load them; see the module docstring for locking."""
+        if self._session is None:
+            return False, (
+                "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+            )
+        if abort_all_requests:
+            self.scheduler.abort(abort_all=True)
+        entry = self.groups.get(group_name)
+
+        def update() -> tuple[bool, str]:
+            try:
+                if entry is None:
+                    raise AssertionError(
+                        f"Group {group_name} not in {list(self.groups)}. Please call `init_weights_update_group` first."
+                    )
+                device = torch.device("cpu") if entry[1] == "gloo" else self.model.device
+                weights = receive_weights(entry[0], names, dtypes, shapes, load_format, device)
+            except Exception as e:
+                return False, f"Failed to receive weights: {e}"
+            try:
+                self.model.load_weights(weights)
+            except Exception as e:
+                return False, (
+                    f"Failed to update parameter online: {e}. The full weights of the ModelRunner are partially "
+                    "updated. Please discard the whole weights."
+                )
+            if weight_version is not None:
+                self.scheduler.weight_version = weight_version
+            if flush_cache and not self._try_flush():
+                return False, (
+                    "Weights were updated, but the cache was not flushed because requests are still running or "
+                    "queued. Retract or finish them, then call /flush_cache."
+                )
+            return True, "Succeeded to update parameter online."
+
+        return await self._on_scheduler(update, needs_idle=True)
+
+    async def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> None:
+        if abort_all_requests:
+            self.scheduler.abort(abort_all=True)
+
+        def set_version() -> None:
+            self.scheduler.weight_version = new_version
+
+        await self._on_scheduler(set_version)
+
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any] | None:
+        return await self._on_scheduler(lambda: self.model.get_weights_by_name(name, truncate_size))
+
+    # ---- memory ----
+
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Free the KV buffers ("kv_cache") and move weights to host memory ("weights", GPU only); holds
+        generation until resumed. Needs an idle engine (waiting requests allowed while paused)."""
+        tags = _check_tags(tags)
+
+        def release() -> None:
+            if not self.scheduler.is_idle(ignore_waiting=self.scheduler.paused):
+                raise AssertionError("release_memory_occupation should be called only when server is idle.")
+            if "kv_cache" in tags and self.scheduler.is_idle():
+                self.scheduler.release_kv()
+            if "weights" in tags and self.model.device.type == "cuda":
+                self.model.model.to("cpu")
+                torch.cuda.empty_cache()
+            self._released.update(tags)
+            self.scheduler.held = True
+
+        await self._on_scheduler(release)
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        tags = _check_tags(tags)
+
+        def resume() -> None:
+            if "weights" in tags and "weights" in self._released and self.model.device.type == "cuda":
+                self.model.model.to(self.model.device)
+            self._released.difference_update(tags)
+            self.scheduler.held = bool(self._released)
+
+        await self._on_scheduler(resume)
+
+    # ---- introspection ----
+
+    def model_info(self) -> dict[str, Any]:
+        """SGLang 0.5.23 `/model_info` fields."""
+        spec = self.model.spec
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": self.model_path if self.model.tokenizer is not None else None,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": spec.model_type,
+            "architectures": spec.architectures,
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        """Resolved settings and live state (SGLang `/server_info` shape, embedded fields)."""
+        running, waiting = self.scheduler.counts()
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "device": str(self.model.device),
+            "context_length": self.model.spec.context_length,
+            "max_running_requests": self.cfg.max_running_requests,
+            "max_prefill_tokens": self.cfg.max_prefill_tokens,
+            "prefix_cache_tokens": self.cfg.prefix_cache_tokens,
+            "weight_version": self.weight_version,
+            "startup_time": self.startup_time,
+            "internal_states": [
+                {
+                    "running": running,
+                    "waiting": waiting,
+                    "paused": self.scheduler.paused,
+                    "decode_steps": self.scheduler.decode_steps,
+                    "prefix_cache_tokens": self.scheduler.prefix.tokens,
+                }
+            ],
+            "version": "userrl-embedded",
+            "frontend": "python",
+        }
+
+
+def _check_tags(tags: list[str] | None) -> list[str]:
+    tags = list(tags) if tags else list(MEMORY_TAGS)
+    unknown = [t for t in tags if t not in MEMORY_TAGS]
+    if unknown:
+        raise ValueError(f"unknown memory tags {unknown}; choose from {', '.join(MEMORY_TAGS)}")
+    return tags
+
+
+def call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    """Schedule `fn(*args)` on `loop` from the scheduler thread; a closed loop has no one left to tell."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def _resolve(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -1,0 +1,367 @@
+"""The aiohttp server: SGLang's native endpoints over an `EngineCore` (OpenAI routes live in `openai_api`).
+
+Status codes and bodies follow SGLang 0.5.23: `{"success", "message"}` with 200/400 for weight and group control,
+`{"error": {"message"}}` for handler errors, `{"error": "<text>"}` for contract violations, and the
+`{"object": "error", "message", "type", "param", "code"}` shape for malformed bodies.
+"""
+
+import asyncio
+import copy
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from userrl_megatron.rollout.server.core import EngineCore, call_soon
+from userrl_megatron.rollout.server.protocol import GenerateItem, contract_error, generate_response, parse_generate
+from userrl_megatron.rollout.server.sampling import parse_sampling_params
+from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request
+
+log = logging.getLogger(__name__)
+
+CORE_KEY = web.AppKey("core", EngineCore)
+REQUIRED = object()
+FLUSH_OK = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
+
+
+class BadRequestError(Exception):
+    """A malformed body: answered with SGLang's validation-error shape."""
+
+
+def error_shape(message: str, status: int = 400, kind: str = "Bad Request") -> web.Response:
+    """SGLang's `ErrorResponse` body (its RequestValidationError and HTTPException handlers)."""
+    body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+    return web.json_response(body, status=status)
+
+
+def error_message(message: str, status: int = 400) -> web.Response:
+    """SGLang's `_create_error_response`: {"error": {"message": ...}}."""
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+def success_message(ok: bool, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"success": ok, "message": message, **extra}, status=200 if ok else 400)
+
+
+async def read_json(request: web.Request, required: bool = True) -> Any:
+    """The JSON body; an empty body is `{}` unless the endpoint needs one."""
+    raw = await request.read()
+    if not raw.strip():
+        if required:
+            raise BadRequestError("1 validation error:\n  body: Field required")
+        return {}
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise BadRequestError(f"1 validation error:\n  body: JSON decode error ({e.msg} at position {e.pos})") from e
+
+
+def fields(body: Any, spec: dict[str, tuple[type | tuple[type, ...], Any]]) -> dict[str, Any]:
+    """Pick typed fields from a control endpoint's body (pydantic-style checks, 400 on violation)."""
+    if not isinstance(body, dict):
+        raise BadRequestError("1 validation error:\n  body: Input should be a valid dictionary")
+    out, problems = {}, []
+    for name, (types, default) in spec.items():
+        value = body.get(name, default)
+        if value is REQUIRED:
+            problems.append(f"  body.{name}: Field required")
+        elif value is not None and not _is_instance(value, types):
+            problems.append(f"  body.{name}: Input should be of type {_type_names(types)}, got {value!r}")
+        out[name] = value
+    if problems:
+        raise BadRequestError(
+            f"{len(problems)} validation error{'s' if len(problems) > 1 else ''}:\n" + "\n".join(problems)
+        )
+    return out
+
+
+def _is_instance(value: Any, types: type | tuple[type, ...]) -> bool:
+    types = types if isinstance(types, tuple) else (types,)
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types) or (float in types and isinstance(value, int))
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    return " | ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+
+
+@web.middleware
+async def bad_request_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except BadRequestError as e:
+        return error_shape(str(e))
+
+
+def build_app(core: EngineCore) -> web.Application:
+    """The aiohttp application serving the native API and the OpenAI routes."""
+    from userrl_megatron.rollout.server.openai_api import add_openai_routes
+
+    app = web.Application(middlewares=[bad_request_middleware], client_max_size=1024**3)
+    app[CORE_KEY] = core
+    r = app.router
+    for method in ("POST", "PUT"):
+        r.add_route(method, "/generate", generate)
+    for path in ("/health", "/health_generate"):
+        r.add_get(path, health)
+    r.add_get("/ready", ready)
+    for path in ("/model_info", "/get_model_info"):
+        r.add_get(path, model_info)
+    for path in ("/server_info", "/get_server_info"):
+        r.add_get(path, server_info)
+    for method in ("GET", "POST"):
+        r.add_route(method, "/flush_cache", flush_cache)
+        r.add_route(method, "/get_weights_by_name", get_weights_by_name)
+        r.add_route(method, "/release_memory_occupation", release_memory_occupation)
+        r.add_route(method, "/resume_memory_occupation", resume_memory_occupation)
+    r.add_post("/pause_generation", pause_generation)
+    r.add_post("/continue_generation", continue_generation)
+    r.add_post("/abort_request", abort_request)
+    r.add_post("/init_weights_update_group", init_weights_update_group)
+    r.add_post("/destroy_weights_update_group", destroy_weights_update_group)
+    r.add_post("/begin_weight_update", begin_weight_update)
+    r.add_post("/end_weight_update", end_weight_update)
+    r.add_post("/update_weights_from_distributed", update_weights_from_distributed)
+    r.add_post("/update_weight_version", update_weight_version)
+    add_openai_routes(app)
+    return app
+
+
+# ---- generation ----
+
+
+def make_request(core: EngineCore, item: GenerateItem) -> Request:
+    """Validate one item's sampling params and length; ValueError carries SGLang's message."""
+    spec = parse_sampling_params(item.sampling, core.model.spec.vocab_size)
+    core.check_input(item.input_ids, spec.max_new_tokens)
+    return Request(
+        input_ids=item.input_ids,
+        sampling=spec,
+        rid=item.rid,
+        return_logprob=item.return_logprob,
+        logprob_start_len=item.logprob_start_len,
+        top_logprobs_num=item.top_logprobs_num,
+    )
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    core = request.app[CORE_KEY]
+    body = await read_json(request)
+    problem = contract_error(body)
+    if problem is not None:
+        return web.json_response({"error": problem}, status=400)
+    try:
+        items, single = parse_generate(body, core.model)
+        requests = [make_request(core, item) for item in items]
+        if body.get("stream") and not single:
+            raise ValueError("Streaming a batch or n > 1 is not supported by the embedded server.")
+    except ValueError as e:
+        return error_message(str(e))
+    if body.get("stream"):
+        return await _stream(request, core, requests[0], items[0])
+    done = await asyncio.gather(*(core.generate(r) for r in requests))
+    objects = [generate_response(r, item, core.model) for r, item in zip(done, items, strict=True)]
+    return web.json_response(objects[0] if single else objects)
+
+
+async def _stream(http: web.Request, core: EngineCore, request: Request, item: GenerateItem) -> web.StreamResponse:
+    """Server-sent events, one cumulative object per token, then `data: [DONE]`."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    request.on_token = lambda r: call_soon(loop, queue.put_nowait, _snapshot(r))
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(http)
+    task = asyncio.ensure_future(core.generate(request))
+    task.add_done_callback(lambda _: queue.put_nowait(None))
+    try:
+        while (partial := await queue.get()) is not None:
+            chunk = generate_response(partial, item, core.model, final=False)
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        final = generate_response(task.result(), item, core.model)
+        await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        core.abort_request(request.rid)
+        raise
+    return response
+
+
+def _snapshot(request: Request) -> Request:
+    """A copy whose lists the scheduler thread will not append to."""
+    snap = copy.copy(request)
+    snap.output_ids, snap.output_logprobs = list(request.output_ids), list(request.output_logprobs)
+    snap.output_top_logprobs = list(request.output_top_logprobs)
+    return snap
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    body = fields(await read_json(request, required=False), {"rid": (str, ""), "abort_all": (bool, False)})
+    request.app[CORE_KEY].abort_request(body["rid"], body["abort_all"])
+    return web.Response(status=200)
+
+
+# ---- health and introspection ----
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200 if await request.app[CORE_KEY].health() else 503)
+
+
+async def ready(request: web.Request) -> web.Response:
+    core = request.app[CORE_KEY]
+    return web.Response(status=200 if core.started and not core.scheduler.paused else 503)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    return web.json_response(request.app[CORE_KEY].model_info())
+
+
+async def server_info(request: web.Request) -> web.Response:
+    return web.json_response(request.app[CORE_KEY].server_info())
+
+
+# ---- cache, pause ----
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    try:
+        timeout = float(request.query.get("timeout", 0.0))
+        if timeout < 0:
+            raise ValueError
+    except ValueError:
+        raise BadRequestError(
+            f"1 validation error:\n  query.timeout: Input should be greater than or equal to 0, got "
+            f"{request.query.get('timeout')!r}"
+        ) from None
+    ok, message = await request.app[CORE_KEY].flush_cache(timeout)
+    return web.Response(text=FLUSH_OK if ok else (message or "Flush cache failed.\n"), status=200 if ok else 400)
+
+
+async def pause_generation(request: web.Request) -> web.Response:
+    body = fields(await read_json(request, required=False), {"mode": (str, "abort")})
+    if body["mode"] not in PAUSE_MODES:
+        raise BadRequestError(
+            f"1 validation error:\n  body.mode: Input should be 'abort', 'retract' or 'in_place', got {body['mode']!r}"
+        )
+    await request.app[CORE_KEY].pause_generation(body["mode"])
+    return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+
+async def continue_generation(request: web.Request) -> web.Response:
+    fields(await read_json(request, required=False), {"torch_empty_cache": (bool, True)})
+    await request.app[CORE_KEY].continue_generation()
+    return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+
+# ---- weight sync ----
+
+
+async def init_weights_update_group(request: web.Request) -> web.Response:
+    body = fields(
+        await read_json(request),
+        {
+            "master_address": (str, REQUIRED),
+            "master_port": (int, REQUIRED),
+            "rank_offset": (int, REQUIRED),
+            "world_size": (int, REQUIRED),
+            "group_name": (str, "weight_update_group"),
+            "backend": (str, "nccl"),
+        },
+    )
+    return success_message(*await request.app[CORE_KEY].init_weights_update_group(**body))
+
+
+async def destroy_weights_update_group(request: web.Request) -> web.Response:
+    body = fields(await read_json(request), {"group_name": (str, "weight_update_group")})
+    return success_message(*await request.app[CORE_KEY].destroy_weights_update_group(body["group_name"]))
+
+
+async def begin_weight_update(request: web.Request) -> web.Response:
+    body = fields(await read_json(request, required=False), {"selector": (str, "all")})
+    return success_message(*await request.app[CORE_KEY].begin_weight_update(body["selector"]))
+
+
+async def end_weight_update(request: web.Request) -> web.Response:
+    await read_json(request, required=False)
+    return success_message(*await request.app[CORE_KEY].end_weight_update())
+
+
+async def update_weights_from_distributed(request: web.Request) -> web.Response:
+    body = fields(
+        await read_json(request),
+        {
+            "names": (list, REQUIRED),
+            "dtypes": (list, REQUIRED),
+            "shapes": (list, REQUIRED),
+            "group_name": (str, "weight_update_group"),
+            "flush_cache": (bool, True),
+            "abort_all_requests": (bool, False),
+            "weight_version": (str, None),
+            "load_format": (str, None),
+            "selector": (str, "all"),
+            "torch_empty_cache": (bool, False),
+        },
+    )
+    body.pop("selector"), body.pop("torch_empty_cache")
+    return success_message(*await request.app[CORE_KEY].update_weights_from_distributed(**body))
+
+
+async def update_weight_version(request: web.Request) -> web.Response:
+    body = fields(await read_json(request), {"new_version": (str, REQUIRED), "abort_all_requests": (bool, True)})
+    try:
+        await request.app[CORE_KEY].update_weight_version(body["new_version"], body["abort_all_requests"])
+    except Exception as e:
+        return success_message(False, f"Failed to update weight version: {e}")
+    version = body["new_version"]
+    return success_message(True, f"Weight version updated to {version}", new_version=version)
+
+
+async def get_weights_by_name(request: web.Request) -> web.Response:
+    body = fields(await read_json(request), {"name": (str, REQUIRED), "truncate_size": (int, 100)})
+    values = await request.app[CORE_KEY].get_weights_by_name(body["name"], body["truncate_size"])
+    if values is None:
+        return error_message("Get parameter by name failed")
+    return web.json_response(values)
+
+
+# ---- memory ----
+
+
+async def release_memory_occupation(request: web.Request) -> web.Response:
+    return await _memory(request, request.app[CORE_KEY].release_memory_occupation)
+
+
+async def resume_memory_occupation(request: web.Request) -> web.Response:
+    return await _memory(request, request.app[CORE_KEY].resume_memory_occupation)
+
+
+async def _memory(request: web.Request, operation: Callable) -> web.Response:
+    body = fields(await read_json(request, required=False), {"tags": (list, None)})
+    try:
+        await operation(body["tags"])
+    except Exception as e:
+        return error_message(str(e))
+    return web.json_response(None)
+
+
+# ---- running ----
+
+
+async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event) -> None:
+    """Serve until `stop` is set (the caller owns the core's lifetime)."""
+    # A client that disconnects cancels its handler, which aborts its requests (as SGLang does).
+    runner = web.AppRunner(build_app(core), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("serving %s on http://%s:%d", core.served_model_name, host, port)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,132 @@
+"""The served model: a Hugging Face causal LM and its tokenizer, plus weight loading by HF parameter name."""
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Checkpoint entries that are buffers or derived values, skipped by SGLang's loaders as well.
+SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+@dataclass
+class ModelSpec:
+    """What the scheduler and the API layers need to know about the model."""
+
+    path: str
+    model_type: str
+    architectures: list[str]
+    vocab_size: int
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+    num_layers: int
+    tie_word_embeddings: bool
+
+
+class EngineModel:
+    """A transformers model on one device, in eval mode, with its tokenizer (when the directory has one)."""
+
+    def __init__(self, path: str | Path, dtype: str = "float32", device: str = "cpu", context_length: int = 0):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        self.device = torch.device(device)
+        self.dtype = DTYPES[dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+        self.model.requires_grad_(False)
+        self.tokenizer: Any = None
+        if (Path(path) / "tokenizer_config.json").is_file() or (Path(path) / "tokenizer.json").is_file():
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+        config = self.model.config
+        self.spec = ModelSpec(
+            path=str(path),
+            model_type=config.model_type,
+            architectures=list(config.architectures or [type(self.model).__name__]),
+            vocab_size=config.vocab_size,
+            context_length=context_length or int(getattr(config, "max_position_embeddings", 0) or 4096),
+            eos_token_ids=_eos_token_ids(self.model),
+            num_layers=config.num_hidden_layers,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any,
+        attention_mask: torch.Tensor | None = None,
+        all_logits: bool = False,
+    ) -> torch.Tensor:
+        """Float32 logits of the last position of each row ([B, V]), or of every position ([B, L, V])."""
+        out = self.model(
+            input_ids=input_ids.to(self.device),
+            position_ids=position_ids.to(self.device),
+            attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=0 if all_logits else 1,
+        )
+        logits = out.logits.float()
+        return logits if all_logits else logits[:, -1, :]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy tensors into the parameters of the same HF name; returns how many were loaded.
+
+        With tied embeddings `lm_head.weight` is skipped (it is `model.embed_tokens.weight`), as SGLang does.
+        Unknown names and shape mismatches raise: a silently ignored tensor would leave stale weights.
+        """
+        loaded = 0
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name.endswith(SKIPPED_SUFFIXES):
+                    continue
+                if self.spec.tie_word_embeddings and name == "lm_head.weight":
+                    continue
+                param = self._params.get(name)
+                if param is None:
+                    raise KeyError(f"unknown parameter {name!r}")
+                if tuple(param.shape) != tuple(tensor.shape):
+                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not match {tuple(param.shape)}")
+                param.copy_(tensor.to(device=param.device, dtype=param.dtype))
+                loaded += 1
+        return loaded
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any] | None:
+        """The parameter as float32 nested lists, first `truncate_size` rows (SGLang's `/get_weights_by_name`)."""
+        if self.spec.tie_word_embeddings and name == "lm_head.weight":
+            name = "model.embed_tokens.weight"
+        param = self._params.get(name)
+        if param is None:
+            return None
+        return param.detach().to("cpu", torch.float32).numpy().tolist()[:truncate_size]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (the model's tokenizer, special tokens as the tokenizer adds them)."""
+        if self.tokenizer is None:
+            raise ValueError("The server has no tokenizer; send input_ids instead of text.")
+        return list(self.tokenizer.encode(text))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`, or "" without a tokenizer."""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _eos_token_ids(model: Any) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for source in (model.config, getattr(model, "generation_config", None)):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return tuple(sorted(ids))

@@ -1,0 +1,259 @@
+"""SGLang `/generate` JSON: the 0.5.23 contract check, request normalisation and the response objects.
+
+Messages are SGLang's own (its serde-style contract errors, `GenerateReqInput` checks), so a client that handles
+a real server's 400s handles ours.
+"""
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from userrl_megatron.rollout.server.model import EngineModel
+from userrl_megatron.rollout.server.scheduler import Request
+
+# SGLang 0.5.23 `sglang.api.v1.SamplingParams` fields, in its order (the contract lists them in errors).
+SAMPLING_FIELDS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+)  # fmt: skip
+_INT_FIELDS = ("max_new_tokens", "top_k", "min_new_tokens", "n", "stream_interval", "sampling_seed", "beam_width")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
+_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+_STR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+class ContractError(ValueError):
+    """The body violates SGLang's JSON contract (answered as 400 {"error": "<message>"})."""
+
+
+def _unexpected(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"boolean `{'true' if v else 'false'}`"
+    if isinstance(v, int):
+        return f"integer `{v}`"
+    if isinstance(v, float):
+        return f"floating point `{v}`"
+    if isinstance(v, str):
+        return f'string "{v}"'
+    return "sequence" if isinstance(v, list) else "map" if isinstance(v, dict) else type(v).__name__
+
+
+def _expect(ok: bool, v: Any, expected: str) -> None:
+    if not ok:
+        raise ContractError(f"invalid type: {_unexpected(v)}, expected {expected}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_list(v: Any) -> None:
+    _expect(isinstance(v, list), v, "a sequence")
+    for e in v:
+        _expect(_is_int(e), e, "i64")
+
+
+def _or_list(v: Any, check: Any, name: str) -> None:
+    if isinstance(v, list):
+        for e in v:
+            check(e, "i64" if name == "Int64OrList" else "a boolean" if name == "BoolOrList" else "a string")
+    else:
+        check(v, f"a value or an array of values for {name}")
+
+
+def _check_sampling(value: Any) -> None:
+    _expect(isinstance(value, dict), value, "struct SamplingParams")
+    for key, x in value.items():
+        if key not in SAMPLING_FIELDS:
+            listed = ", ".join(f"`{f}`" for f in SAMPLING_FIELDS)
+            raise ContractError(f"unknown field `{key}`, expected one of {listed}")
+        if x is None:
+            continue
+        if key in _INT_FIELDS:
+            _expect(_is_int(x), x, "i64")
+        elif key in _FLOAT_FIELDS:
+            _expect(isinstance(x, (int, float)) and not isinstance(x, bool), x, "f64")
+        elif key in _BOOL_FIELDS:
+            _expect(isinstance(x, bool), x, "a boolean")
+        elif key in _STR_FIELDS:
+            _expect(isinstance(x, str), x, "a string")
+        elif key in ("stop", "stop_regex"):
+            _or_list(x, lambda e, exp: _expect(isinstance(e, str), e, exp), "StringOrList")
+        elif key == "stop_token_ids":
+            _int_list(x)
+        elif key == "logit_bias":
+            _expect(isinstance(x, dict), x, "a map")
+
+
+def contract_error(body: Any) -> str | None:
+    """SGLang 0.5.23's `/generate` contract check for the fields this server reads; None when the body passes."""
+    try:
+        _expect(isinstance(body, dict), body, "struct GenerateRequest")
+        for key, x in body.items():
+            if x is None:
+                continue
+            if key in ("rid", "text"):
+                _or_list(x, lambda e, exp: _expect(isinstance(e, str), e, exp), "StringOrList")
+            elif key == "input_ids":
+                _expect(isinstance(x, list), x, "a value or an array of values for TokenIdsOrList")
+                if x and isinstance(x[0], list):
+                    for row in x:
+                        _int_list(row)
+                else:
+                    _int_list(x)
+            elif key in ("stream", "return_text_in_logprobs"):
+                _expect(isinstance(x, bool), x, "a boolean")
+            elif key == "sampling_params":
+                for params in x if isinstance(x, list) else [x]:
+                    _check_sampling(params)
+            elif key == "return_logprob":
+                _or_list(x, lambda e, exp: _expect(isinstance(e, bool), e, exp), "BoolOrList")
+            elif key in ("logprob_start_len", "top_logprobs_num"):
+                _or_list(x, lambda e, exp: _expect(_is_int(e), e, exp), "Int64OrList")
+    except ContractError as e:
+        return str(e)
+    return None
+
+
+@dataclass
+class GenerateItem:
+    """One sequence to generate, after batch and `n` expansion."""
+
+    rid: str
+    input_ids: list[int]
+    sampling: dict[str, Any]
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    return_text_in_logprobs: bool
+
+
+def parse_generate(body: dict[str, Any], model: EngineModel) -> tuple[list[GenerateItem], bool]:
+    """The items of a `/generate` body and whether the reply is a single object (one prompt, n == 1)."""
+    given = [body.get(k) is not None for k in ("text", "input_ids", "input_embeds")]
+    if sum(given) != 1:
+        raise ValueError("Either text, input_ids or input_embeds should be provided.")
+    if body.get("input_embeds") is not None:
+        raise ValueError("input_embeds is not supported by the embedded server.")
+    text, ids = body.get("text"), body.get("input_ids")
+    if text is not None:
+        single = isinstance(text, str)
+        prompts = [model.encode(t) for t in ([text] if single else text)]
+    else:
+        single = not (ids and isinstance(ids[0], list))
+        prompts = [ids] if single else ids
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("input_ids cannot be empty.")
+    batch = len(prompts)
+
+    def per_item(key: str, default: Any) -> list[Any]:
+        value = body.get(key)
+        if value is None:
+            return [default] * batch
+        if isinstance(value, list) and not (key == "sampling_params" and isinstance(value, dict)):
+            if len(value) != batch:
+                raise ValueError(f"The length of {key} ({len(value)}) does not match the batch size ({batch}).")
+            return [default if v is None else v for v in value]
+        return [value] * batch
+
+    sampling = per_item("sampling_params", {})
+    ns = {int(s.get("n") or 1) for s in sampling}
+    if len(ns) > 1:
+        raise ValueError("The n parameter must be the same for all requests in a batch.")
+    n = ns.pop()
+    rids = _rids(body.get("rid"), batch, single and n == 1)
+    items = []
+    for prompt, params, lp, start, top, rid in zip(
+        prompts,
+        sampling,
+        per_item("return_logprob", False),
+        per_item("logprob_start_len", -1),
+        per_item("top_logprobs_num", 0),
+        rids,
+        strict=True,
+    ):
+        params = {k: v for k, v in params.items() if k != "n"}
+        for _ in range(n):
+            items.append(
+                GenerateItem(
+                    rid=rid if n == 1 else uuid.uuid4().hex,
+                    input_ids=list(prompt),
+                    sampling=params,
+                    return_logprob=bool(lp),
+                    logprob_start_len=int(start) if lp else -1,
+                    top_logprobs_num=int(top),
+                    return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
+                )
+            )
+    return items, single and n == 1
+
+
+def _rids(rid: Any, batch: int, single: bool) -> list[str]:
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(batch)]
+    if isinstance(rid, str):
+        return [rid] if single else [f"{rid}_{i}" for i in range(batch)]
+    if len(rid) != batch:
+        raise ValueError(f"The rid length ({len(rid)}) does not match the batch size ({batch}).")
+    duplicates = sorted({r for r in rid if rid.count(r) > 1})
+    if duplicates:
+        raise ValueError(f"Duplicate request IDs detected within the request: {duplicates}")
+    return list(rid)
+
+
+def output_text(request: Request, model: EngineModel) -> str:
+    """Decoded completion; a matched stop string is cut off unless no_stop_trim."""
+    text = model.decode(request.output_ids, request.sampling.skip_special_tokens)
+    stop = request.matched_stop_text
+    if stop is not None and not request.sampling.no_stop_trim and stop in text:
+        text = text[: text.index(stop)]
+    return text
+
+
+def generate_response(request: Request, item: GenerateItem, model: EngineModel, final: bool = True) -> dict[str, Any]:
+    """The `/generate` object for one sequence (also each streamed chunk, cumulative)."""
+    meta: dict[str, Any] = {
+        "id": request.rid,
+        "finish_reason": request.finish_reason if final else None,
+        "prompt_tokens": len(request.input_ids),
+        "weight_version": request.weight_version,
+        "num_retractions": request.num_retractions,
+    }
+    if item.return_logprob:
+        word = _token_text(model) if item.return_text_in_logprobs else (lambda _: None)
+        meta["input_token_logprobs"] = [
+            [lp, tok, word(tok)]
+            for lp, tok in zip(
+                request.input_logprobs,
+                request.input_ids[len(request.input_ids) - len(request.input_logprobs) :],
+                strict=True,
+            )
+        ]
+        meta["output_token_logprobs"] = [
+            [lp, tok, word(tok)] for lp, tok in zip(request.output_logprobs, request.output_ids, strict=True)
+        ]
+        if item.top_logprobs_num:
+            meta["input_top_logprobs"] = [
+                None if top is None else [[lp, tok, word(tok)] for lp, tok in top] for top in request.input_top_logprobs
+            ]
+            meta["output_top_logprobs"] = [
+                [[lp, tok, word(tok)] for lp, tok in top] for top in request.output_top_logprobs
+            ]
+        meta["output_token_logprobs_length"] = len(request.output_logprobs)
+    meta.update(reasoning_tokens=0, completion_tokens=len(request.output_ids), cached_tokens=request.cached_tokens)
+    if final:
+        meta["e2e_latency"] = request.finished_at - request.created
+    out: dict[str, Any] = {}
+    if model.tokenizer is not None:
+        out["text"] = output_text(request, model)
+    out["output_ids"] = list(request.output_ids)
+    out["meta_info"] = meta
+    return out
+
+
+def _token_text(model: EngineModel) -> Any:
+    return lambda tok: model.decode([tok], skip_special_tokens=False) if model.tokenizer is not None else None

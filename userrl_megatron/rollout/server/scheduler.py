@@ -1,0 +1,398 @@
+"""Continuous batching on one thread: new requests join between decode steps, finished ones leave.
+
+Each loop iteration runs pending control commands, prefills waiting requests together (one padded forward, up to
+a token budget), then makes one batched forward for every running request and samples their next tokens. Everything that
+touches the model or the KV cache runs on this thread, so weight loads and cache flushes never race a forward;
+other threads talk to it through `submit`, `abort` and `call`.
+"""
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from userrl_megatron.rollout.server.kv import BatchKV
+from userrl_megatron.rollout.server.model import EngineModel
+from userrl_megatron.rollout.server.prefill import PrefillRow, run_prefill
+from userrl_megatron.rollout.server.prefix import PrefixCache
+from userrl_megatron.rollout.server.sampling import SampleRow, SamplingSpec, sample
+
+log = logging.getLogger(__name__)
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence being generated; the scheduler thread owns its mutable state."""
+
+    input_ids: list[int]
+    sampling: SamplingSpec
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no input-token log-probs
+    top_logprobs_num: int = 0
+    on_token: Callable[["Request"], None] | None = None  # called on the scheduler thread after each token
+    on_finish: Callable[["Request"], None] | None = None  # called on the scheduler thread once
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    weight_version: str = ""
+    num_retractions: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    created: float = field(default_factory=time.perf_counter)
+    finished_at: float = 0.0
+    matched_stop_text: str | None = None  # the stop string that ended the request, if any
+    _generator: torch.Generator | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _Command:
+    fn: Callable[[], Any]
+    future: Future
+    needs_idle: bool  # wait until nothing is running (skipped while paused, as SGLang's writer lock is)
+
+
+class Scheduler:
+    """Owns the model's forward passes; see the module docstring."""
+
+    def __init__(
+        self,
+        model: EngineModel,
+        max_running_requests: int = 64,
+        max_prefill_tokens: int = 8192,
+        weight_version: str = "default",
+        seed: int = 0,
+        prefix_cache_tokens: int = 0,
+    ):
+        self.model = model
+        self.max_running = max_running_requests
+        self.max_prefill_tokens = max_prefill_tokens
+        self.weight_version = weight_version
+        self.paused = False
+        self.held = False  # memory released: hold generation until resumed
+        self.last_progress = 0.0  # perf_counter of the last forward
+        self.decode_steps = 0  # batched forwards of running requests since start
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []  # row i of the KV cache belongs to _running[i]
+        self._kv = BatchKV(model.spec.num_layers, max_running_requests)
+        self.prefix = PrefixCache(prefix_cache_tokens)
+        self._commands: deque[_Command] = deque()
+        self._aborts: list[tuple[str, bool, str]] = []  # (rid prefix, abort all, message)
+        self._cond = threading.Condition()
+        self._stop = False
+        self._generator = torch.Generator().manual_seed(seed)
+        self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
+
+    # ---- thread-safe API ----
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join()
+
+    def submit(self, request: Request) -> None:
+        """Queue a request; its `on_finish` fires on the scheduler thread (at once if the engine has stopped)."""
+        with self._cond:
+            if not self._stop:
+                self._waiting.append(request)
+                self._cond.notify()
+                return
+        self._finish(request, _abort_reason("The server is shutting down."))
+
+    def abort(self, rid: str = "", abort_all: bool = False, message: str = "Aborted") -> None:
+        """Finish matching requests (rid prefix match, like SGLang) with an abort reason and their partial output."""
+        with self._cond:
+            self._aborts.append((rid, abort_all, message))
+            self._cond.notify()
+
+    def call(self, fn: Callable[[], Any], needs_idle: bool = False) -> Future:
+        """Run `fn` on the scheduler thread between steps; the future holds its result or exception."""
+        future: Future = Future()
+        with self._cond:
+            self._commands.append(_Command(fn, future, needs_idle))
+            self._cond.notify()
+        return future
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting) request counts."""
+        return len(self._running), len(self._waiting)
+
+    # ---- operations for commands (scheduler thread only) ----
+
+    def pause(self, mode: str) -> None:
+        """SGLang pause modes: abort everything, retract running requests to the queue, or freeze in place."""
+        if mode == "abort":
+            self._apply_aborts([("", True, "Aborted")])
+        elif mode == "retract":
+            while self._running:
+                request = self._running[-1]
+                self._remove_row(len(self._running) - 1)
+                request.num_retractions += 1
+                with self._cond:
+                    self._waiting.appendleft(request)
+        self.paused = True
+
+    def is_idle(self, ignore_waiting: bool = False) -> bool:
+        return not self._running and (ignore_waiting or not self._waiting)
+
+    def release_kv(self) -> None:
+        """Free the KV buffers and the prefix cache (idle engine only)."""
+        self._kv.release()
+        self.prefix.clear()
+
+    # ---- the loop ----
+
+    def _run(self) -> None:
+        with torch.inference_mode():  # forwards, sampling, cache copies and weight loads: no autograd anywhere
+            self._loop()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._has_work():
+                    self._cond.wait()
+                if self._stop:
+                    break
+                aborts, self._aborts = self._aborts, []
+                commands = list(self._commands)
+            try:
+                if aborts:
+                    self._apply_aborts(aborts)
+                self._run_commands(commands)
+                if not self.paused and not self.held:
+                    if not self._idle_command_pending():
+                        self._admit()
+                    if self._running:
+                        self._decode()
+            except Exception as e:  # a bug or an OOM: fail the running requests, keep serving
+                log.exception("scheduler step failed")
+                self._apply_aborts([("", True, f"engine error: {e}")], running_only=True)
+        self._apply_aborts([("", True, "The server is shutting down.")])
+        with self._cond:
+            commands, self._commands = list(self._commands), deque()
+        for command in commands:
+            command.future.set_exception(RuntimeError("the engine has stopped"))
+
+    def _has_work(self) -> bool:
+        if self._aborts or self._commands:
+            return True
+        return not self.paused and not self.held and bool(self._running or self._waiting)
+
+    def _idle_command_pending(self) -> bool:
+        return any(c.needs_idle for c in self._commands)
+
+    def _run_commands(self, commands: list[_Command]) -> None:
+        for command in commands:
+            if command.needs_idle and not self.paused and self._running:
+                continue  # wait for the running requests to finish; new ones are not admitted meanwhile
+            with self._cond:
+                self._commands.remove(command)
+            try:
+                command.future.set_result(command.fn())
+            except Exception as e:
+                command.future.set_exception(e)
+
+    def _apply_aborts(self, aborts: list[tuple[str, bool, str]], running_only: bool = False) -> None:
+        def hit(request: Request) -> str | None:
+            for rid, abort_all, message in aborts:
+                if abort_all or (rid and request.rid.startswith(rid)):
+                    return message
+            return None
+
+        for row in reversed(range(len(self._running))):
+            message = hit(self._running[row])
+            if message is not None:
+                request = self._running[row]
+                self._remove_row(row)
+                self._finish(request, _abort_reason(message))
+        if running_only:
+            return
+        with self._cond:
+            hits = [(r, m) for r in self._waiting if (m := hit(r)) is not None]
+            if hits:
+                hit_ids = {id(r) for r, _ in hits}
+                self._waiting = deque(r for r in self._waiting if id(r) not in hit_ids)
+        for request, message in hits:
+            self._finish(request, _abort_reason(message))
+
+    def _admit(self) -> None:
+        """Take waiting requests (up to the free rows and `max_prefill_tokens` of padded prefill) and prefill
+        them in one forward; a request that wants prompt log-probs goes alone."""
+        batch: list[tuple[Request, PrefillRow]] = []
+        while len(self._running) + len(batch) < self.max_running:
+            with self._cond:
+                if not self._waiting:
+                    break
+                request = self._waiting[0]
+                row = self._prefill_row(request)
+                if batch and (_wants_input(request) or _wants_input(batch[0][0])):
+                    break
+                new = max([len(row.tokens) - row.reused] + [len(r.tokens) - r.reused for _, r in batch])
+                if batch and new * (len(batch) + 1) > self.max_prefill_tokens:
+                    break  # the first prefill of an iteration always runs
+                self._waiting.popleft()
+            batch.append((request, row))
+        if not batch:
+            return
+        try:
+            self._prefill(batch)
+        except Exception as e:
+            log.exception("prefill failed")
+            for request, _ in batch:
+                if not request.finished:
+                    self._finish(request, _abort_reason(f"engine error: {e}", 500, type(e).__name__))
+
+    def _prefill_row(self, request: Request) -> PrefillRow:
+        tokens = request.input_ids + request.output_ids
+        if _wants_input(request):  # prompt log-probs need every position's logits: no reuse
+            return PrefillRow(tokens)
+        reused, prefix = self.prefix.lookup(tokens)
+        return PrefillRow(tokens, reused, prefix)
+
+    def _prefill(self, batch: list[tuple[Request, PrefillRow]]) -> None:
+        requests = [request for request, _ in batch]
+        for request, row in batch:
+            if request._generator is None and not request.sampling.greedy:
+                seed = request.sampling.sampling_seed
+                request._generator = torch.Generator().manual_seed(seed) if seed is not None else self._generator
+            if not request.output_ids:
+                request.cached_tokens = row.reused
+        want_input = _wants_input(requests[0])
+        logits, layers = run_prefill(self.model, [row for _, row in batch], all_logits=want_input)
+        self.last_progress = time.perf_counter()
+        if want_input:
+            self._record_input_logprobs(requests[0], logits[0])
+            logits = logits[:, -1, :]
+        sampled = [i for i, r in enumerate(requests) if r.sampling.max_new_tokens > 0]
+        for i, request in enumerate(requests):
+            if i not in sampled:
+                self._finish(request, {"type": "length", "length": 0})
+        if sampled:
+            self._sample_and_check([requests[i] for i in sampled], logits[sampled])
+        for i in sampled:
+            if requests[i].finished:
+                self._store_prefix(requests[i], [(k.clone(), v.clone()) for k, v in layers[i]])
+            else:
+                self._kv.insert(layers[i])
+                self._running.append(requests[i])
+
+    def _decode(self) -> None:
+        running = self._running
+        cache, mask = self._kv.begin_step()
+        input_ids = torch.tensor([[r.output_ids[-1]] for r in running])
+        positions = torch.tensor([[n] for n in self._kv.lengths])
+        logits = self.model.forward(input_ids, positions, cache, attention_mask=mask)
+        self._kv.end_step()
+        self.last_progress = time.perf_counter()
+        self.decode_steps += 1
+        self._sample_and_check(running, logits)
+        for row in reversed(range(len(running))):
+            if running[row].finished:
+                self._store_prefix(running[row], self._kv.row_kv(row))
+                self._remove_row(row)
+
+    def _sample_and_check(self, requests: list[Request], logits: torch.Tensor) -> None:
+        rows = [SampleRow(r.sampling, r.output_ids, r._generator, self._banned(r)) for r in requests]
+        top_k = max(r.top_logprobs_num if r.return_logprob else 0 for r in requests)
+        tokens, logprobs, top = sample(logits, rows, top_k)
+        for i, request in enumerate(requests):
+            request.output_ids.append(tokens[i])
+            request.output_logprobs.append(logprobs[i])
+            if request.return_logprob and request.top_logprobs_num:
+                request.output_top_logprobs.append(_top_pairs(top, i, request.top_logprobs_num))
+            reason = self._finish_reason(request)
+            if reason is not None:
+                self._finish(request, reason)
+            elif request.on_token is not None:
+                request.on_token(request)
+
+    def _banned(self, request: Request) -> tuple[int, ...]:
+        spec = request.sampling
+        if len(request.output_ids) >= spec.min_new_tokens:
+            return ()
+        eos = () if spec.ignore_eos else self.model.spec.eos_token_ids
+        return tuple(sorted(set(eos) | spec.stop_token_ids))
+
+    def _finish_reason(self, request: Request) -> dict[str, Any] | None:
+        spec, token = request.sampling, request.output_ids[-1]
+        if len(request.output_ids) >= spec.max_new_tokens:
+            return {"type": "length", "length": spec.max_new_tokens}
+        if len(request.input_ids) + len(request.output_ids) >= self.model.spec.context_length:
+            return {"type": "length", "length": len(request.output_ids)}
+        if token in spec.stop_token_ids or (not spec.ignore_eos and token in self.model.spec.eos_token_ids):
+            return {"type": "stop", "matched": token}
+        if spec.stop and self.model.tokenizer is not None:
+            longest = max(len(s) for s in spec.stop)
+            tail = self.model.decode(request.output_ids[-(longest + 8) :], spec.skip_special_tokens)
+            for stop in spec.stop:
+                if stop in tail:
+                    request.matched_stop_text = stop
+                    return {"type": "stop", "matched": stop}
+        return None
+
+    def _finish(self, request: Request, reason: dict[str, Any]) -> None:
+        request.finish_reason = reason
+        request.weight_version = self.weight_version
+        request.finished_at = time.perf_counter()
+        if request.on_finish is not None:
+            request.on_finish(request)
+
+    def _store_prefix(self, request: Request, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Offer a finished sequence's KV (it covers the first len(KV) of prompt + output) to the prefix cache."""
+        if self.prefix.max_tokens > 0:
+            length = layers[0][0].shape[-2]
+            self.prefix.store((request.input_ids + request.output_ids)[:length], layers)
+
+    def _remove_row(self, row: int) -> None:
+        moved = self._kv.remove(row)
+        if moved is not None:
+            self._running[row] = self._running[moved]
+        self._running.pop()
+
+    def _record_input_logprobs(self, request: Request, logits: torch.Tensor) -> None:
+        """Log-probs of prompt tokens from `logprob_start_len` on; the first prompt token has none."""
+        logprobs = torch.log_softmax(logits, dim=-1)  # [L, V]: row i predicts token i + 1
+        ids = torch.tensor(request.input_ids)
+        start = min(request.logprob_start_len, len(ids))
+        values: list[float | None] = [None] if start == 0 else []
+        lo = max(start, 1)
+        values += logprobs[lo - 1 : len(ids) - 1].gather(1, ids[lo:].unsqueeze(1)).squeeze(1).tolist()
+        request.input_logprobs = values
+        if request.top_logprobs_num:
+            top = logprobs[lo - 1 : len(ids) - 1].topk(request.top_logprobs_num, dim=-1)
+            request.input_top_logprobs = [None] * (1 if start == 0 else 0) + [
+                _top_pairs(top, i, request.top_logprobs_num) for i in range(len(ids) - lo)
+            ]
+
+
+def _top_pairs(top: Any, row: int, k: int) -> list[tuple[float, int]]:
+    return list(zip(top.values[row, :k].tolist(), top.indices[row, :k].tolist(), strict=True))
+
+
+def _wants_input(request: Request) -> bool:
+    """Prompt log-probs requested (and not yet computed)."""
+    return request.return_logprob and request.logprob_start_len >= 0 and not request.output_ids
+
+
+def _abort_reason(message: str, status_code: int | None = None, err_type: str | None = None) -> dict[str, Any]:
+    """SGLang's abort finish reason."""
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}

@@ -1,0 +1,114 @@
+"""From rollout groups to the actor's TrainBatch: filters, advantages, masks, and the batch's own metrics."""
+
+import random
+from dataclasses import dataclass, field
+
+from userrl_megatron.algo.advantages import episode_advantages
+from userrl_megatron.config.schema import AlgoConfig
+from userrl_megatron.types import Episode, EpisodeGroup, TrainBatch
+
+# Episodes that never produced a usable trajectory: always dropped.
+BROKEN = ("engine_error",)
+
+
+@dataclass
+class Prepared:
+    """What survives the filters, ready for log-probs and updates."""
+
+    episodes: list[Episode]
+    batch: TrainBatch  # advantages filled in; old/ref log-probs filled in later
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def filter_groups(groups: list[EpisodeGroup], algo: AlgoConfig) -> tuple[list[EpisodeGroup], dict[str, float]]:
+    """Drop broken episodes, user-simulator failures (when `algo.user_sim_failure` is "drop") and, optionally,
+    groups whose returns are all equal (their advantages are zero: no learning signal, only cost)."""
+    kept, dropped_episodes, dropped_groups = [], 0, 0
+    for group in groups:
+        episodes = [e for e in group.episodes if not _dropped(e, algo)]
+        dropped_episodes += len(group.episodes) - len(episodes)
+        if not episodes or (
+            algo.drop_equal_score_groups and len(set(EpisodeGroup("", group.task, episodes).scores)) == 1
+        ):
+            dropped_groups += 1
+            continue
+        kept.append(EpisodeGroup(group.group_id, group.task, episodes))
+    metrics = {"batch/dropped_episodes": float(dropped_episodes), "batch/dropped_groups": float(dropped_groups)}
+    return kept, metrics
+
+
+def prepare_batch(groups: list[EpisodeGroup], algo: AlgoConfig) -> Prepared | None:
+    """Advantages per token (the configured estimator, normalised within each group) and the TrainBatch.
+
+    Episodes with a user-simulator failure under `user_sim_failure: mask` stay in their group's statistics but
+    carry no loss. Returns None when nothing is left to train on.
+    """
+    groups, metrics = filter_groups(groups, algo)
+    episodes = [e for g in groups for e in g.episodes]
+    if not episodes:
+        return None
+    advantages = episode_advantages(
+        [e.turn_rewards for e in episodes], [e.group_id for e in episodes], [e.turn_index for e in episodes], algo
+    )
+    masks = [[0] * len(e.loss_mask) if _masked(e, algo) else list(e.loss_mask) for e in episodes]
+    batch = TrainBatch(
+        token_ids=[list(e.token_ids) for e in episodes],
+        loss_mask=masks,
+        advantages=advantages,
+        rollout_logprobs=[list(e.rollout_logprobs) for e in episodes],
+    )
+    metrics["batch/masked_episodes"] = float(sum(_masked(e, algo) for e in episodes))
+    metrics["batch/episodes"] = float(len(episodes))
+    metrics["batch/trained_tokens"] = float(batch.num_trained_tokens)
+    trained = [a for adv, m in zip(advantages, masks, strict=True) for a, keep in zip(adv, m, strict=True) if keep]
+    if trained:
+        metrics["batch/advantage_abs_mean"] = sum(abs(a) for a in trained) / len(trained)
+    return Prepared(episodes, batch, metrics)
+
+
+def mini_batches(batch: TrainBatch, count: int, seed: int) -> list[TrainBatch]:
+    """Split the episodes into `count` mini-batches (one optimizer step each), shuffled with `seed`."""
+    order = list(range(len(batch)))
+    random.Random(seed).shuffle(order)
+    parts = [order[i::count] for i in range(count)]
+    return [_select(batch, sorted(part)) for part in parts if part]
+
+
+def mismatch_metrics(batch: TrainBatch) -> dict[str, float]:
+    """Mean |Δ log p| and mean k3 KL between the engine's and the trainer's log-probs of the trained tokens."""
+    import math
+
+    diffs, kls = [], []
+    assert batch.old_logprobs is not None and batch.rollout_logprobs is not None
+    for old, rollout, mask in zip(batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask, strict=True):
+        for o, r, m in zip(old, rollout, mask, strict=True):
+            if m:
+                diffs.append(abs(o - r))
+                kls.append(math.exp(o - r) - 1.0 - (o - r))  # k3 estimate of KL(rollout || trainer)
+    if not diffs:
+        return {}
+    return {"mismatch/abs_logprob_diff": sum(diffs) / len(diffs), "mismatch/kl": sum(kls) / len(kls)}
+
+
+def _select(batch: TrainBatch, rows: list[int]) -> TrainBatch:
+    def pick(values: list[list] | None) -> list[list] | None:
+        return None if values is None else [values[i] for i in rows]
+
+    return TrainBatch(
+        token_ids=[batch.token_ids[i] for i in rows],
+        loss_mask=[batch.loss_mask[i] for i in rows],
+        advantages=[batch.advantages[i] for i in rows],
+        old_logprobs=pick(batch.old_logprobs),
+        ref_logprobs=pick(batch.ref_logprobs),
+        rollout_logprobs=pick(batch.rollout_logprobs),
+    )
+
+
+def _dropped(episode: Episode, algo: AlgoConfig) -> bool:
+    if episode.finish_reason in BROKEN or not episode.turns:
+        return True
+    return episode.finish_reason == "user_sim_error" and algo.user_sim_failure == "drop"
+
+
+def _masked(episode: Episode, algo: AlgoConfig) -> bool:
+    return episode.finish_reason == "user_sim_error" and algo.user_sim_failure == "mask"

@@ -1,0 +1,174 @@
+"""The running parts of a training run and their choreography: start-up, rollouts, weight sync, shutdown.
+
+Start-up: Ray (local unless `run.ray_address`), one placement group (actor ranks + engines), the Megatron
+workers (HF weights loaded on every rank), the engine pool, the user simulator when a gym needs one, and the
+weight-sync groups (one per pipeline stage, each with every engine). A restarted engine is repaired before it
+serves again: the current weights go to it through a one-off group, and the regular groups are rebuilt at the
+next sync.
+"""
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from userrl_megatron.config import RootConfig
+from userrl_megatron.types import EpisodeGroup, Task
+
+log = logging.getLogger(__name__)
+SYNC_GROUP = "userrl_sync"
+
+
+@dataclass
+class Components:
+    cfg: RootConfig
+    actors: Any  # trainer.workers.ActorGroup
+    pool: Any  # rollout.pool.RolloutPool
+    runner: Any  # rollout.episode.EpisodeRunner
+    tasks: Any  # trainer.task_stream.TaskStream
+    eval_tasks: list[Task]
+    user_sim: Any = None
+    groups: list[str] = field(default_factory=list)  # weight-sync group names, one per pipeline stage
+    version: int = 0  # the weight version the engines hold
+    _generation: Any = field(default_factory=itertools.count)
+    _stale: bool = False  # an engine was restarted: rebuild the groups before the next sync
+
+    async def rollout(self, tasks: list[Task], n: int, temperature: float | None = None) -> list[EpisodeGroup]:
+        sampling = self.runner.sampling(temperature)
+        return await self.runner.run_groups(tasks, n, self.pool.session, sampling, self.pool.concurrency)
+
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """Pause the engines, stream the weights to all of them, flush their caches, resume."""
+        if self._stale:
+            await self._reconnect()
+        await self.pool.pause()
+        try:
+            metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
+            await self.pool.flush_cache()
+        finally:
+            await self.pool.resume()
+        self.version = version
+        if self.cfg.sync.verify:
+            metrics |= await self._verify()
+        return metrics
+
+    def user_sim_metrics(self) -> dict[str, float]:
+        if self.user_sim is None:
+            return {}
+        return {f"user_sim/{k}": float(v) for k, v in self.user_sim.metrics().items()}
+
+    async def connect(self) -> None:
+        """Create this generation's sync groups with every engine."""
+        engines = [{"url": url, "tp_size": self.cfg.rollout.engine_tp} for url in self.pool.urls]
+        prefix = f"{SYNC_GROUP}_g{next(self._generation)}"
+        self.groups = await asyncio.to_thread(self.actors.connect_engines, engines, prefix)
+
+    async def repair(self, index: int, client: Any) -> None:
+        """`on_restart` hook: give a restarted engine the current weights before it serves again."""
+        if not self.cfg.sync.enabled or self.version == 0:
+            return  # it already holds the initial weights
+        engine = [{"url": client.base_url, "tp_size": self.cfg.rollout.engine_tp}]
+        groups = await asyncio.to_thread(self.actors.connect_engines, engine, f"{SYNC_GROUP}_repair{index}")
+        try:
+            await asyncio.to_thread(self.actors.push_weights, groups, self.version)
+        finally:
+            await asyncio.to_thread(self.actors.disconnect_engines, groups)
+        self._stale = True
+        log.info("engine %d repaired with weight version %d", index, self.version)
+
+    async def _reconnect(self) -> None:
+        await asyncio.to_thread(self.actors.disconnect_engines, self.groups)
+        for client in self.pool.clients:
+            for name in self.groups:
+                with contextlib.suppress(Exception):  # a restarted engine never joined the old group
+                    await client.destroy_weights_update_group(name)
+        await self.connect()
+        self._stale = False
+
+    async def _verify(self) -> dict[str, float]:
+        """Compare the first rows of every tensor on every engine with the trainer's export (a sampled checksum)."""
+        expected = await asyncio.to_thread(self.actors.weight_checksums, VERIFY_ROWS)
+        worst = 0.0
+        for client in self.pool.clients:
+            for name, value in expected.items():
+                rows = await client.get_weights_by_name(name, truncate_size=VERIFY_ROWS)
+                got = _nested_sum(rows)
+                worst = max(worst, abs(got - value) / max(1.0, abs(value)))
+        if worst > 1e-5:
+            raise RuntimeError(f"weight sync verify: an engine's weights differ from the trainer's (rel {worst:.3g})")
+        return {"sync/verify_max_rel_diff": worst}
+
+
+VERIFY_ROWS = 4
+
+
+def _nested_sum(values: Any) -> float:
+    if isinstance(values, list):
+        return sum(_nested_sum(v) for v in values)
+    return float(values)
+
+
+@contextlib.asynccontextmanager
+async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Components]:
+    """Start every part of the run; tear everything down on exit (also after an error)."""
+    import ray
+    import torch
+
+    from gyms.base import gym_spec
+    from userrl_megatron.data import load_tasks
+    from userrl_megatron.model_store import resolve_model
+    from userrl_megatron.rollout.chat import ChatTemplate
+    from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
+    from userrl_megatron.rollout.pool import RolloutPool
+    from userrl_megatron.trainer.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.trainer.task_stream import TaskStream
+    from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
+
+    train_tasks = load_tasks(cfg.gyms.train, "train", cfg.gyms)
+    eval_tasks = load_tasks(cfg.gyms.test, "test", cfg.gyms) if cfg.eval.every_steps else []
+    if cfg.eval.max_tasks:
+        eval_tasks = eval_tasks[: cfg.eval.max_tasks]
+    model_dir = resolve_model(cfg.model.path)
+    chat = ChatTemplate.from_pretrained(model_dir, cfg.model.tool_format)
+    for task in train_tasks[:1] + eval_tasks[:1]:
+        chat.present(task.prompt, task.tools)  # a tool format the template cannot show fails here, not mid-run
+
+    use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
+    plan = plan_bundles(cfg.megatron, cfg.rollout, use_gpu)
+    started_ray = not ray.is_initialized()
+    start_ray(cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, len(plan.bundles)))
+    placement = create_placement(plan)
+    actors = pool = user_sim = None
+    try:
+        spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed)
+        env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
+        actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
+        if any(gym_spec(t.gym).needs_user_sim for t in train_tasks + eval_tasks):
+            from gyms.user_sim import UserSimulator
+
+            user_sim = UserSimulator(cfg.user_sim)
+        runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
+        pool = RolloutPool(cfg.rollout, str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
+        parts = Components(cfg, actors, pool, runner, TaskStream(train_tasks, cfg.run.seed), eval_tasks, user_sim)
+        pool.on_restart = parts.repair
+        await pool.start()
+        if cfg.sync.enabled:
+            await parts.connect()
+        yield parts
+    finally:
+        if pool is not None:
+            await pool.close()
+        if user_sim is not None:
+            await user_sim.close()
+        if actors is not None:
+            actors.shutdown()
+        from ray.util import remove_placement_group
+
+        remove_placement_group(placement.group)
+        if started_ray:
+            ray.shutdown()

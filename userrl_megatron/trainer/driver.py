@@ -1,0 +1,164 @@
+"""The RL loop: `train(cfg)` starts the components and runs `Trainer.fit`, whose body is one screen.
+
+One step: a batch of tasks -> rollout groups (n episodes per task) -> filters -> old (and reference) log-probs
+-> advantages -> PPO/GRPO mini-batch updates -> weight sync to the engines -> metrics, rollout dump,
+checkpoint, evaluation. Relaunching the same command resumes from the run directory's `latest` checkpoint
+(model, optimizer, LR schedule, RNG, step, position in the task stream).
+"""
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from userrl_megatron.config import RootConfig, save_config
+from userrl_megatron.observability import Timers, Tracker
+from userrl_megatron.observability.dumps import write_episodes
+from userrl_megatron.rollout.summary import rollout_metrics
+from userrl_megatron.trainer.batch import mini_batches, mismatch_metrics, prepare_batch
+from userrl_megatron.trainer.components import Components, start_components
+from userrl_megatron.types import EpisodeGroup, TrainBatch
+
+log = logging.getLogger(__name__)
+SUMMARY_KEYS = (
+    "rollout/reward_mean",
+    "rollout/turns_mean",
+    "rollout/generated_tokens",
+    "actor/loss",
+    "actor/grad_norm",
+    "mismatch/abs_logprob_diff",
+    "eval/reward_mean",
+    "sync/seconds",
+    "timing/rollout",
+    "timing/train",
+    "timing/step",
+)
+
+
+class Trainer:
+    """Owns the run's components; `fit()` is the RL loop."""
+
+    def __init__(self, cfg: RootConfig, run_dir: Path, parts: Components) -> None:
+        self.cfg, self.run_dir, self.parts = cfg, run_dir, parts
+        self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=SUMMARY_KEYS)
+        self.best = float("-inf")
+
+    async def fit(self) -> int:
+        """Train until `run.total_steps`; returns the last step."""
+        cfg, parts = self.cfg, self.parts
+        step = self.resume()
+        if step > 0 and cfg.sync.enabled:
+            await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
+        while step < cfg.run.total_steps:
+            step += 1
+            timers, metrics = Timers(), {}
+            with timers("step"):
+                with timers("rollout"):
+                    tasks = parts.tasks.next(cfg.rollout.prompts_per_step)
+                    groups = await parts.rollout(tasks, cfg.rollout.n_samples_per_prompt)
+                prepared = prepare_batch(groups, cfg.algo)
+                if prepared is not None:
+                    with timers("logprobs"):
+                        await self.score(prepared.batch)
+                    with timers("train"):
+                        metrics |= await self.update(prepared.batch, step)
+                    metrics |= prepared.metrics | mismatch_metrics(prepared.batch)
+                if cfg.sync.enabled:
+                    with timers("sync"):
+                        metrics |= await self.sync(step)
+                if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+                    with timers("checkpoint"):
+                        self.save(step)
+                if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
+                    with timers("eval"):
+                        metrics |= await self.evaluate(step)
+            self.record(step, groups, metrics | timers.pop())
+        await self.finish(step)
+        return step
+
+    # ---- the pieces of a step ----
+
+    async def score(self, batch: TrainBatch) -> None:
+        """Old log-probs (recomputed by the trainer, as PPO needs them) and reference log-probs for KL."""
+        batch.old_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_logprobs", batch)
+        if self.cfg.algo.kl_coef > 0:
+            batch.ref_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_ref_logprobs", batch)
+
+    async def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
+        """`ppo_epochs` passes of `mini_batches_per_step` optimizer steps; metrics averaged over them."""
+        algo, runs = self.cfg.algo, []
+        for epoch in range(algo.ppo_epochs):
+            for mini in mini_batches(batch, algo.mini_batches_per_step, seed=self.cfg.run.seed + 1000 * step + epoch):
+                runs.append(await asyncio.to_thread(self.parts.actors.call, "train_step", mini))
+        return {k: sum(r[k] for r in runs if k in r) / sum(k in r for r in runs) for k in runs[0]} if runs else {}
+
+    async def sync(self, version: int) -> dict[str, float]:
+        """Pause the engines, push the trained weights bucket by bucket, flush their caches, resume."""
+        return await self.parts.sync_weights(version)
+
+    def save(self, step: int) -> None:
+        state = {"step": step, "tasks": self.parts.tasks.state(), "best": self.best}
+        path = self.run_dir / "checkpoints" / f"step_{step}"
+        self.parts.actors.call("save", str(path), state, self.cfg.checkpoint.keep_last)
+
+    async def evaluate(self, step: int) -> dict[str, float]:
+        """Episodes on the test tasks at the evaluation temperature; a new best score exports HF weights."""
+        cfg = self.cfg.eval
+        groups = await self.parts.rollout(self.parts.eval_tasks, cfg.n_samples_per_prompt, cfg.temperature)
+        metrics = rollout_metrics([e for g in groups for e in g.episodes], prefix="eval/")
+        score = metrics.get("eval/reward_mean", float("-inf"))
+        if score > self.best:
+            self.best = score
+            self.parts.actors.call("export_hf", str(self.run_dir / "hf" / "best"))
+            (self.run_dir / "best.json").write_text(json.dumps({"step": step, "eval/reward_mean": score}))
+        return metrics
+
+    def record(self, step: int, groups: list[EpisodeGroup], metrics: dict[str, float]) -> None:
+        episodes = [e for g in groups for e in g.episodes]
+        metrics |= rollout_metrics(episodes) | self.parts.user_sim_metrics()
+        metrics["train/weight_version"] = float(min((e.weight_version for e in episodes), default=0))
+        self.tracker.log(metrics, step)
+        every = self.cfg.logging.rollout_dump_every
+        if every and step % every == 0:
+            count = self.cfg.logging.rollout_dump_count
+            write_episodes(self.run_dir / "rollouts" / f"step_{step}.jsonl", episodes[:count], step=step)
+
+    def resume(self) -> int:
+        """Load the checkpoint `checkpoint.resume` names ("auto": the run's latest); returns its step."""
+        source = self.cfg.checkpoint.resume
+        if source == "disable":
+            return 0
+        path = self.run_dir / "checkpoints" if source == "auto" else Path(source)
+        if not (path / "latest").is_file() and not (path / "userrl_checkpoint.json").is_file():
+            if source != "auto":
+                raise FileNotFoundError(f"checkpoint.resume = {source}: no checkpoint there")
+            return 0
+        state = self.parts.actors.call("load", str(path))
+        self.parts.tasks.restore(state["tasks"])
+        self.best = state.get("best", float("-inf"))
+        log.info("resumed from %s at step %d", path, state["step"])
+        return int(state["step"])
+
+    async def finish(self, step: int) -> None:
+        """Save the final checkpoint (unless just saved) and export HF weights."""
+        every = self.cfg.checkpoint.every_steps
+        if step > 0 and not (every and step % every == 0):
+            self.save(step)
+        if self.cfg.checkpoint.save_hf and step > 0:
+            self.parts.actors.call("export_hf", str(self.run_dir / "hf" / f"step_{step}"))
+        self.tracker.close()
+
+
+def train(cfg: RootConfig) -> Path:
+    """Run (or resume) the training run `cfg` describes; returns its run directory."""
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+
+    async def main() -> None:
+        async with start_components(cfg, run_dir) as parts:
+            await Trainer(cfg, run_dir, parts).fit()
+
+    asyncio.run(main())
+    return run_dir

@@ -1,0 +1,45 @@
+"""The end-of-run summary: a table of the run's steps from metrics.jsonl, and where its artifacts are."""
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from userrl_megatron.observability import read_metrics
+
+COLUMNS = (
+    ("reward", "rollout/reward_mean", "{:.3f}"),
+    ("turns", "rollout/turns_mean", "{:.2f}"),
+    ("tokens", "rollout/generated_tokens", "{:.0f}"),
+    ("loss", "actor/loss", "{:+.4f}"),
+    ("grad norm", "actor/grad_norm", "{:.3f}"),
+    ("|Δlogp|", "mismatch/abs_logprob_diff", "{:.2e}"),
+    ("rollout s", "timing/rollout", "{:.1f}"),
+    ("logprob s", "timing/logprobs", "{:.1f}"),
+    ("train s", "timing/train", "{:.1f}"),
+    ("sync s", "timing/sync", "{:.2f}"),
+    ("ckpt s", "timing/checkpoint", "{:.1f}"),
+    ("step s", "timing/step", "{:.1f}"),
+)
+
+
+def print_report(run_dir: Path, console: Console | None = None) -> None:
+    """Print one row per step and the run's checkpoint and HF export locations."""
+    console = console or Console(highlight=False)
+    records = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    table = Table(title=f"run {run_dir}")
+    table.add_column("step", justify="right")
+    for title, _, _ in COLUMNS:
+        table.add_column(title, justify="right")
+    for record in records:
+        cells = [
+            fmt.format(record[key]) if isinstance(record.get(key), int | float) else "-" for _, key, fmt in COLUMNS
+        ]
+        table.add_row(str(record["step"]), *cells)
+    console.print(table)
+    latest = run_dir / "checkpoints" / "latest"
+    if latest.is_file():
+        console.print(f"latest checkpoint: {run_dir / 'checkpoints' / latest.read_text().strip()}")
+    exports = sorted((run_dir / "hf").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    if exports:
+        console.print(f"Hugging Face export: {exports[-1]}")
