@@ -62,9 +62,9 @@ def test_conversion_errors_are_reported(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.slow
 def test_smollm2_round_trip_at_tp3(tmp_path: Path) -> None:
-    """SmolLM2-135M (9 heads, 3 KV heads, tied): hf2mcore at TP=3, back at TP=1; logits equal in transformers."""
+    """SmolLM2-135M (9 heads, 3 KV heads, tied): both converters at TP=3; logits equal in transformers."""
     hf = resolve_model("smollm2-135m-instruct")
-    out = round_trip(hf, tmp_path, ["--tp", "3"], [])
+    out = round_trip(hf, tmp_path, ["--tp", "3"], ["--tp", "3"])
     assert_same_model(hf, out)
 
 
