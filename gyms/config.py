@@ -20,6 +20,7 @@ class FunctionGeneratorConfig:
     operators: list[str] = field(default_factory=lambda: ["+", "-"])  # of + - * / and ** (squares a term)
     max_input: int = 9  # test-case inputs are drawn from 1..max_input
     reveal_test_case: bool = True  # state the test case in the first user message (no [search] needed)
+    prompt_style: str = "userrl"  # "userrl" (UserRL's tool prompt) or "compact" (rule shown, 2 solved examples)
 
 
 @dataclass

@@ -63,8 +63,42 @@ def procedural_tasks(split: str, generator: FunctionGeneratorConfig) -> list[Tas
     return [procedural_task(record, generator) for record in records]
 
 
+COMPACT_SYSTEM_PROMPT = (
+    "Compute the function for the test case. Reply with one line: [answer] followed by the number. "
+    "If your answer is wrong, you may answer again."
+)
+COMPACT_EXAMPLES = 2
+
+
+def compact_prompt(record: dict[str, Any], generator: FunctionGeneratorConfig) -> list[Message]:
+    """The "compact" prompt for small models: the rule is shown, two solved examples come first."""
+    examples = [generate_function(generator, "example", i) for i in range(COMPACT_EXAMPLES)]
+    messages = [Message("system", COMPACT_SYSTEM_PROMPT)]
+    for example in examples:
+        messages += [
+            Message("user", _compact_question(example)),
+            Message("assistant", f"[answer] {_integral(example)}"),
+        ]
+    return [*messages, Message("user", _compact_question(record))]
+
+
+def _compact_question(record: dict[str, Any]) -> str:
+    return f"f(a, b, c, d) = {record['rule']}. Test case: {record['test_case']}."
+
+
+def _integral(record: dict[str, Any]) -> str:
+    value = float(record["expected_result"])
+    return str(int(value)) if value.is_integer() else str(value)
+
+
 def procedural_task(record: dict[str, Any], generator: FunctionGeneratorConfig) -> Task:
-    """The Task of a generated record: the system prompt above and a user message (with the test case if revealed)."""
+    """The Task of a generated record: UserRL's system prompt and a user message (with the test case if
+    revealed), or the compact prompt (`generator.prompt_style: compact`, no tool schema: it states the format)."""
+    if generator.prompt_style == "compact":
+        task = Task(gym="function", task_id=record["id"], prompt=compact_prompt(record, generator))
+        task.metadata = {"record": record, "ground_truth": str(record["expected_result"])}
+        task.metadata |= {"data_source": PROCEDURAL_SOURCE, "reply_without_tool_call": "end"}
+        return task
     user = "My mapping function is settled and ready. You may begin your guessing and trials now!"
     if generator.reveal_test_case:
         user += f"\nThe test case is {record['test_case']}: tell me the function's result for it."

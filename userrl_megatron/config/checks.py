@@ -165,6 +165,8 @@ def _gym_problems(cfg: RootConfig) -> list[str]:
         problems.append(f"gyms.function.generator.operators: unknown {unknown}; choose from {allowed}")
     if gen.terms > 1 and not [op for op in gen.operators if op != "**"]:
         problems.append("gyms.function.generator.operators needs one of + - * / when terms > 1")
+    if gen.prompt_style not in ("userrl", "compact"):
+        problems.append(f"gyms.function.generator.prompt_style = {gen.prompt_style!r}; choose from userrl, compact")
     if gen.max_input < 1 or gen.tasks_per_split < 1:
         problems.append("gyms.function.generator.max_input and tasks_per_split must be >= 1")
     travel = cfg.gyms.travel

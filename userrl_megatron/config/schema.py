@@ -77,7 +77,7 @@ class SGLangConfig:
 @dataclass
 class EmbeddedServerConfig:
     host: str = "127.0.0.1"  # bind address of `userrl serve` (loopback unless other hosts must reach it)
-    base_port: int = 30000  # first HTTP port; embedded engine i listens on base_port + i
+    base_port: int = 0  # first HTTP port (engine i: base_port + i); 0 = free ports picked at each start
     device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda" or "cuda:N"
     context_length: int = 0  # longest prompt + output served; 0 = the model's max_position_embeddings
     max_running_requests: int = 64  # requests decoded together in one batched forward

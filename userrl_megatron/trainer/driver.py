@@ -64,16 +64,18 @@ class Trainer:
                     with timers("train"):
                         metrics |= await self.update(prepared.batch, step)
                     metrics |= prepared.metrics | mismatch_metrics(prepared.batch)
-                if cfg.sync.enabled:
+                if cfg.sync.enabled and prepared is not None:  # no update, no new weights to send
                     with timers("sync"):
                         metrics |= await self.sync(step)
-                if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                    with timers("checkpoint"):
-                        self.save(step)
                 if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                     with timers("eval"):
                         metrics |= await self.evaluate(step)
-            self.record(step, groups, metrics | timers.pop())
+            metrics = self.summarize(step, groups, metrics | timers.pop())
+            if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+                with timers("checkpoint"):
+                    self.save(step, metrics)
+                metrics |= timers.pop()
+            self.tracker.log(metrics, step)  # after the checkpoint: a logged step is never trained twice
         await self.finish(step)
         return step
 
@@ -97,8 +99,9 @@ class Trainer:
         """Pause the engines, push the trained weights bucket by bucket, flush their caches, resume."""
         return await self.parts.sync_weights(version)
 
-    def save(self, step: int) -> None:
-        state = {"step": step, "tasks": self.parts.tasks.state(), "best": self.best}
+    def save(self, step: int, record: dict[str, float] | None = None) -> None:
+        """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them)."""
+        state = {"step": step, "tasks": self.parts.tasks.state(), "best": self.best, "record": record or {}}
         path = self.run_dir / "checkpoints" / f"step_{step}"
         self.parts.actors.call("save", str(path), state, self.cfg.checkpoint.keep_last)
 
@@ -114,15 +117,16 @@ class Trainer:
             (self.run_dir / "best.json").write_text(json.dumps({"step": step, "eval/reward_mean": score}))
         return metrics
 
-    def record(self, step: int, groups: list[EpisodeGroup], metrics: dict[str, float]) -> None:
+    def summarize(self, step: int, groups: list[EpisodeGroup], metrics: dict[str, float]) -> dict[str, float]:
+        """The step's full metrics; also writes the rollout dump of the step."""
         episodes = [e for g in groups for e in g.episodes]
         metrics |= rollout_metrics(episodes) | self.parts.user_sim_metrics()
         metrics["train/weight_version"] = float(min((e.weight_version for e in episodes), default=0))
-        self.tracker.log(metrics, step)
         every = self.cfg.logging.rollout_dump_every
         if every and step % every == 0:
             count = self.cfg.logging.rollout_dump_count
             write_episodes(self.run_dir / "rollouts" / f"step_{step}.jsonl", episodes[:count], step=step)
+        return metrics
 
     def resume(self) -> int:
         """Load the checkpoint `checkpoint.resume` names ("auto": the run's latest); returns its step."""
@@ -137,14 +141,23 @@ class Trainer:
         state = self.parts.actors.call("load", str(path))
         self.parts.tasks.restore(state["tasks"])
         self.best = state.get("best", float("-inf"))
-        log.info("resumed from %s at step %d", path, state["step"])
-        return int(state["step"])
+        step = int(state["step"])
+        if state.get("record") and step not in self._logged_steps():
+            self.tracker.log(state["record"], step)  # interrupted between its checkpoint and its log line
+        log.info("resumed from %s at step %d", path, step)
+        return step
+
+    def _logged_steps(self) -> set[int]:
+        from userrl_megatron.observability import read_metrics
+
+        path = self.run_dir / "metrics.jsonl"
+        return {r["step"] for r in read_metrics(path)} if path.is_file() else set()
 
     async def finish(self, step: int) -> None:
         """Save the final checkpoint (unless just saved) and export HF weights."""
         every = self.cfg.checkpoint.every_steps
         if step > 0 and not (every and step % every == 0):
-            self.save(step)
+            self.save(step)  # its metrics are already logged
         if self.cfg.checkpoint.save_hf and step > 0:
             self.parts.actors.call("export_hf", str(self.run_dir / "hf" / f"step_{step}"))
         self.tracker.close()

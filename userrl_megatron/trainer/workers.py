@@ -97,7 +97,7 @@ class MegatronWorker:
         state = self.actor.gather_hf_state_dict()
         if state is None:
             return None
-        save_hf_dir(out_dir, state, self.actor.hf_dir)
+        save_hf_dir(out_dir, state.items(), self.actor.hf_dir)
         return out_dir
 
     # ---- weight sync ----
