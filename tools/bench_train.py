@@ -10,7 +10,8 @@ that take part in matmuls (the LM head, not the embedding lookup), and the secon
 device's peak: the dense bf16/fp16/tf32 peak of known GPUs (--peak-tflops overrides), and on CPU the fp32
 GEMM throughput measured in the same run on the same cores (so the CPU MFU is "fraction of what a plain
 large matmul reaches here"). `--compare-hf` also times a plain transformers + torch AdamW step on the same
-batch in one process and reports the ratio (world size 1 only).
+batch in the same process, interleaved with the actor's steps so that load changes hit both alike, and
+reports the ratio (world size 1 only). Step times are medians over the timed steps.
 
 `synthetic-*` models are random (config.json only, Megatron's own initialisation); others load HF weights.
 The script writes one JSON object (to --out and stdout).
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -86,18 +88,19 @@ def model_flops(arch: Architecture, lengths: list[int]) -> float:
     return 6.0 * matmul_params * sum(lengths) + attention
 
 
-def cpu_gemm_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a large fp32 matmul on `threads` threads (the CPU 'peak' the MFU is measured against)."""
+def cpu_gemm_peak(threads: int, size: int = 2048, trials: int = 5) -> float:
+    """Best FLOP/s of a large fp32 matmul on `threads` threads (the CPU 'peak' the MFU is measured against)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size), torch.randn(size, size)
     torch.mm(a, b)
-    start = time.perf_counter()
-    for _ in range(repeats):
+    best = float("inf")
+    for _ in range(trials):
+        start = time.perf_counter()
         torch.mm(a, b)
-    elapsed = time.perf_counter() - start
+        best = min(best, time.perf_counter() - start)
     torch.set_num_threads(previous)
-    return 2 * size**3 * repeats / elapsed
+    return 2 * size**3 / best
 
 
 def gpu_peak(dtype: str) -> tuple[float | None, str]:
@@ -126,45 +129,48 @@ def _bench_rank(rank: int, world: int, port: int, args: dict) -> dict:
         ModelConfig(path=args["model_dir"], dtype=args["dtype"]), cfg, AlgoConfig(), 0, load_weights=args["weights"]
     )
     batch = make_batch(actor.arch.vocab_size, args["episodes"], args["seq_len"])
-    times = []
+    hf_step = HFStep(Path(args["model_dir"]), batch, actor.dtype) if args["compare_hf"] else None
+    times, hf_times = [], []
     for step in range(args["warmup"] + args["steps"]):
         metrics = actor.train_step(batch)
+        hf_time = hf_step() if hf_step else None  # interleaved, so load changes hit both alike
         if step >= args["warmup"]:
             times.append(metrics["actor/step_time_s"])
+            hf_times.append(hf_time)
     memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     parallel.shutdown()
-    return {"step_times_s": times, "max_gpu_memory_gib": memory}
+    return {"step_times_s": times, "hf_step_times_s": hf_times, "max_gpu_memory_gib": memory}
 
 
-def hf_step_time(model_dir: Path, batch: TrainBatch, dtype: torch.dtype, steps: int, warmup: int) -> float:
-    """Seconds per plain transformers + torch AdamW step on the same batch (the same policy-gradient loss)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+class HFStep:
+    """One plain transformers + torch AdamW step on the batch (the same policy-gradient loss); returns seconds."""
 
-    if (model_dir / "model.safetensors").exists() or (model_dir / "model.safetensors.index.json").exists():
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    ids = torch.tensor(batch.token_ids, device=device)
-    mask = torch.tensor(batch.loss_mask, device=device, dtype=torch.float32)[:, 1:]
-    adv = torch.tensor(batch.advantages, device=device, dtype=torch.float32)[:, 1:]
-    times = []
-    for step in range(warmup + steps):
+    def __init__(self, model_dir: Path, batch: TrainBatch, dtype: torch.dtype) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if any(model_dir.glob("*.safetensors")):
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = model.to(self.device).train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+        self.ids = torch.tensor(batch.token_ids, device=self.device)
+        self.mask = torch.tensor(batch.loss_mask, device=self.device, dtype=torch.float32)[:, 1:]
+        self.adv = torch.tensor(batch.advantages, device=self.device, dtype=torch.float32)[:, 1:]
+
+    def __call__(self) -> float:
         start = time.perf_counter()
-        opt.zero_grad()
-        logits = model(ids).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
-        loss = -(logp * adv * mask).sum() / mask.sum()
+        self.opt.zero_grad()
+        logits = self.model(self.ids).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, self.ids[:, 1:, None])[..., 0]
+        loss = -(logp * self.adv * self.mask).sum() / self.mask.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return sum(times) / len(times)
+        return time.perf_counter() - start
 
 
 def main() -> None:
@@ -196,8 +202,11 @@ def main() -> None:
             "weights": not synthetic,
             "micro_batch_tokens": max(args.micro_batch_tokens, args.seq_len),
         }
+        cpu_peak = None if torch.cuda.is_available() else cpu_gemm_peak(os.cpu_count() or 1)  # before the ranks
+        if args.compare_hf and world != 1:
+            sys.exit("--compare-hf needs world size 1")
         results = run_local(_bench_rank, world, rank_args, timeout_s=3600)
-        step_time = sum(results[0]["step_times_s"]) / len(results[0]["step_times_s"])
+        step_time = statistics.median(results[0]["step_times_s"])
         batch = make_batch(arch.vocab_size, args.episodes, args.seq_len)
         lengths = [len(t) for t in batch.token_ids]
         if args.peak_tflops is not None:
@@ -206,7 +215,7 @@ def main() -> None:
             peak, peak_source = gpu_peak(args.dtype)
             peak = peak * world if peak else None
         else:
-            peak, peak_source = cpu_gemm_peak(os.cpu_count() or 1), "measured fp32 GEMM, all cores"
+            peak, peak_source = cpu_peak, "measured fp32 GEMM (best of 5), all cores"
         flops = model_flops(arch, lengths)
         report = {
             "model": args.model,
@@ -226,10 +235,7 @@ def main() -> None:
             "max_gpu_memory_gib": results[0]["max_gpu_memory_gib"],
         }
         if args.compare_hf:
-            if world != 1:
-                sys.exit("--compare-hf needs world size 1")
-            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-            hf_time = hf_step_time(model_dir, batch, dtype, args.steps, args.warmup)
+            hf_time = statistics.median(results[0]["hf_step_times_s"])
             report["hf_step_time_s"] = hf_time
             report["speed_vs_hf"] = hf_time / step_time
     text = json.dumps(report, indent=2)

@@ -1,4 +1,5 @@
-"""Megatron log-probs equal the `transformers` model's under TP, PP, DP, TP x PP, TP=3 and interleaved PP.
+"""Megatron log-probs equal the `transformers` model's under TP, PP, DP, TP x PP, TP=3 and interleaved PP
+(the last two also train against the torch reference).
 
 Tiny random Llama (tied embeddings, a vocabulary Megatron has to pad), Qwen2 (QKV bias) and Qwen3
 (QK-norm) models with randomised norms and biases. Negative controls: a QKV mapping with K and V swapped
@@ -16,10 +17,12 @@ from tests.support.distributed import (
     init_world,
     max_abs_diff,
     megatron_config,
+    random_batch,
     random_sequences,
     spawn,
 )
 from tests.support.tiny_models import make_tiny_model
+from userrl_megatron.config.schema import AlgoConfig
 from userrl_megatron.types import TrainBatch
 
 pytestmark = pytest.mark.distributed
@@ -151,7 +154,7 @@ def test_tp2_x_pp2_matches_transformers(models: dict) -> None:
         assert [r[(family, "export")] for r in results] == [True, None, None, None]
 
 
-def _layouts_3(rank: int, world: int, port: int, model: dict) -> dict:
+def _layouts_3(rank: int, world: int, port: int, model: dict, batches: list[TrainBatch]) -> dict:
     out = {}
     for name, layout in {"tp3": {"tp": 3}, "pp3_vpp2": {"pp": 3, "vpp": 2}}.items():
         cfg = megatron_config(micro_batch_tokens=40, **layout)
@@ -159,17 +162,23 @@ def _layouts_3(rank: int, world: int, port: int, model: dict) -> dict:
         actor = build_actor(model["dir"], cfg)
         out[name] = _compare(actor, model)
         out[(name, "export")] = _export_matches(actor, model["dir"])
+        out[(name, "losses")] = [actor.train_step(b)["actor/loss"] for b in batches]
     return out
 
 
-def test_tp3_and_interleaved_pp3_match_transformers(tmp_path: Path) -> None:
+def test_tp3_and_interleaved_pp3_match_transformers_and_train(tmp_path: Path) -> None:
+    from tests.support import reference
+
     model_dir = make_tiny_model("qwen3", tmp_path / "qwen3_6h", seed=3, **TP3_MODEL)
     seqs = random_sequences(250, LENGTHS, seed=4)
     logprobs, entropy = hf_logprobs(model_dir, seqs, entropy=True)
     model = {"dir": model_dir, "seqs": seqs, "logprobs": logprobs, "entropy": entropy}
-    results = spawn(_layouts_3, 3, model)
+    batches = [random_batch(250, LENGTHS, seed=s) for s in range(2)]
+    expected = [r["loss"] for r in reference.train(model_dir, batches, AlgoConfig(), megatron_config())]
+    results = spawn(_layouts_3, 3, model, batches)
     for name in ("tp3", "pp3_vpp2"):
         assert results[0][name]["logprobs"] <= TOL, (name, results[0][name]["logprobs"])
         assert results[0][name]["entropy"] <= TOL
         assert all(r[name]["values"] == results[0][name]["values"] for r in results)
         assert results[0][(name, "export")] is True
+        assert results[0][(name, "losses")] == pytest.approx(expected, abs=1e-5), name

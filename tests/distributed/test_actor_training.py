@@ -27,6 +27,10 @@ ALGOS = {
     "seq_mean_token_mean": AlgoConfig(loss_agg="seq-mean-token-mean"),
 }
 LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "dp2": {"use_distributed_optimizer": False}}
+# fp32 flash attention (torch SDPA, on both sides) is accurate to ~1e-6 relative: identical inputs give
+# identical outputs (TP=1 agrees to 5e-8), but TP's differently ordered sums upstream move the gradients by
+# ~3e-5 of their scale. A normalisation or mapping error moves them by orders of magnitude more.
+GRAD_RTOL = 1e-4
 
 
 def with_reference_terms(batch: TrainBatch, seed: int) -> TrainBatch:
@@ -78,32 +82,39 @@ def test_loss_and_gradient_equal_the_torch_reference(model_dir: Path) -> None:
                 assert grads.keys() == ref_grads.keys(), key
                 worst = max(float((torch.from_numpy(grads[k]) - ref_grads[k]).abs().max()) for k in grads)
                 scale = max(float(g.abs().max()) for g in ref_grads.values())
-                assert worst <= 1e-5 * scale, (key, worst, scale)
+                assert worst <= GRAD_RTOL * scale, (key, worst, scale)
 
 
-def _steps(rank: int, world: int, port: int, model_dir: Path, batches: list[TrainBatch], algo: AlgoConfig) -> dict:
+def _steps(rank: int, world: int, port: int, runs: dict, batches: list[TrainBatch], algo: AlgoConfig) -> dict:
+    """`runs`: name -> (model dir, layout); the metrics of every step of each run."""
     out = {}
-    for layout_name, layout in {**LAYOUTS, "dp2_distopt": {}}.items():
+    for name, (model_dir, layout) in runs.items():
         cfg = megatron_config(micro_batch_tokens=32, **layout, **SCHEDULE)
         init_world(rank, world, port, cfg)
         actor = build_actor(model_dir, cfg, algo)
-        out[layout_name] = [actor.train_step(b) for b in batches]
+        out[name] = [actor.train_step(b) for b in batches]
     return out
 
 
+# With megatron_config's adam_eps (1e-6, above the flash-attention noise under TP, see GRAD_RTOL) the
+# measured loss differences stay <= 2e-6 under TP2 and ~1e-7 under the other layouts.
 SCHEDULE = {"lr_warmup_steps": 2, "lr_schedule": "cosine", "lr_decay_steps": 5, "grad_clip": 0.5, "lr": 2e-3}
 
 
-def test_optimizer_steps_equal_the_torch_reference_under_every_layout(model_dir: Path) -> None:
+def test_optimizer_steps_equal_the_torch_reference_under_every_layout(model_dir: Path, tmp_path: Path) -> None:
     algo = AlgoConfig(entropy_coef=0.01)
-    batches = [random_batch(256, LENGTHS, seed=s) for s in range(3)]
-    expected = reference.train(model_dir, batches, algo, megatron_config(**SCHEDULE))
-    results = spawn(_steps, 2, model_dir, batches, algo)
+    batches = [random_batch(250, LENGTHS, seed=s) for s in range(3)]
+    # a tied, vocabulary-padded Llama under PP: the embedding's gradient is summed over both stages' copies
+    tied = make_tiny_model("llama", tmp_path / "llama", seed=4, tie_word_embeddings=True, vocab_size=250)
+    runs = {name: (model_dir, layout) for name, layout in {**LAYOUTS, "dp2_distopt": {}}.items()}
+    runs["tied_pp2"] = (tied, {"pp": 2})
+    expected = {path: reference.train(path, batches, algo, megatron_config(**SCHEDULE)) for path in (model_dir, tied)}
+    results = spawn(_steps, 2, runs, batches, algo)
     for layout, steps in results[0].items():
         assert steps == results[1][layout]  # identical on every rank
-        for step, (got, want) in enumerate(zip(steps, expected, strict=True)):
+        for step, (got, want) in enumerate(zip(steps, expected[runs[layout][0]], strict=True)):
             assert abs(got["actor/loss"] - want["loss"]) <= 1e-5, (layout, step, got["actor/loss"], want["loss"])
-            assert abs(got["actor/grad_norm"] - want["grad_norm"]) <= 1e-5, (layout, step)
+            assert got["actor/grad_norm"] == pytest.approx(want["grad_norm"], rel=GRAD_RTOL), (layout, step)
             assert got["actor/lr"] == pytest.approx(want["lr"], rel=1e-12)
     first = results[0]["tp2"][0]
     assert first["actor/trained_tokens"] == sum(sum(m) for m in batches[0].loss_mask)

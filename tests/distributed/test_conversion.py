@@ -62,9 +62,9 @@ def test_conversion_errors_are_reported(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.slow
 def test_smollm2_round_trip_at_tp3(tmp_path: Path) -> None:
-    """SmolLM2-135M (9 heads, 3 KV heads, tied): hf2mcore at TP=3, back at TP=1; logits equal in transformers."""
+    """SmolLM2-135M (9 heads, 3 KV heads, tied): both converters at TP=3; logits equal in transformers."""
     hf = resolve_model("smollm2-135m-instruct")
-    out = round_trip(hf, tmp_path, ["--tp", "3"], [])
+    out = round_trip(hf, tmp_path, ["--tp", "3"], ["--tp", "3"])
     assert_same_model(hf, out)
 
 
@@ -84,5 +84,5 @@ def test_smollm2_logprobs_at_tp3_match_transformers() -> None:
     texts = ["The capital of France is Paris.", "def add(a, b):\n    return a + b", "Hi!"]
     seqs = [tok(t).input_ids for t in texts]
     results = spawn(_smollm2_logprobs, 3, seqs)
-    assert max_abs_diff(results[0], hf_logprobs(hf, seqs)) <= 5e-5  # 30 fp32 layers: measured 1.7e-5
+    assert max_abs_diff(results[0], hf_logprobs(hf, seqs)) <= 5e-5  # 30 fp32 layers: measured 2.1e-5
     assert results[1] == results[0] == results[2]

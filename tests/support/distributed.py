@@ -33,6 +33,9 @@ def megatron_config(**overrides: Any) -> MegatronConfig:
     fields = {short.get(k, k): v for k, v in overrides.items()}
     fields.setdefault("micro_batch_tokens", 64)
     fields.setdefault("lr", 1e-3)
+    # Adam's first steps move each parameter by about ±lr whatever its gradient: eps above fp32 gradient noise
+    # keeps components that are pure noise (different under each layout) from taking full steps.
+    fields.setdefault("adam_eps", 1e-6)
     return MegatronConfig(**fields)
 
 

@@ -37,7 +37,8 @@ def test_sharded_directory_loads_in_transformers(tiny_dir: Path, tmp_path: Path)
 
 
 def test_dtype_cast_is_recorded_in_config(tiny_dir: Path, tmp_path: Path) -> None:
-    out = save_hf_dir(tmp_path / "bf16", HFWeights(tiny_dir).items(), tiny_dir, dtype=torch.bfloat16)
+    state = dict(HFWeights(tiny_dir).items())  # a state dict works as well as a stream of pairs
+    out = save_hf_dir(tmp_path / "bf16", state, tiny_dir, dtype=torch.bfloat16)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     assert HFWeights(out)["model.norm.weight"].dtype == torch.bfloat16
     assert not (out / INDEX_FILE).exists()  # one shard: a single model.safetensors

@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -76,13 +76,16 @@ def copy_metadata(source: str | Path, target: str | Path) -> None:
 
 def save_hf_dir(
     out: str | Path,
-    tensors: Iterable[tuple[str, torch.Tensor]],
+    tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
     metadata_source: str | Path,
     max_shard_bytes: int = 2 * 1024**3,
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write an HF model directory atomically: safetensors shards (+ index when more than one), and the
-    non-weight files of `metadata_source`. `dtype` casts floating tensors and is recorded in config.json."""
+    non-weight files of `metadata_source`. `tensors` is a state dict or a stream of (name, tensor) pairs.
+    `dtype` casts floating tensors and is recorded in config.json."""
+    if isinstance(tensors, Mapping):
+        tensors = tensors.items()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))

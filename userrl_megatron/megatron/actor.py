@@ -126,7 +126,7 @@ class MegatronActor:
             chunk.eval()
         micro_batches = self._plan(batch, train=False)
         with torch.no_grad():
-            outputs = self._run(micro_batches, forward_only=True, with_entropy=with_entropy)
+            outputs = self._run(micro_batches, partial(self._score_forward, with_entropy=with_entropy), True)
         keys = ("logprobs", "entropy") if with_entropy else ("logprobs",)
         results = self._gather_rows(batch, micro_batches, outputs, keys)
         return tuple(results) if with_entropy else results[0]
@@ -174,7 +174,7 @@ class MegatronActor:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        return self._run(self._plan(batch, train=True), forward_only=False, with_entropy=True)
+        return self._run(self._plan(batch, train=True), self._score_train, forward_only=False)
 
     # ---- weights ------------------------------------------------------------------------------------
 
@@ -287,22 +287,22 @@ class MegatronActor:
         else:
             model_input = padded_input(seqs, align)
         width = max(len(s) for s in seqs)
-        mb = MicroBatch(rows=rows, width=width, input=model_input)
+        mb = MicroBatch(rows=rows, width=width, input=model_input.to(self.device))
         if train:
-            mb.loss["mask"] = rows_tensor([batch.loss_mask[r] for r in rows], width)
-            mb.loss["advantages"] = rows_tensor([batch.advantages[r] for r in rows], width)
+            fields = {"mask": batch.loss_mask, "advantages": batch.advantages}
             for name in ("old_logprobs", "ref_logprobs", "rollout_logprobs"):
-                lists = getattr(batch, name)
-                if lists is not None:
-                    mb.loss[name] = rows_tensor([lists[r] for r in rows], width)
+                if getattr(batch, name) is not None:
+                    fields[name] = getattr(batch, name)
+            mb.loss = {k: rows_tensor([v[r] for r in rows], width).to(self.device) for k, v in fields.items()}
         return mb
 
-    def _run(self, micro_batches: list[MicroBatch], forward_only: bool, with_entropy: bool) -> list[dict]:
-        """Run the pipeline schedule; returns one output dict per micro-batch on the last stage, else []."""
+    def _run(self, micro_batches: list[MicroBatch], score: Callable[..., tuple], forward_only: bool) -> list[dict]:
+        """Run the pipeline schedule, `score` being the loss-function hook; returns its third output for each
+        micro-batch on the last stage, [] elsewhere."""
         iterators = [iter(micro_batches) for _ in self.chunks]
         forward_backward = get_forward_backward_func()
         return forward_backward(
-            forward_step_func=partial(self._forward_step, forward_only=forward_only, with_entropy=with_entropy),
+            forward_step_func=partial(self._forward_step, score=score),
             data_iterator=iterators if len(iterators) > 1 else iterators[0],
             model=self.chunks,
             num_microbatches=len(micro_batches),
@@ -312,14 +312,14 @@ class MegatronActor:
         )
 
     def _forward_step(
-        self, data_iterator: Iterator[MicroBatch], model: torch.nn.Module, *, forward_only: bool, with_entropy: bool
+        self, data_iterator: Iterator[MicroBatch], model: torch.nn.Module, *, score: Callable[..., tuple]
     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple]]:
         """Megatron's forward-step hook: run one micro-batch; the returned function scores its output."""
         mb = next(data_iterator)
         inp = mb.input
         packed = None
         if inp.cu_seqlens is not None:
-            cu = inp.cu_seqlens.to(self.device)
+            cu = inp.cu_seqlens
             packed = PackedSeqParams(
                 qkv_format="thd",
                 cu_seqlens_q=cu,
@@ -329,47 +329,40 @@ class MegatronActor:
                 max_seqlen_q=inp.max_seqlen,
                 max_seqlen_kv=inp.max_seqlen,
             )
-        output = model(inp.tokens.to(self.device), inp.position_ids.to(self.device), None, packed_seq_params=packed)
-        score = self._score_forward if forward_only else self._score_train
-        return output, partial(score, mb, with_entropy=with_entropy)
-
-    def _logprobs(
-        self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool, entropy_grad: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        labels = mb.input.labels.to(logits.device)
-        return vocab_parallel_logprobs(logits, labels, self.arch.vocab_size, with_entropy, entropy_grad)
+        output = model(inp.tokens, inp.position_ids, None, packed_seq_params=packed)
+        return output, partial(score, mb)
 
     def _score_forward(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool) -> tuple:
-        logprobs, entropy = self._logprobs(mb, logits, with_entropy)
-        inp = _on(mb.input, logprobs.device)
-        out = {"logprobs": to_rows(logprobs, inp, len(mb.rows), mb.width)}
+        """Loss-function hook of `compute_logprobs`: per-token log-probs (and entropies) as row tensors."""
+        logprobs, entropy = vocab_parallel_logprobs(logits, mb.input.labels, self.arch.vocab_size, with_entropy)
+        out = {"logprobs": to_rows(logprobs, mb.input, len(mb.rows), mb.width)}
         if entropy is not None:
-            out["entropy"] = to_rows(entropy, inp, len(mb.rows), mb.width)
-        zero = logits.new_zeros(())
-        return zero, torch.ones((), dtype=torch.int, device=logits.device), out
+            out["entropy"] = to_rows(entropy, mb.input, len(mb.rows), mb.width)
+        return logits.new_zeros(()), torch.ones((), dtype=torch.int, device=logits.device), out
 
-    def _score_train(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool) -> tuple:
-        logprobs, entropy = self._logprobs(mb, logits, True, entropy_grad=self.algo.entropy_coef > 0)
-        device = logprobs.device
-        inp = _on(mb.input, device)
+    def _score_train(self, mb: MicroBatch, logits: torch.Tensor) -> tuple:
+        """Loss-function hook of `train_step`: (loss sum, its count, metric sums) of one micro-batch."""
+        logprobs, entropy = vocab_parallel_logprobs(
+            logits, mb.input.labels, self.arch.vocab_size, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0
+        )
         rows, width = len(mb.rows), mb.width
-        loss_data = {k: v.to(device) for k, v in mb.loss.items()}
-        current = to_rows(logprobs, inp, rows, width)
-        old = loss_data.get("old_logprobs")
+        current = to_rows(logprobs, mb.input, rows, width)
+        old = mb.loss.get("old_logprobs")
         inputs = LossInputs(
             logprobs=current,
             old_logprobs=current.detach() if old is None else old,
-            advantages=loss_data["advantages"],
-            mask=loss_data["mask"],
-            ref_logprobs=loss_data.get("ref_logprobs"),
-            rollout_logprobs=loss_data.get("rollout_logprobs"),
-            entropy=to_rows(entropy, inp, rows, width),
+            advantages=mb.loss["advantages"],
+            mask=mb.loss["mask"],
+            ref_logprobs=mb.loss.get("ref_logprobs"),
+            rollout_logprobs=mb.loss.get("rollout_logprobs"),
+            entropy=to_rows(entropy, mb.input, rows, width),
         )
         result = compute_policy_loss(inputs, self.algo, normalizer=1.0)
-        count = float(rows) if self.algo.loss_agg in SEQUENCE_AGGREGATIONS else result.num_tokens
+        count = float(rows) if self.algo.loss_agg in SEQUENCE_AGGREGATIONS else float(result.num_tokens)
+        device = logits.device
         sums = {**result.token_sums, "actor/loss": result.loss.detach(), "tokens": result.num_tokens}
-        sums["count"] = torch.as_tensor(count, dtype=torch.float32, device=device)
-        return result.loss, torch.as_tensor(count, device=device).round().int(), sums
+        sums["count"] = torch.tensor(count, dtype=torch.float32, device=device)
+        return result.loss, torch.tensor(round(count), dtype=torch.int, device=device), sums
 
     def _gather_rows(
         self, batch: TrainBatch, micro_batches: list[MicroBatch], outputs: list[dict], keys: tuple[str, ...]
@@ -419,14 +412,3 @@ class MegatronActor:
         )
         keys = set(compute_policy_loss(probe, self.algo, normalizer=1.0).token_sums)
         return keys | {"actor/loss", "tokens", "count"}
-
-
-def _on(inp: ModelInput, device: torch.device) -> ModelInput:
-    """The index fields of a model input on `device` (what `to_rows` reads)."""
-    return ModelInput(
-        tokens=inp.tokens,
-        position_ids=inp.position_ids,
-        labels=inp.labels.to(device),
-        row=inp.row.to(device),
-        col=inp.col.to(device),
-    )

@@ -168,7 +168,7 @@ def load(actor: "MegatronActor", path: str | Path) -> dict[str, Any]:
         actor.optimizer.reload_model_params()  # refresh fp32 master copies from the loaded weights
     rng_file = ckpt / "rng" / f"rank_{actor.layout.rank:05d}.pt"
     if meta["layout"] == _layout_record(actor.layout) and rng_file.is_file():
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+        _set_rng_state(torch.load(rng_file, weights_only=True))
     else:
         log.info("checkpoint %s was saved under another layout: RNG states are not restored", ckpt)
     extra = ckpt / EXTRA_FILE

@@ -1,9 +1,10 @@
 """Run Megatron-core on CPU with gloo: the few places where it assumes CUDA, redirected to the CPU.
 
-Used only when CUDA is absent (CI, laptops). `install()` must run before the first `import megatron.core` in
-every process that imports it or unpickles tensors pickled by a process that did: `import megatron.core`
-replaces torch's storage unpickler with one living in `megatron.core.safe_globals`, and megatron-core 0.19
-cannot be imported without triton (one MoE kernel module imports it at top level).
+Used only when CUDA is absent (CI, laptops). `install()` (called by `parallel.initialize`) must run before
+Megatron code runs in a process. A process that only unpickles tensors pickled by a Megatron process (a Ray
+driver) needs `import megatron.core` to work, because that import replaces torch's storage unpickler with one
+living in `megatron.core.safe_globals`; megatron-core 0.19 cannot be imported without triton (one MoE kernel
+module imports it at top level), so importing `userrl_megatron.megatron` is enough: it stubs that module.
 
 What it does, and why each part is needed (see shared/docs/megatron_cpu.md for the measurements):
   * stubs `megatron.core.transformer.moe.ops.paged_stash` when triton is missing (MoE paged-stash kernels);
@@ -12,9 +13,6 @@ What it does, and why each part is needed (see shared/docs/megatron_cpu.md for t
   * the CUDA RNG (and Megatron's model-parallel RNG tracker) uses the CPU generator;
   * `CudaToCpuMode` maps `device="cuda"` / integer devices to the CPU and makes CPU tensors report
     `torch.cuda.*` types, which Megatron's optimizers and gradient clipping assert on.
-
-Importing this package already stubs the triton-only module (harmless everywhere), so submodules may be
-imported in any order; the CUDA redirection happens in `install()`, called by `parallel.initialize`.
 
 The mode is a torch function mode, which is thread-local: `install()` enters it on the calling thread and
 `enter_mode()` enters it on any other thread that runs Megatron code (Ray may call actor methods from a

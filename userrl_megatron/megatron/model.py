@@ -35,7 +35,11 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LAYER_PREFIX = "decoder.layers."
-RECOMPUTE = {"none": {}, "selective": {"recompute_granularity": "selective"}}
+RECOMPUTE = {  # megatron.recompute -> activation-recompute settings of TransformerConfig
+    "none": {},
+    "selective": {"recompute_granularity": "selective"},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+}
 
 
 def use_transformer_engine(impl: str) -> bool:
@@ -56,9 +60,6 @@ def transformer_config(
     """Megatron's TransformerConfig for `arch` under the parallel layout and options of `cfg`."""
     on_gpu = torch.cuda.is_available()
     vpp = cfg.virtual_pipeline_model_parallel_size
-    recompute = dict(RECOMPUTE.get(cfg.recompute, {}))
-    if cfg.recompute == "full":
-        recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -95,7 +96,7 @@ def transformer_config(
         apply_rope_fusion=use_te,
         gradient_accumulation_fusion=False,
         deallocate_pipeline_outputs=on_gpu,
-        **recompute,
+        **RECOMPUTE[cfg.recompute],
     )
 
 

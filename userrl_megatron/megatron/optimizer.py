@@ -96,10 +96,13 @@ def offload(chunks: list[DistributedDataParallel], optimizer: MegatronOptimizer)
     """Move optimizer state, then parameters, to pinned host memory and free gradients (GPU only).
 
     The optimizer goes first: for fp32 models its master shards are views of the parameter buffers.
+    Parameters live in DDP's buffers (and so move) only with the distributed optimizer.
     """
     if not torch.cuda.is_available():
         log.debug("offload: nothing to do on CPU")
         return
+    if not chunks[0].ddp_config.use_distributed_optimizer:
+        log.warning("offload: parameters stay on the GPU without megatron.use_distributed_optimizer")
     optimizer.offload_to_cpu()
     for chunk in chunks:
         for buffer in chunk.buffers + chunk.expert_parallel_buffers:

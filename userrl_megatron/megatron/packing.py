@@ -14,6 +14,7 @@ Model inputs carry, for every position, which episode (row) and which token of i
 per-position outputs can be scattered back into rows (`to_rows`) whatever the layout.
 """
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,6 +81,11 @@ class ModelInput:
     def scored(self) -> torch.Tensor:
         """Positions whose next token exists (they yield a log-prob)."""
         return self.labels >= 0
+
+    def to(self, device: torch.device | str) -> "ModelInput":
+        """The same input with every tensor on `device`."""
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return ModelInput(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
 
 
 def padded_input(seqs: Sequence[Sequence[int]], align: int = 1) -> ModelInput:

@@ -124,8 +124,6 @@ def check_model_layout(cfg: MegatronConfig, arch: Architecture) -> None:
             f"pipeline_model_parallel_size x virtual_pipeline_model_parallel_size = {pp} x {vpp} must divide the "
             f"model's {arch.num_layers} layers"
         )
-    if cfg.context_parallel_size > 1 and cfg.micro_batch_tokens % (2 * cfg.context_parallel_size):
-        problems.append("megatron.micro_batch_tokens must be a multiple of 2 x context_parallel_size")
     if problems:
         raise ConfigError("the model does not fit the Megatron layout:\n  - " + "\n  - ".join(problems))
 
