@@ -30,7 +30,7 @@ test-fast: lint
 	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
 
 quickstart: $(STAMP)
-	$(PY) -m userrl_megatron config show --config configs/quickstart.yaml --explain
+	$(PY) -m userrl_megatron train --config configs/quickstart.yaml
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -42,20 +42,49 @@ class Components:
         sampling = self.runner.sampling(temperature)
         return await self.runner.run_groups(tasks, n, self.pool.session, sampling, self.pool.concurrency)
 
+    async def enter_training(self) -> None:
+        """Colocated mode: the engines pause and free their GPU memory; with `megatron.offload` the actor's state
+        returns to the GPU."""
+        if self.cfg.rollout.colocate:
+            await self.pool.pause()  # also stops health probes: a released engine holds generation
+            await self._each_engine(lambda c: c.release_memory())
+            if self.cfg.megatron.offload:
+                await asyncio.to_thread(self.actors.call, "onload")
+
+    async def enter_rollout(self) -> None:
+        """Colocated mode: with `megatron.offload` the actor's state goes to host memory; the engines take their
+        memory back and resume."""
+        if self.cfg.rollout.colocate:
+            if self.cfg.megatron.offload:
+                await asyncio.to_thread(self.actors.call, "offload")
+            await self._each_engine(lambda c: c.resume_memory())
+            await self.pool.resume()
+
     async def sync_weights(self, version: int) -> dict[str, float]:
-        """Pause the engines, stream the weights to all of them, flush their caches, resume."""
+        """Pause the engines, stream the weights to all of them, flush their caches, resume.
+
+        Colocated, the pool is already paused (enter_training): only the engines' weight memory comes back
+        here; their KV cache returns in enter_rollout, after the actor has moved out."""
         if self._stale:
             await self._reconnect()
-        await self.pool.pause()
+        colocated = self.cfg.rollout.colocate
+        if not colocated:
+            await self.pool.pause()
         try:
+            if colocated:
+                await self._each_engine(lambda c: c.resume_memory(["weights"]))
             metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
             await self.pool.flush_cache()
         finally:
-            await self.pool.resume()
+            if not colocated:
+                await self.pool.resume()
         self.version = version
         if self.cfg.sync.verify:
             metrics |= await self._verify()
         return metrics
+
+    async def _each_engine(self, call: Any) -> None:
+        await asyncio.gather(*(call(c) for c in self.pool.clients))
 
     def user_sim_metrics(self) -> dict[str, float]:
         if self.user_sim is None:

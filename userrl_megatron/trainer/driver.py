@@ -50,6 +50,7 @@ class Trainer:
         step = self.resume()
         if step > 0 and cfg.sync.enabled:
             await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
+        await parts.enter_rollout()  # colocated: the actor steps aside while the engines generate
         while step < cfg.run.total_steps:
             step += 1
             timers, metrics = Timers(), {}
@@ -58,15 +59,17 @@ class Trainer:
                     tasks = parts.tasks.next(cfg.rollout.prompts_per_step)
                     groups = await parts.rollout(tasks, cfg.rollout.n_samples_per_prompt)
                 prepared = prepare_batch(groups, cfg.algo)
-                if prepared is not None:
+                if prepared is not None:  # else no update, and no new weights to send
+                    await parts.enter_training()
                     with timers("logprobs"):
                         await self.score(prepared.batch)
                     with timers("train"):
                         metrics |= await self.update(prepared.batch, step)
                     metrics |= prepared.metrics | mismatch_metrics(prepared.batch)
-                if cfg.sync.enabled and prepared is not None:  # no update, no new weights to send
-                    with timers("sync"):
-                        metrics |= await self.sync(step)
+                    if cfg.sync.enabled:
+                        with timers("sync"):
+                            metrics |= await self.sync(step)
+                    await parts.enter_rollout()
                 if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                     with timers("eval"):
                         metrics |= await self.evaluate(step)
@@ -155,6 +158,7 @@ class Trainer:
 
     async def finish(self, step: int) -> None:
         """Save the final checkpoint (unless just saved) and export HF weights."""
+        await self.parts.enter_training()  # colocated: the export gathers the actor's weights on the GPUs
         every = self.cfg.checkpoint.every_steps
         if step > 0 and not (every and step % every == 0):
             self.save(step)  # its metrics are already logged
