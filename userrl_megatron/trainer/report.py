@@ -1,5 +1,6 @@
 """The end-of-run summary: a table of the run's steps from metrics.jsonl, and where its artifacts are."""
 
+import shutil
 from pathlib import Path
 
 from rich.console import Console
@@ -25,7 +26,7 @@ COLUMNS = (
 
 def print_report(run_dir: Path, console: Console | None = None) -> None:
     """Print one row per step and the run's checkpoint and HF export locations."""
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, width=max(shutil.get_terminal_size().columns, 140))
     records = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     table = Table(title=f"run {run_dir}")
     table.add_column("step", justify="right")
