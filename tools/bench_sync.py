@@ -43,7 +43,8 @@ def make_model(folder: Path, hidden: int, layers: int, vocab: int) -> Path:
 
 
 def bench_ours(model: Path, tp: int, repeats: int, bucket_mb: int, run_dir: Path) -> dict[str, Any]:
-    """Median seconds of a full sync through the trainer's components (Ray workers, engine pool)."""
+    """Median seconds of a full sync through the trainer's components (Ray workers, engine pool), after one
+    warm-up sync."""
     from userrl_megatron.config import load_config
     from userrl_megatron.trainer.components import start_components
 
@@ -60,12 +61,17 @@ def bench_ours(model: Path, tp: int, repeats: int, bucket_mb: int, run_dir: Path
 
     async def run() -> list[dict[str, float]]:
         async with start_components(cfg, run_dir) as parts:
+            await parts.sync_weights(0)  # warm-up: first-touch allocations on both sides
             return [await parts.sync_weights(version) for version in range(1, repeats + 1)]
 
     runs = asyncio.run(run())
     seconds = statistics.median(r["sync/seconds"] for r in runs)
     nbytes = runs[0]["sync/bytes"]
-    phases = {k.removeprefix("sync/"): statistics.median(r[k] for r in runs) for k in runs[0] if k.endswith("_s")}
+    phases = {
+        k.removeprefix("sync/"): statistics.median(r[k] for r in runs)
+        for k in runs[0]
+        if k.endswith("_s") and "per" not in k
+    }
     return {
         "bytes": nbytes,
         "buckets": runs[0]["sync/buckets"],
