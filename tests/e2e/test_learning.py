@@ -8,39 +8,25 @@ trainer's weights after every push), GRPO. The negative control keeps the engine
 the trainer's policy moves (its log-probs drift from the engine's) but the rollout reward cannot rise.
 """
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.tiny_models import make_tiny_model
+from tests.support.tiny_run import tiny_run, train
 from tests.support.warm_start import warm_start
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 14
 SETTINGS = [
-    f"run.total_steps={STEPS}",
     "run.seed=3",
-    "model.tool_format=tags",
-    "model.max_context_length=512",
-    "megatron.lr=1.0e-3",
-    "megatron.micro_batch_tokens=4096",
     "rollout.prompts_per_step=8",
     "rollout.n_samples_per_prompt=8",
     "rollout.max_turns=3",
-    "rollout.max_prompt_tokens=128",
     "rollout.max_response_tokens=256",
-    "rollout.max_new_tokens_per_turn=8",
-    "gyms.train=[echo-procedural]",
-    "gyms.test=[echo-procedural]",
     "gyms.echo.alphabet=a",
     "checkpoint.every_steps=0",
-    "checkpoint.save_hf=false",
-    "logging.backends=[]",
     "logging.rollout_dump_every=0",
 ]
 
@@ -53,11 +39,8 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return warm_start(model, letters="abcd")
 
 
-def _train(policy: Path, out: Path, *extra: str) -> list[dict]:
-    command = [sys.executable, "-m", "userrl_megatron", "train", f"model.path={policy}", f"run.output_dir={out}"]
-    subprocess.run([*command, *SETTINGS, *extra], cwd=REPO, check=True, timeout=900, capture_output=True)
-    (run,) = out.iterdir()
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+def _train(policy: Path, out: Path, name: str, *extra: str) -> list[dict]:
+    return train([*tiny_run(policy, out, name, STEPS), *SETTINGS, *extra])
 
 
 def _reward(records: list[dict], steps: slice) -> float:
@@ -66,8 +49,8 @@ def _reward(records: list[dict], steps: slice) -> float:
 
 
 def test_policy_learns_and_the_negative_control_does_not(policy: Path, tmp_path: Path) -> None:
-    learned = _train(policy, tmp_path / "sync", "run.name=sync", "sync.verify=true")
-    control = _train(policy, tmp_path / "nosync", "run.name=nosync", "sync.enabled=false")
+    learned = _train(policy, tmp_path, "sync", "sync.verify=true")
+    control = _train(policy, tmp_path, "nosync", "sync.enabled=false")
     assert [r["step"] for r in learned] == list(range(1, STEPS + 1))
 
     start, end = _reward(learned, slice(0, 3)), _reward(learned, slice(-3, None))

@@ -5,58 +5,40 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.tiny_models import make_tiny_model
+from tests.support.tiny_run import REPO, tiny_run, train_command
 from userrl_megatron.config import load_config
 from userrl_megatron.data import load_tasks
+from userrl_megatron.observability import read_metrics
 from userrl_megatron.trainer.task_stream import TaskStream
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
 
 
 def _overrides(model: Path, out: Path) -> list[str]:
     return [
-        f"model.path={model}",
-        f"run.output_dir={out}",
-        "run.name=resume",
-        f"run.total_steps={STEPS}",
-        "model.tool_format=tags",
-        "model.max_context_length=512",
-        "megatron.micro_batch_tokens=4096",
-        "megatron.lr=1.0e-3",
-        "rollout.prompts_per_step=2",
-        "rollout.n_samples_per_prompt=2",
-        "rollout.max_turns=2",
-        "rollout.max_prompt_tokens=128",
-        "rollout.max_response_tokens=128",
-        "rollout.max_new_tokens_per_turn=8",
-        "gyms.train=[echo-procedural]",
-        "gyms.test=[echo-procedural]",
+        *tiny_run(model, out, "resume", STEPS),
         "gyms.echo.tasks_per_split=5",  # an epoch boundary falls inside the run
         "checkpoint.every_steps=1",
-        "checkpoint.save_hf=false",
-        "logging.backends=[]",
         "logging.rollout_dump_count=100",
     ]
 
 
 def _steps(run: Path) -> list[int]:
     path = run / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+    return [r["step"] for r in read_metrics(path)] if path.exists() else []
 
 
 def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path) -> None:
     model = make_tiny_model("qwen3", tmp_path / "tiny", seed=1, tokenizer="char", num_hidden_layers=2)
     overrides = _overrides(model, tmp_path / "runs")
-    command = [sys.executable, "-m", "userrl_megatron", "train", *overrides]
+    command = train_command(overrides)
     run = tmp_path / "runs" / "resume"
 
     first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,11 +1,9 @@
-"""Batch preparation (filters, masks, advantages), mini-batches, mismatch metrics and the task stream."""
-
-import math
+"""Batch preparation (filters, masks, advantages), mini-batches and the task stream."""
 
 import pytest
 
 from userrl_megatron.config import AlgoConfig
-from userrl_megatron.trainer.batch import filter_groups, mini_batches, mismatch_metrics, prepare_batch
+from userrl_megatron.trainer.batch import filter_groups, mini_batches, prepare_batch
 from userrl_megatron.trainer.task_stream import TaskStream
 from userrl_megatron.types import Episode, EpisodeGroup, Message, Task, TrainBatch, Turn
 
@@ -66,14 +64,6 @@ def test_mini_batches_partition_the_episodes() -> None:
     assert [len(p) for p in parts] == [3, 2, 2]
     assert all(p.advantages == [[float(t[0])] for t in p.token_ids] for p in parts)
     assert mini_batches(batch, 3, seed=0)[0].token_ids == parts[0].token_ids  # deterministic per seed
-
-
-def test_mismatch_metrics_by_hand() -> None:
-    batch = TrainBatch([[1, 2, 3]], [[0, 1, 1]], [[0, 0, 0]], old_logprobs=[[0.0, -1.0, -2.0]])
-    batch.rollout_logprobs = [[0.0, -1.5, -2.0]]
-    metrics = mismatch_metrics(batch)
-    assert metrics["mismatch/abs_logprob_diff"] == pytest.approx(0.25)
-    assert metrics["mismatch/kl"] == pytest.approx((math.exp(0.5) - 1 - 0.5) / 2)
 
 
 def test_task_stream_resumes_in_the_same_order() -> None:

@@ -74,22 +74,6 @@ def mini_batches(batch: TrainBatch, count: int, seed: int) -> list[TrainBatch]:
     return [_select(batch, sorted(part)) for part in parts if part]
 
 
-def mismatch_metrics(batch: TrainBatch) -> dict[str, float]:
-    """Mean |Δ log p| and mean k3 KL between the engine's and the trainer's log-probs of the trained tokens."""
-    import math
-
-    diffs, kls = [], []
-    assert batch.old_logprobs is not None and batch.rollout_logprobs is not None
-    for old, rollout, mask in zip(batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask, strict=True):
-        for o, r, m in zip(old, rollout, mask, strict=True):
-            if m:
-                diffs.append(abs(o - r))
-                kls.append(math.exp(o - r) - 1.0 - (o - r))  # k3 estimate of KL(rollout || trainer)
-    if not diffs:
-        return {}
-    return {"mismatch/abs_logprob_diff": sum(diffs) / len(diffs), "mismatch/kl": sum(kls) / len(kls)}
-
-
 def _select(batch: TrainBatch, rows: list[int]) -> TrainBatch:
     def pick(values: list[list] | None) -> list[list] | None:
         return None if values is None else [values[i] for i in rows]

@@ -16,7 +16,7 @@ from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.observability import Timers, Tracker
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.rollout.summary import rollout_metrics
-from userrl_megatron.trainer.batch import mini_batches, mismatch_metrics, prepare_batch
+from userrl_megatron.trainer.batch import mini_batches, prepare_batch
 from userrl_megatron.trainer.components import Components, start_components
 from userrl_megatron.types import EpisodeGroup, TrainBatch
 
@@ -65,7 +65,7 @@ class Trainer:
                         await self.score(prepared.batch)
                     with timers("train"):
                         metrics |= await self.update(prepared.batch, step)
-                    metrics |= prepared.metrics | mismatch_metrics(prepared.batch)
+                    metrics |= prepared.metrics  # the actor reports the rollout/trainer mismatch/*
                     if cfg.sync.enabled:
                         with timers("sync"):
                             metrics |= await self.sync(step)

@@ -1,0 +1,46 @@
+"""What the end-to-end tests share: a `userrl train` run of a tiny policy on EchoGym, on CPU, small budgets."""
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from userrl_megatron.observability import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_run(model: Path, out: Path, name: str, steps: int) -> list[str]:
+    """Overrides for a short run; tests append their own (later overrides win)."""
+    return [
+        f"model.path={model}",
+        f"run.output_dir={out}",
+        f"run.name={name}",
+        f"run.total_steps={steps}",
+        "model.tool_format=tags",
+        "model.max_context_length=512",
+        "megatron.micro_batch_tokens=4096",
+        "megatron.lr=1.0e-3",
+        "rollout.prompts_per_step=2",
+        "rollout.n_samples_per_prompt=2",
+        "rollout.max_turns=2",
+        "rollout.max_prompt_tokens=128",
+        "rollout.max_response_tokens=128",
+        "rollout.max_new_tokens_per_turn=8",
+        "gyms.train=[echo-procedural]",
+        "gyms.test=[echo-procedural]",
+        "checkpoint.save_hf=false",
+        "logging.backends=[]",
+    ]
+
+
+def train_command(overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "userrl_megatron", "train", *overrides]
+
+
+def train(overrides: list[str], timeout_s: float = 900) -> list[dict[str, Any]]:
+    """Run `userrl train` to completion; the run's metrics.jsonl records."""
+    subprocess.run(train_command(overrides), cwd=REPO, check=True, timeout=timeout_s, capture_output=True)
+    out = next(o.removeprefix("run.output_dir=") for o in reversed(overrides) if o.startswith("run.output_dir="))
+    name = next(o.removeprefix("run.name=") for o in reversed(overrides) if o.startswith("run.name="))
+    return read_metrics(Path(out) / name / "metrics.jsonl")
