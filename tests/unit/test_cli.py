@@ -65,4 +65,5 @@ def test_config_validate(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert main(["config", "validate", str(good), str(bad)]) == 1
     captured = capsys.readouterr()
     assert f"ok   {good}" in captured.out
-    assert f"FAIL {bad}" in captured.err and "n_samples_per_prompt must be > 1" in captured.err
+    assert captured.err.startswith(f"userrl: error: {bad}: algo.adv_estimator = grpo_multiturn normalises")
+    assert "n_samples_per_prompt must be > 1" in captured.err

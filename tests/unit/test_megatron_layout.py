@@ -23,13 +23,13 @@ def test_valid_layouts_pass() -> None:
 
 
 def test_sizes_that_do_not_tile_the_world() -> None:
-    with pytest.raises(ConfigError, match=r"2 x 2 x 1 = 4 do not divide the 6 actor ranks"):
+    with pytest.raises(ConfigError, match=r"2 x 2 x 1 = 4 does not divide the actor device count .* = 6"):
         check_layout(cfg(tensor_model_parallel_size=2, pipeline_model_parallel_size=2), world_size=6)
 
 
 def test_interleaving_needs_three_stages() -> None:
     with pytest.raises(
-        ConfigError, match="virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size >= 3"
+        ConfigError, match="virtual_pipeline_model_parallel_size = 2 needs pipeline_model_parallel_size >= 3, got 2"
     ):
         check_layout(cfg(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2), world_size=2)
 

@@ -22,15 +22,17 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """Every check `userrl train` makes before start-up, for each file; one `userrl: error:` line per problem."""
     from userrl_megatron.config import ConfigError, load_config
 
     failed = 0
     for path in args.files:
         try:
-            load_config([path])
+            load_config([*args.config, path])
         except ConfigError as e:
             failed += 1
-            print(f"FAIL {path}: {e}", file=sys.stderr)
+            for problem in e.problems:
+                print(f"userrl: error: {path}: {problem}", file=sys.stderr)
         else:
             print(f"ok   {path}")
     return 1 if failed else 0
@@ -44,6 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_args(show)
     show.add_argument("--explain", action="store_true", help="annotate every field with its documentation")
     show.set_defaults(handler=_show)
-    validate = actions.add_parser("validate", help="check configuration files (each on top of the defaults)")
+    validate = actions.add_parser(
+        "validate", help="check configuration files (each on top of the defaults and the --config files)"
+    )
+    validate.add_argument(
+        "--config", "-c", action="append", default=[], metavar="FILE", help="base YAML under each FILE (repeatable)"
+    )
     validate.add_argument("files", nargs="+", metavar="FILE")
     validate.set_defaults(handler=_validate)

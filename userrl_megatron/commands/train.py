@@ -8,14 +8,35 @@ from userrl_megatron.commands.config import add_config_args
 def _train(args: argparse.Namespace) -> int:
     import logging
 
+    import torch
+
     from userrl_megatron.config import load_config
-    from userrl_megatron.trainer.driver import train
+    from userrl_megatron.observability.noise import quiet_third_party
+    from userrl_megatron.observability.run_log import run_log
+    from userrl_megatron.trainer.preflight import check_before_start, finished_step, run_directory
     from userrl_megatron.trainer.report import print_report
 
     cfg = load_config(args.config, args.overrides)
-    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_dir = train(cfg)
-    print_report(run_dir)
+    on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
+    check_before_start(cfg, on_gpu)  # everything the actor ranks would refuse after start-up, in seconds
+    run_dir = run_directory(cfg)
+    with run_log(run_dir / "run.log"):
+        logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        quiet_third_party(on_gpu, cfg.logging.level)
+        step = finished_step(cfg)
+        if step is not None:
+            logging.getLogger(__name__).info(
+                "%s already finished at step %d (run.total_steps = %d): nothing to start; "
+                "append run.total_steps=N to train further",
+                run_dir,
+                step,
+                cfg.run.total_steps,
+            )
+        else:
+            from userrl_megatron.trainer.driver import train
+
+            train(cfg)
+        print_report(run_dir)
     return 0
 
 

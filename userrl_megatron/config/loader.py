@@ -19,7 +19,15 @@ from userrl_megatron.config.schema import RootConfig
 
 
 class ConfigError(ValueError):
-    """A configuration problem, phrased for the person who wrote the config."""
+    """Configuration problems, each phrased for the person who wrote the config (one `userrl: error:` line
+    each)."""
+
+    def __init__(self, problems: str | Sequence[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+    def __reduce__(self) -> tuple[type, tuple[list[str]]]:  # keeps the problem list across Ray and pickling
+        return (type(self), (self.problems,))
 
 
 def load_config(files: Sequence[str | Path] = (), overrides: Sequence[str] = (), check: bool = True) -> RootConfig:

@@ -6,9 +6,21 @@ sharding.py  tensor-parallel shards of full tensors and back
 hf_io.py     lazy safetensors reading; writing HF directories (shards, index, config, tokenizer)
 """
 
+import importlib
+from typing import Any
+
 from userrl_megatron.convert.arch import Architecture, UnsupportedModelError, padded_vocab_size
-from userrl_megatron.convert.rules import FAMILY_RULES, Converter, Rule, Split
-from userrl_megatron.convert.sharding import shard, unshard
+
+# The torch-based names load on first use, so that reading a model's shape (config checks) imports no torch.
+_LAZY = {"FAMILY_RULES": "rules", "Converter": "rules", "Rule": "rules", "Split": "rules", "shard": "sharding"}
+_LAZY["unshard"] = "sharding"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"userrl_megatron.convert.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FAMILY_RULES",

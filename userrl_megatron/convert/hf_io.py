@@ -105,6 +105,7 @@ def save_hf_dir(
         copy_metadata(metadata_source, tmp)
         if dtype is not None:
             _set_config_dtype(tmp / "config.json", dtype)
+        publish_permissions(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -112,6 +113,18 @@ def save_hf_dir(
         if tmp.exists():
             shutil.rmtree(tmp)
     return out
+
+
+def publish_permissions(folder: str | Path) -> None:
+    """Give `folder` and everything in it the modes a plain `mkdir` / file write would (0755 / 0644 under the
+    usual umask 022): temporary directories are created 0700 and some writers create 0600 files, which would
+    leave an exported model readable by its owner only."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder = Path(folder)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def _write_shards(folder: Path, shards: list[dict[str, torch.Tensor]]) -> None:

@@ -69,8 +69,11 @@ def save_state(
     optimizer: Any = None,
     extra_state: dict[str, Any] | None = None,
     keep_last: int | None = None,
+    pointer: bool = True,
 ) -> Path:
-    """Atomically write a checkpoint of `chunks` (unwrapped) and, if given, `optimizer`. Collective."""
+    """Atomically write a checkpoint of `chunks` (unwrapped) and, if given, `optimizer`. Collective.
+
+    `pointer`: move `<parent>/latest` to it (a training run's checkpoints; not a standalone conversion)."""
     extra_json = json.dumps(extra_state or {}, indent=2)  # fails here, before writing, if not JSON-able
     path = Path(path).absolute()
     tmp = path.parent / f".{path.name}.incomplete"
@@ -100,7 +103,7 @@ def save_state(
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         (tmp / EXTRA_FILE).write_text(extra_json + "\n")
         copy_metadata(hf_dir, tmp / HF_FILES)
-        commit(tmp, path)
+        commit(tmp, path, pointer)
         if keep_last is not None:
             prune(path.parent, keep_last)
     torch.distributed.barrier()

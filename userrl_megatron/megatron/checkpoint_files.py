@@ -57,17 +57,19 @@ def prune(root: str | Path, keep_last: int) -> list[Path]:
     return doomed
 
 
-def commit(tmp: Path, path: Path) -> None:
-    """Rename the finished checkpoint into place, then move the `latest` pointer (each step atomic)."""
+def commit(tmp: Path, path: Path, pointer: bool = True) -> None:
+    """Rename the finished checkpoint into place, then (`pointer`) move the `latest` pointer beside it (each
+    step atomic)."""
     old = path.parent / f".{path.name}.replaced"
     if path.exists():
         if old.exists():
             shutil.rmtree(old)
         os.replace(path, old)
     os.replace(tmp, path)
-    pointer = path.parent / f".{LATEST}.tmp"
-    pointer.write_text(path.name + "\n")
-    os.replace(pointer, path.parent / LATEST)
+    if pointer:
+        staged = path.parent / f".{LATEST}.tmp"
+        staged.write_text(path.name + "\n")
+        os.replace(staged, path.parent / LATEST)
     if old.exists():
         shutil.rmtree(old)
 

@@ -92,7 +92,7 @@ def _hf_to_mcore_rank(
         chunks = build_chunks(arch, cfg, DTYPES[dtype], use_te)
         load_full_weights(chunks, HFSource(HFWeights(hf_dir), converter), converter, layout.tp_rank, layout.tp)
         metadata = {"steps": 0, **checkpoint.model_metadata(arch, layout, DTYPES[dtype])}
-        checkpoint.save_state(out_dir, chunks, metadata, Path(hf_dir))
+        checkpoint.save_state(out_dir, chunks, metadata, Path(hf_dir), pointer=False)  # writes only under out_dir
     finally:
         parallel.shutdown()
 

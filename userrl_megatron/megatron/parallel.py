@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from userrl_megatron.config.layout import layout_problems, model_layout_problems
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.schema import MegatronConfig
 from userrl_megatron.convert.arch import Architecture
@@ -61,71 +62,17 @@ class Layout:
 
 
 def check_layout(cfg: MegatronConfig, world_size: int) -> None:
-    """Raise ConfigError if the parallel sizes in `cfg` cannot tile `world_size` ranks."""
-    problems = []
-    sizes = {
-        "tensor_model_parallel_size": cfg.tensor_model_parallel_size,
-        "pipeline_model_parallel_size": cfg.pipeline_model_parallel_size,
-        "virtual_pipeline_model_parallel_size": cfg.virtual_pipeline_model_parallel_size,
-        "context_parallel_size": cfg.context_parallel_size,
-        "expert_model_parallel_size": cfg.expert_model_parallel_size,
-    }
-    problems += [f"megatron.{k} must be >= 1, got {v}" for k, v in sizes.items() if v < 1]
-    if not problems:
-        model_parallel = cfg.tensor_model_parallel_size * cfg.pipeline_model_parallel_size * cfg.context_parallel_size
-        if world_size % model_parallel:
-            problems.append(
-                f"tensor x pipeline x context parallel sizes = {cfg.tensor_model_parallel_size} x "
-                f"{cfg.pipeline_model_parallel_size} x {cfg.context_parallel_size} = {model_parallel} do not divide "
-                f"the {world_size} actor ranks"
-            )
-        if cfg.virtual_pipeline_model_parallel_size > 1 and cfg.pipeline_model_parallel_size < 3:
-            # With two stages, prev and next are the same rank and the interleaved schedule's simultaneous
-            # sends in both directions can be matched to the wrong receives (wrong activations, silently).
-            problems.append("megatron.virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size >= 3")
-        if cfg.expert_model_parallel_size > 1:
-            problems.append(
-                "megatron.expert_model_parallel_size > 1 needs an MoE model; only dense models are supported"
-            )
-    if not torch.cuda.is_available():
-        if cfg.context_parallel_size > 1:
-            problems.append("megatron.context_parallel_size > 1 needs CUDA (Transformer Engine attention)")
-        if cfg.sequence_parallel:
-            problems.append("megatron.sequence_parallel needs CUDA (Transformer Engine or apex norms)")
-    if cfg.sequence_parallel and cfg.tensor_model_parallel_size < 2:
-        problems.append("megatron.sequence_parallel needs tensor_model_parallel_size >= 2")
+    """Raise ConfigError if the parallel sizes in `cfg` cannot tile `world_size` ranks (rules: config/layout.py)."""
+    problems = layout_problems(cfg, world_size, on_gpu=torch.cuda.is_available())
     if problems:
-        raise ConfigError("invalid Megatron layout:\n  - " + "\n  - ".join(problems))
+        raise ConfigError(problems)
 
 
 def check_model_layout(cfg: MegatronConfig, arch: Architecture) -> None:
     """Raise ConfigError if the model cannot be split as `cfg` asks (heads over TP, layers over PP stages)."""
-    tp, pp, vpp = (
-        cfg.tensor_model_parallel_size,
-        cfg.pipeline_model_parallel_size,
-        cfg.virtual_pipeline_model_parallel_size,
-    )
-    problems = []
-    if arch.num_heads % tp:
-        problems.append(
-            f"megatron.tensor_model_parallel_size = {tp} must divide the model's {arch.num_heads} attention heads"
-        )
-    if arch.num_kv_heads % tp:
-        problems.append(
-            f"megatron.tensor_model_parallel_size = {tp} must divide the model's {arch.num_kv_heads} key/value heads "
-            "(num_key_value_heads)"
-        )
-    if arch.ffn_hidden_size % tp:
-        problems.append(
-            f"megatron.tensor_model_parallel_size = {tp} must divide intermediate_size {arch.ffn_hidden_size}"
-        )
-    if arch.num_layers % (pp * vpp):
-        problems.append(
-            f"pipeline_model_parallel_size x virtual_pipeline_model_parallel_size = {pp} x {vpp} must divide the "
-            f"model's {arch.num_layers} layers"
-        )
+    problems = model_layout_problems(cfg, arch)
     if problems:
-        raise ConfigError("the model does not fit the Megatron layout:\n  - " + "\n  - ".join(problems))
+        raise ConfigError(problems)
 
 
 def initialize(

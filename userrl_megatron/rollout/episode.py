@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from gyms.base import Gym
 from gyms.tools import ToolCallError, text_to_action
 from userrl_megatron.config.schema import GymsConfig, RolloutConfig
+from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
 from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 from userrl_megatron.rollout.engine import Generation
 from userrl_megatron.types import Episode, EpisodeGroup, FinishReason, Message, Role, SamplingParams, Task, Turn
@@ -58,6 +59,7 @@ class EpisodeRunner:
         self.cfg = cfg
         self.chat = chat
         self.make_gym = make_gym
+        self.heartbeat_s = HEARTBEAT_S  # seconds between `rollout: N/M episodes done` lines of run_groups
 
     def sampling(self, temperature: float | None = None) -> SamplingParams:
         """Sampling of one turn under the config (the turn's token limit is applied per call)."""
@@ -80,22 +82,25 @@ class EpisodeRunner:
         """`n_samples` episodes of every task, at most `concurrency` in flight (default: the config's)."""
         gate = asyncio.Semaphore(concurrency or self.cfg.max_concurrent_episodes)
         groups = [EpisodeGroup(uuid.uuid4().hex[:16], task) for task in tasks]
+        done = [0]
 
         async def one(group: EpisodeGroup, sample: int) -> Episode:
             episode_id = f"{group.group_id}-{sample}"
             async with gate:
                 try:
-                    return await self.run(group.task, engine_for(episode_id), group.group_id, sampling, episode_id)
+                    episode = await self.run(group.task, engine_for(episode_id), group.group_id, sampling, episode_id)
                 except ChatTemplateError:
                     raise  # a configuration problem (tool format vs template): the same for every episode
                 except Exception as e:  # a bug outside the engine/gym calls must still not fail the batch
                     log.exception("episode %s (%s/%s) failed", episode_id, group.task.gym, group.task.task_id)
                     episode = Episode(task=group.task, group_id=group.group_id, finish_reason="gym_error")
                     episode.metadata.update(episode_id=episode_id, error=f"{type(e).__name__}: {e}")
-                    return episode
+                done[0] += 1
+                return episode
 
         jobs = [one(group, i) for group in groups for i in range(n_samples)]
-        episodes = await asyncio.gather(*jobs)
+        async with heartbeat(lambda: f"rollout: {done[0]}/{len(jobs)} episodes done", self.heartbeat_s):
+            episodes = await asyncio.gather(*jobs)
         for i, group in enumerate(groups):
             group.episodes = list(episodes[i * n_samples : (i + 1) * n_samples])
         return groups

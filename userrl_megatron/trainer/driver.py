@@ -15,6 +15,7 @@ from pathlib import Path
 from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.observability import Timers, Tracker
 from userrl_megatron.observability.dumps import write_episodes
+from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.summary import rollout_metrics
 from userrl_megatron.trainer.batch import mini_batches, prepare_batch
 from userrl_megatron.trainer.components import Components, start_components
@@ -43,6 +44,7 @@ class Trainer:
         self.cfg, self.run_dir, self.parts = cfg, run_dir, parts
         self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=SUMMARY_KEYS)
         self.best = float("-inf")
+        self.progress = StepProgress(cfg.run.total_steps)  # `step N/total  elapsed  ETA` after each step
 
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
@@ -79,6 +81,7 @@ class Trainer:
                     self.save(step, metrics)
                 metrics |= timers.pop()
             self.tracker.log(metrics, step)  # after the checkpoint: a logged step is never trained twice
+            self.progress.done(step)
         await self.finish(step)
         return step
 

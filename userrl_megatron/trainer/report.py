@@ -15,6 +15,11 @@ COLUMNS = (
     ("loss", "actor/loss", "{:+.4f}"),
     ("grad norm", "actor/grad_norm", "{:.3f}"),
     ("|Δlogp|", "mismatch/abs_logprob_diff", "{:.2e}"),
+    # Infrastructure failures: episodes left out of the step (engine or user-simulator failures), and the
+    # share of episodes that ended on an engine / user-simulator error (0 when the step had none).
+    ("infra fail", "rollout/infra_failed", "{:.0f}"),
+    ("engine err", "rollout/finish/engine_error", "{:.0%}"),
+    ("sim err", "rollout/finish/user_sim_error", "{:.0%}"),
     ("rollout s", "timing/rollout", "{:.1f}"),
     ("logprob s", "timing/logprobs", "{:.1f}"),
     ("train s", "timing/train", "{:.1f}"),
@@ -22,6 +27,8 @@ COLUMNS = (
     ("ckpt s", "timing/checkpoint", "{:.1f}"),
     ("step s", "timing/step", "{:.1f}"),
 )
+# Metrics logged only when non-zero (finish-reason shares exist only for reasons that occurred).
+ZERO_WHEN_ABSENT = ("rollout/finish/engine_error", "rollout/finish/user_sim_error")
 
 
 def print_report(run_dir: Path, console: Console | None = None) -> None:
@@ -33,9 +40,7 @@ def print_report(run_dir: Path, console: Console | None = None) -> None:
     for title, _, _ in COLUMNS:
         table.add_column(title, justify="right")
     for record in records:
-        cells = [
-            fmt.format(record[key]) if isinstance(record.get(key), int | float) else "-" for _, key, fmt in COLUMNS
-        ]
+        cells = [_cell(record, key, fmt) for _, key, fmt in COLUMNS]
         table.add_row(str(record["step"]), *cells)
     console.print(table)
     latest = run_dir / "checkpoints" / "latest"
@@ -44,3 +49,10 @@ def print_report(run_dir: Path, console: Console | None = None) -> None:
     exports = sorted((run_dir / "hf").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     if exports:
         console.print(f"Hugging Face export: {exports[-1]}")
+
+
+def _cell(record: dict, key: str, fmt: str) -> str:
+    value = record.get(key)
+    if value is None and key in ZERO_WHEN_ABSENT and "rollout/episodes" in record:
+        value = 0
+    return fmt.format(value) if isinstance(value, int | float) else "-"

@@ -31,6 +31,11 @@ class MegatronWorker:
     """One Megatron rank (a Ray actor). Construct, then `setup()` on every rank with rank 0's address."""
 
     def __init__(self, rank: int, world_size: int, spec: WorkerSpec) -> None:
+        import torch
+
+        from userrl_megatron.observability.noise import quiet_third_party
+
+        quiet_third_party(on_gpu=torch.cuda.is_available())  # before megatron.core is imported in this process
         self.rank, self.world_size, self.spec = rank, world_size, spec
         self.actor: Any = None
         self.senders: dict[str, Any] = {}  # weight-sync group name -> WeightSender (stage source ranks only)

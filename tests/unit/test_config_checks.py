@@ -1,0 +1,215 @@
+"""Checks before any process starts: the model against the layout (from its HF config), value ranges, secrets in
+`*_env` fields; `config validate` and `userrl train` report them, one `userrl: error:` line each."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.tiny_models import tiny_config
+from userrl_megatron.cli import main
+from userrl_megatron.config import ConfigError, load_config
+from userrl_megatron.config.env_names import looks_like_secret
+from userrl_megatron.config.model_fit import model_shape
+from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit
+from userrl_megatron.model_store import EMBEDDED_MODELS, cache_root
+from userrl_megatron.trainer.preflight import check_before_start, finished_step
+
+REPO = Path(__file__).resolve().parents[2]
+TP2 = ["megatron.tensor_model_parallel_size=2", "megatron.devices_per_node=2"]
+KEY = "sk-proj-Q3vX9kLm2Rt7Yw1Zp8Nc4Hb6Jd0Fg5Ts"
+
+
+def problems(overrides: list[str]) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=overrides)
+    return e.value.problems
+
+
+def test_tp2_on_smollm2_names_heads_and_kv_heads() -> None:
+    assert problems(TP2) == [
+        "megatron.tensor_model_parallel_size = 2 must divide the model's 9 attention heads "
+        "(model.path = smollm2-135m-instruct)",
+        "megatron.tensor_model_parallel_size = 2 must divide the model's 3 key/value heads (num_key_value_heads) "
+        "(model.path = smollm2-135m-instruct)",
+    ]
+    load_config(overrides=["megatron.tensor_model_parallel_size=3", "megatron.devices_per_node=3"])  # 9 and 3
+
+
+def test_interleaving_over_two_stages_is_refused_as_the_actor_refuses_it() -> None:
+    found = problems(
+        [
+            "megatron.pipeline_model_parallel_size=2",
+            "megatron.virtual_pipeline_model_parallel_size=2",
+            "megatron.devices_per_node=2",
+        ]
+    )
+    assert found[0] == (
+        "megatron.virtual_pipeline_model_parallel_size = 2 needs pipeline_model_parallel_size >= 3, got 2 "
+        "(interleaving over 2 stages can pair sends and receives wrongly)"
+    )
+    # 30 layers over 2 x 2 chunks do not split either
+    assert found[1].startswith("pipeline_model_parallel_size x virtual_pipeline_model_parallel_size = 2 x 2 must")
+    load_config(
+        overrides=[
+            "megatron.pipeline_model_parallel_size=3",
+            "megatron.virtual_pipeline_model_parallel_size=2",
+            "megatron.devices_per_node=3",
+        ]
+    )
+
+
+def test_model_shape_comes_from_the_directory_config(tmp_path: Path) -> None:
+    model = tmp_path / "tiny"
+    model.mkdir()
+    config = tiny_config("qwen2", num_hidden_layers=6, intermediate_size=60).to_dict()  # 4 heads, 2 KV heads
+    (model / "config.json").write_text(json.dumps(config))
+    assert problems(
+        [f"model.path={model}", "megatron.tensor_model_parallel_size=8", "megatron.devices_per_node=8"]
+    ) == [
+        f"megatron.tensor_model_parallel_size = 8 must divide the model's 4 attention heads (model.path = {model})",
+        f"megatron.tensor_model_parallel_size = 8 must divide the model's 2 key/value heads (num_key_value_heads) "
+        f"(model.path = {model})",
+        f"megatron.tensor_model_parallel_size = 8 must divide the model's intermediate_size 60 (model.path = {model})",
+    ]
+    assert problems([f"model.path={model}", "megatron.pipeline_model_parallel_size=4", "megatron.devices_per_node=4"])
+    load_config(overrides=[f"model.path={model}", *TP2])
+
+
+def test_published_shapes_check_cluster_paths_that_are_not_here() -> None:
+    assert model_shape("/models/Qwen3-32B")["num_attention_heads"] == 64
+    assert model_shape("/nowhere/my-model") is None  # unknown: the actor ranks check it at start-up
+    found = problems(["model.path=/models/Qwen3-8B", "megatron.tensor_model_parallel_size=16"])
+    assert "megatron.tensor_model_parallel_size = 16 must divide the model's 8 key/value heads" in found[-1]
+    load_config(overrides=["model.path=/nowhere/my-model", *TP2])
+
+
+def test_recorded_embedded_shape_matches_the_fetched_model() -> None:
+    config_file = cache_root() / "models" / "smollm2-135m-instruct" / "config.json"
+    if not config_file.is_file():
+        pytest.skip("SmolLM2 not fetched here")
+    fetched = json.loads(config_file.read_text())
+    for key, value in EMBEDDED_MODELS["smollm2-135m-instruct"].shape.items():
+        if key not in ("rms_norm_eps", "rope_theta"):  # float32-rounded / nested in the fetched file
+            assert fetched[key] == value, key
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rollout.temperature=-1", "rollout.temperature must be >= 0, got -1.0"),
+        ("rollout.top_p=0", "rollout.top_p must be in (0, 1], got 0.0"),
+        ("rollout.top_k=0", "rollout.top_k must be -1 (disabled) or >= 1, got 0"),
+        ("eval.temperature=-0.5", "eval.temperature must be >= 0, got -0.5"),
+        ("user_sim.temperature=-1", "user_sim.temperature must be >= 0, got -1.0"),
+        ("megatron.adam_beta2=1", "megatron.adam_beta2 must be in [0, 1), got 1.0"),
+        ("megatron.lr=0", "megatron.lr must be > 0, got 0.0"),
+        ("gyms.turtle.success_threshold=1.5", "gyms.turtle.success_threshold must be in [0, 1], got 1.5"),
+        ("run.total_steps=0", "run.total_steps must be >= 1, got 0"),
+        ("checkpoint.keep_last=0", "checkpoint.keep_last must be >= 1, got 0"),
+    ],
+)
+def test_value_ranges(override: str, message: str) -> None:
+    assert problems([override]) == [message]
+
+
+def test_a_pasted_key_is_refused_without_echoing_it() -> None:
+    found = problems([f"user_sim.api_key_env={KEY}", "gyms.search.web_api_key_env=my key"])
+    assert len(found) == 2 and all(KEY not in p and "my key" not in p for p in found)
+    assert found[0].startswith("gyms.search.web_api_key_env must name an environment variable")
+    assert found[1].startswith(
+        f"user_sim.api_key_env holds what looks like a secret key ({len(KEY)} characters, not shown)"
+    )
+    for fine in ("none", "OPENAI_API_KEY", "my_server_key", "TOGETHER_API_KEY_2"):
+        assert load_config(overrides=[f"user_sim.api_key_env={fine}"]).user_sim.api_key_env == fine
+    assert looks_like_secret("ghp_" + "a1" * 18) and looks_like_secret("3f9a1c" * 6)
+    assert not looks_like_secret("OPENAI_API_KEY")
+
+
+def test_validate_prints_one_error_line_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        f"megatron:\n  tensor_model_parallel_size: 2\n  devices_per_node: 2\nuser_sim:\n  api_key_env: {KEY}\n"
+    )
+    assert main(["config", "validate", str(bad)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and all(line.startswith(f"userrl: error: {bad}: ") for line in lines)
+    assert "9 attention heads" in lines[1] and KEY not in "\n".join(lines)
+    qwen = [str(REPO / "configs" / "model" / "qwen3-8b.yaml")]
+    assert main(["config", "validate", "--config", *qwen, str(REPO / "configs/layout/qwen3-8b-h100x8.yaml")]) == 0
+
+
+def test_train_refuses_before_starting_anything(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from userrl_megatron.cli import main\n"
+        f"rc = main(['train', '--config', 'configs/quickstart.yaml', 'run.output_dir={tmp_path}', "
+        "'megatron.tensor_model_parallel_size=2', 'megatron.devices_per_node=2', 'rollout.temperature=-1'])\n"
+        "print('RC', rc, 'RAY', 'ray' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert "RC 2 RAY False" in result.stdout
+    errors = result.stderr.splitlines()
+    assert errors[0] == "userrl: error: rollout.temperature must be >= 0, got -1.0"
+    assert len(errors) == 3 and "9 attention heads" in errors[1]
+    assert not (tmp_path / "quickstart").exists()  # nothing written: no run directory, no config.yaml
+
+
+def write_checkpoint(run_dir: Path, step: int, padded_vocab: int = 49152, tp: int = 1) -> None:
+    root = run_dir / "checkpoints"
+    tmp = root / f".step_{step}.incomplete"
+    tmp.mkdir(parents=True)
+    meta = {"format_version": FORMAT_VERSION, "steps": step, "padded_vocab_size": padded_vocab, "layout": {"tp": tp}}
+    (tmp / META_FILE).write_text(json.dumps(meta))
+    (tmp / EXTRA_FILE).write_text(json.dumps({"step": step}))
+    commit(tmp, root / f"step_{step}")
+
+
+def test_resume_against_another_vocabulary_padding(tmp_path: Path) -> None:
+    run = ["run.output_dir=" + str(tmp_path), "run.name=r"]
+    write_checkpoint(tmp_path / "r", 2, padded_vocab=49280, tp=5)  # lcm(128, 5) = 640 pads 49152 to 49280
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size = 1 pads the vocabulary to 49152 rows, but"):
+        check_before_start(load_config(overrides=run), on_gpu=False)
+    check_before_start(load_config(overrides=[*run, "checkpoint.resume=disable"]), on_gpu=False)
+    tp3 = ["megatron.tensor_model_parallel_size=3", "megatron.devices_per_node=3", "megatron.sequence_parallel=true"]
+    with pytest.raises(ConfigError, match=r"megatron\.sequence_parallel needs CUDA"):
+        check_before_start(
+            load_config(overrides=[*run, "checkpoint.resume=disable", *tp3]),
+            on_gpu=False,
+        )
+
+
+def test_finished_run_is_recognised(tmp_path: Path) -> None:
+    cfg = load_config(overrides=[f"run.output_dir={tmp_path}", "run.name=r", "run.total_steps=2"])
+    assert finished_step(cfg) is None
+    write_checkpoint(tmp_path / "r", 2)
+    assert finished_step(cfg) is None  # the HF export of the last step is missing: the driver writes it
+    (tmp_path / "r" / "hf" / "step_2").mkdir(parents=True)
+    (tmp_path / "r" / "hf" / "step_2" / "config.json").write_text("{}")
+    assert finished_step(cfg) == 2
+    assert (
+        finished_step(load_config(overrides=[f"run.output_dir={tmp_path}", "run.name=r", "run.total_steps=3"])) is None
+    )
+
+
+def test_rerunning_a_finished_run_only_prints_its_table(tmp_path: Path) -> None:
+    run_dir = tmp_path / "quickstart"
+    write_checkpoint(run_dir, 4)
+    (run_dir / "hf" / "step_4").mkdir(parents=True)
+    (run_dir / "hf" / "step_4" / "config.json").write_text("{}")
+    rows = [{"step": s, "rollout/reward_mean": 0.25 * s, "rollout/episodes": 16.0} for s in range(1, 5)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code = (
+        "import sys\n"
+        "from userrl_megatron.cli import main\n"
+        f"rc = main(['train', '--config', 'configs/quickstart.yaml', 'run.output_dir={tmp_path}'])\n"
+        "print('RC', rc, 'RAY', 'ray' in sys.modules, 'MEGATRON', 'megatron.core' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert "RC 0 RAY False MEGATRON False" in result.stdout, result.stderr
+    assert "already finished at step 4 (run.total_steps = 4): nothing to start" in result.stderr
+    assert "1.000" in result.stdout and "latest checkpoint:" in result.stdout
+    log = (run_dir / "run.log").read_text()
+    assert "already finished at step 4" in log and "1.000" in log and "\x1b[" not in log

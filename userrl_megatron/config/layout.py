@@ -1,0 +1,87 @@
+"""The parallel layout's rules, as problem lists (pure Python: no torch, no Megatron).
+
+One place for what the Megatron actor accepts, so that `config validate`, `userrl train` before start-up and
+the actor ranks themselves (`megatron.parallel.check_layout`, `check_model_layout`) refuse the same layouts
+with the same words.
+"""
+
+from userrl_megatron.config.schema import MegatronConfig
+from userrl_megatron.convert.arch import Architecture
+
+
+def layout_problems(cfg: MegatronConfig, world_size: int, on_gpu: bool | None) -> list[str]:
+    """What stops `cfg`'s parallel sizes from tiling `world_size` actor ranks.
+
+    `on_gpu`: whether the ranks get CUDA devices; None when not known yet (GPU-only features are then not
+    judged)."""
+    sizes = {
+        "tensor_model_parallel_size": cfg.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": cfg.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": cfg.virtual_pipeline_model_parallel_size,
+        "context_parallel_size": cfg.context_parallel_size,
+        "expert_model_parallel_size": cfg.expert_model_parallel_size,
+    }
+    problems = [f"megatron.{k} must be >= 1, got {v}" for k, v in sizes.items() if v < 1]
+    if problems:
+        return problems
+    tp, pp, cp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.context_parallel_size
+    if world_size % (tp * pp * cp):
+        problems.append(
+            f"megatron: tensor_model_parallel_size x pipeline_model_parallel_size x context_parallel_size = "
+            f"{tp} x {pp} x {cp} = {tp * pp * cp} does not divide the actor device count megatron.nnodes x "
+            f"megatron.devices_per_node = {world_size}, so no data-parallel size makes tp*pp*cp*dp equal it"
+        )
+    if cfg.virtual_pipeline_model_parallel_size > 1 and pp < 3:
+        # With two stages the previous and the next stage are the same rank, and the interleaved schedule's
+        # simultaneous sends in both directions can be matched to the wrong receives (wrong activations,
+        # silently): the actor refuses it, so refuse it here too.
+        problems.append(
+            f"megatron.virtual_pipeline_model_parallel_size = {cfg.virtual_pipeline_model_parallel_size} needs "
+            f"pipeline_model_parallel_size >= 3, got {pp} (interleaving over 2 stages can pair sends and "
+            "receives wrongly)"
+        )
+    if cfg.expert_model_parallel_size > 1:
+        problems.append("megatron.expert_model_parallel_size > 1 needs an MoE model; only dense models are supported")
+    if cfg.sequence_parallel and tp < 2:
+        problems.append("megatron.sequence_parallel needs tensor_model_parallel_size >= 2")
+    if on_gpu is False:
+        if cp > 1:
+            problems.append("megatron.context_parallel_size > 1 needs CUDA (Transformer Engine attention)")
+        if cfg.sequence_parallel:
+            problems.append("megatron.sequence_parallel needs CUDA (Transformer Engine or apex norms)")
+    if cp > 1 and cfg.transformer_impl == "local":
+        problems.append("megatron.context_parallel_size > 1 needs the Transformer Engine layer spec, not local")
+    return problems
+
+
+def model_layout_problems(cfg: MegatronConfig, arch: Architecture) -> list[str]:
+    """What stops `arch` from being split as `cfg` asks: heads, key/value heads and FFN over TP, layers over
+    PP x VPP stages."""
+    tp, pp, vpp = (
+        cfg.tensor_model_parallel_size,
+        cfg.pipeline_model_parallel_size,
+        cfg.virtual_pipeline_model_parallel_size,
+    )
+    if min(tp, pp, vpp) < 1:
+        return []  # reported by layout_problems
+    problems = []
+    if arch.num_heads % tp:
+        problems.append(
+            f"megatron.tensor_model_parallel_size = {tp} must divide the model's {arch.num_heads} attention heads"
+        )
+    if arch.num_kv_heads % tp:
+        problems.append(
+            f"megatron.tensor_model_parallel_size = {tp} must divide the model's {arch.num_kv_heads} key/value heads "
+            f"(num_key_value_heads)"
+        )
+    if arch.ffn_hidden_size % tp:
+        problems.append(
+            f"megatron.tensor_model_parallel_size = {tp} must divide the model's "
+            f"intermediate_size {arch.ffn_hidden_size}"
+        )
+    if arch.num_layers % (pp * vpp):
+        problems.append(
+            f"pipeline_model_parallel_size x virtual_pipeline_model_parallel_size = {pp} x {vpp} must divide the "
+            f"model's {arch.num_layers} layers"
+        )
+    return problems

@@ -1,0 +1,70 @@
+"""Does the policy model fit the configured layout? Read from its HF config before any process starts.
+
+The shape comes from `model.path`'s config.json, an embedded model's config (recorded, so nothing is fetched),
+or, for a path that is not on this machine (a cluster path checked on a laptop), the published shape of the
+models the recipes in `configs/model/` name, matched by the directory's name. A model whose shape is unknown
+here is checked by the actor ranks at start-up instead.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from userrl_megatron.config.layout import model_layout_problems
+from userrl_megatron.config.schema import RootConfig
+from userrl_megatron.convert.arch import Architecture, UnsupportedModelError
+
+_QWEN3 = {"model_type": "qwen3", "vocab_size": 151936, "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1e6}
+# Published config.json shapes of the models `configs/model/*.yaml` name (keyed by lower-cased directory name).
+PUBLISHED_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3-4b": _QWEN3
+    | {
+        "num_hidden_layers": 36,
+        "hidden_size": 2560,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 9728,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-8b": _QWEN3
+    | {
+        "num_hidden_layers": 36,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 12288,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-32b": _QWEN3
+    | {
+        "num_hidden_layers": 64,
+        "hidden_size": 5120,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "intermediate_size": 25600,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+def model_shape(path: str) -> dict[str, Any] | None:
+    """The HF config of `model.path` as far as it is known on this machine (see the module docstring)."""
+    from userrl_megatron.model_store import model_config
+
+    config = model_config(path)
+    if config is None:
+        config = PUBLISHED_SHAPES.get(Path(path).name.lower())
+    return config
+
+
+def model_fit_problems(cfg: RootConfig) -> list[str]:
+    """The model against the Megatron layout: heads, key/value heads and FFN over TP, layers over PP x VPP."""
+    config = model_shape(cfg.model.path)
+    if config is None:
+        return []
+    try:
+        arch = Architecture.from_hf_config(config)
+    except UnsupportedModelError as e:
+        return [f"model.path = {cfg.model.path}: {e}"]
+    except (KeyError, TypeError, ValueError) as e:
+        return [f"model.path = {cfg.model.path}: its config.json lacks or mangles {e}"]
+    return [f"{p} (model.path = {cfg.model.path})" for p in model_layout_problems(cfg.megatron, arch)]

@@ -1,0 +1,107 @@
+"""Value ranges of numeric options, over every section: one table, one message format."""
+
+import functools
+from collections.abc import Callable
+
+from userrl_megatron.config.schema import RootConfig
+
+Rule = tuple[str, Callable[[float], bool]]
+
+COUNT: Rule = (">= 1", lambda v: v >= 1)
+NON_NEGATIVE: Rule = (">= 0", lambda v: v >= 0)
+POSITIVE: Rule = ("> 0", lambda v: v > 0)
+PROBABILITY: Rule = ("in [0, 1]", lambda v: 0 <= v <= 1)
+OPEN_PROBABILITY: Rule = ("in (0, 1]", lambda v: 0 < v <= 1)
+BETA: Rule = ("in [0, 1)", lambda v: 0 <= v < 1)
+TOP_K: Rule = ("-1 (disabled) or >= 1", lambda v: v == -1 or v >= 1)
+
+RANGES: dict[str, Rule] = {
+    "run.total_steps": COUNT,
+    "run.seed": NON_NEGATIVE,
+    "model.max_context_length": COUNT,
+    "megatron.micro_batch_tokens": COUNT,
+    "megatron.lr": POSITIVE,
+    "megatron.min_lr": NON_NEGATIVE,
+    "megatron.lr_warmup_steps": NON_NEGATIVE,
+    "megatron.lr_decay_steps": NON_NEGATIVE,
+    "megatron.weight_decay": NON_NEGATIVE,
+    "megatron.adam_beta1": BETA,
+    "megatron.adam_beta2": BETA,
+    "megatron.adam_eps": POSITIVE,
+    "megatron.grad_clip": NON_NEGATIVE,
+    "rollout.prompts_per_step": COUNT,
+    "rollout.n_samples_per_prompt": COUNT,
+    "rollout.max_turns": COUNT,
+    "rollout.max_prompt_tokens": COUNT,
+    "rollout.max_response_tokens": COUNT,
+    "rollout.max_new_tokens_per_turn": COUNT,
+    "rollout.temperature": NON_NEGATIVE,
+    "rollout.top_p": OPEN_PROBABILITY,
+    "rollout.top_k": TOP_K,
+    "rollout.max_concurrent_episodes": COUNT,
+    "rollout.request_timeout_s": POSITIVE,
+    "rollout.health_check_interval_s": NON_NEGATIVE,
+    "rollout.engine_max_restarts": NON_NEGATIVE,
+    "rollout.generate_failovers": NON_NEGATIVE,
+    "rollout.embedded.max_running_requests": COUNT,
+    "rollout.embedded.max_prefill_tokens": COUNT,
+    "rollout.embedded.prefix_cache_tokens": NON_NEGATIVE,
+    "rollout.embedded.context_length": NON_NEGATIVE,
+    "rollout.embedded.random_seed": NON_NEGATIVE,
+    "rollout.embedded.health_check_timeout_s": POSITIVE,
+    "rollout.embedded.startup_timeout_s": POSITIVE,
+    "rollout.sglang.mem_fraction_static": OPEN_PROBABILITY,
+    "rollout.sglang.startup_timeout_s": POSITIVE,
+    "gyms.function.generator.tasks_per_split": COUNT,
+    "gyms.function.generator.max_input": COUNT,
+    "gyms.intention.multi_detail_penalty": PROBABILITY,
+    "gyms.intention.history_turns": NON_NEGATIVE,
+    "gyms.search.max_search_steps": COUNT,
+    "gyms.search.max_search_results": COUNT,
+    "gyms.search.web_timeout_s": POSITIVE,
+    "gyms.search.web_retries": NON_NEGATIVE,
+    "gyms.travel.search_correct_reward": PROBABILITY,
+    "gyms.travel.preference_correct_reward": PROBABILITY,
+    "gyms.travel.choice_best_reward": PROBABILITY,
+    "gyms.travel.choice_correct_reward": PROBABILITY,
+    "gyms.travel.search_failure_interval": NON_NEGATIVE,
+    "gyms.travel.elicitation_interval": COUNT,
+    "gyms.turtle.success_threshold": PROBABILITY,
+    "gyms.echo.turns": COUNT,
+    "gyms.echo.tasks_per_split": COUNT,
+    "user_sim.temperature": NON_NEGATIVE,
+    "user_sim.max_tokens": COUNT,
+    "user_sim.timeout_s": POSITIVE,
+    "user_sim.max_retries": NON_NEGATIVE,
+    "user_sim.backoff_s": NON_NEGATIVE,
+    "user_sim.backoff_max_s": NON_NEGATIVE,
+    "user_sim.max_concurrency": COUNT,
+    "algo.gamma": PROBABILITY,
+    "algo.eps": POSITIVE,
+    "algo.clip_low": POSITIVE,
+    "algo.clip_high": POSITIVE,
+    "algo.kl_coef": NON_NEGATIVE,
+    "algo.entropy_coef": NON_NEGATIVE,
+    "algo.tis_cap": NON_NEGATIVE,
+    "algo.ppo_epochs": COUNT,
+    "algo.mini_batches_per_step": COUNT,
+    "sync.bucket_mb": COUNT,
+    "checkpoint.every_steps": NON_NEGATIVE,
+    "checkpoint.keep_last": COUNT,
+    "logging.rollout_dump_every": NON_NEGATIVE,
+    "logging.rollout_dump_count": NON_NEGATIVE,
+    "eval.every_steps": NON_NEGATIVE,
+    "eval.max_tasks": NON_NEGATIVE,
+    "eval.n_samples_per_prompt": COUNT,
+    "eval.temperature": NON_NEGATIVE,
+}
+
+
+def range_problems(cfg: RootConfig) -> list[str]:
+    """`key must be <range>, got <value>` for every option of RANGES outside its range."""
+    problems = []
+    for dotted, (text, ok) in RANGES.items():
+        value = functools.reduce(getattr, dotted.split("."), cfg)
+        if not ok(value):
+            problems.append(f"{dotted} must be {text}, got {value}")
+    return problems

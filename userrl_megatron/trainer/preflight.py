@@ -1,0 +1,79 @@
+"""What `userrl train` checks and decides before any process starts (no Ray, no actor, no engine).
+
+- `check_before_start`: the configuration checks once more, now knowing whether the actor ranks get CUDA
+  devices (GPU-only features), and the checkpoint the run resumes from against the model and TP (vocabulary
+  padding), so that a layout the actor ranks would refuse after a minute of start-up fails in seconds.
+- `finished_step`: a run already at `run.total_steps` (checkpoint saved, HF export written) needs nothing
+  started; the caller just reprints its table.
+"""
+
+import json
+from pathlib import Path
+
+from userrl_megatron.config import ConfigError, RootConfig
+from userrl_megatron.config.checks import check_config
+from userrl_megatron.config.model_fit import model_shape
+from userrl_megatron.convert.arch import padded_vocab_size
+from userrl_megatron.megatron import checkpoint_files
+
+
+def run_directory(cfg: RootConfig) -> Path:
+    """`<run.output_dir>/<run.name>`."""
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+def check_before_start(cfg: RootConfig, on_gpu: bool) -> None:
+    """Raise ConfigError for every problem the actor ranks or the resume would hit after start-up."""
+    problems = []
+    try:
+        check_config(cfg, on_gpu=on_gpu)
+    except ConfigError as e:
+        problems += e.problems
+    problems += _resume_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+def finished_step(cfg: RootConfig) -> int | None:
+    """The step of the run's latest checkpoint when it is at (or past) `run.total_steps` and its HF export is
+    written (when `checkpoint.save_hf`); None when there is training (or exporting) left to do."""
+    if cfg.checkpoint.resume != "auto":
+        return None
+    run_dir = run_directory(cfg)
+    step = _checkpoint_step(run_dir / "checkpoints")
+    if step is None or step < cfg.run.total_steps:
+        return None
+    if cfg.checkpoint.save_hf and not (run_dir / "hf" / f"step_{step}" / "config.json").is_file():
+        return None
+    return step
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    try:
+        extra = checkpoint_files.resolve(path) / checkpoint_files.EXTRA_FILE
+        return int(json.loads(extra.read_text())["step"])
+    except (checkpoint_files.CheckpointError, OSError, ValueError, KeyError, TypeError):
+        return None  # no (readable) checkpoint: the driver decides what to do
+
+
+def _resume_problems(cfg: RootConfig) -> list[str]:
+    source = cfg.checkpoint.resume
+    if source == "disable":
+        return []
+    path = run_directory(cfg) / "checkpoints" if source == "auto" else Path(source)
+    shape = model_shape(cfg.model.path)
+    try:
+        meta = checkpoint_files.read_metadata(path)
+    except (checkpoint_files.CheckpointError, OSError, ValueError):
+        return []  # nothing to resume, or a damaged checkpoint: the driver reports it
+    tp = cfg.megatron.tensor_model_parallel_size
+    if shape is None or "vocab_size" not in shape or "padded_vocab_size" not in meta or tp < 1:
+        return []
+    padded = padded_vocab_size(shape["vocab_size"], tp)
+    if padded == meta["padded_vocab_size"]:
+        return []
+    return [
+        f"megatron.tensor_model_parallel_size = {tp} pads the vocabulary to {padded} rows, but the checkpoint the "
+        f"run resumes from ({path}) was saved with {meta['padded_vocab_size']} rows (TP = {meta['layout']['tp']}): "
+        "use a TP that pads it the same way, or set checkpoint.resume"
+    ]
