@@ -85,3 +85,35 @@ def test_resume_under_another_layout_continues_exactly(tmp_path: Path) -> None:
     assert not any(p.name.startswith(".") for p in root.iterdir())  # no temporary leftovers
     assert "ffn_hidden_size" in r["other_model"] and "(128, 192)" in r["other_model"]
     assert {p.name for p in (root / "step_5" / "hf").iterdir()} >= {"config.json"}
+
+
+def _save_before_first_step(rank: int, world: int, port: int, model_dir: Path, root: str, batches: list) -> dict:
+    cfg = megatron_config(**SCHEDULE)  # distributed optimizer over DP=2
+    init_world(rank, world, port, cfg)
+    actor = build_actor(model_dir, cfg)
+    masked = [[0] * len(t) for t in batches[0].token_ids]
+    skipped = actor.train_step(TrainBatch(batches[0].token_ids, masked, batches[0].advantages))
+    actor.save(f"{root}/step_1", {"step": 1})  # no optimizer step yet: an update that was skipped
+    uninterrupted = [actor.train_step(b)["actor/loss"] for b in batches[1:]]
+    resumed = build_actor(model_dir, cfg)
+    extra = resumed.load(root)
+    return {
+        "skipped": skipped,
+        "extra": extra,
+        "steps": resumed.steps,
+        "uninterrupted": uninterrupted,
+        "resumed": [resumed.train_step(b)["actor/loss"] for b in batches[1:]],
+    }
+
+
+def test_checkpoint_before_any_optimizer_step_saves_and_resumes(tmp_path: Path) -> None:
+    model_dir = make_tiny_model("qwen3", tmp_path / "qwen3", seed=3)
+    batches = [random_batch(256, [12, 30, 7, 22], seed=s) for s in range(3)]
+    root = tmp_path / "checkpoints"
+    r = spawn(_save_before_first_step, 2, model_dir, str(root), batches)[0]
+    assert r["skipped"]["actor/skipped"] == 1.0
+    meta = json.loads((root / "step_1" / "userrl_checkpoint.json").read_text())
+    assert (meta["steps"], meta["contents"]) == (0, ["model"])
+    assert r["extra"] == {"step": 1} and r["steps"] == 0
+    for got, want in zip(r["resumed"], r["uninterrupted"], strict=True):
+        assert abs(got - want) <= 1e-5, (r["resumed"], r["uninterrupted"])

@@ -118,9 +118,20 @@ def save(actor: "MegatronActor", path: str | Path, extra_state: dict[str, Any], 
         **model_metadata(actor.arch, actor.layout, actor.dtype),
     }
     chunks = [c.module for c in actor.chunks]
-    out = save_state(path, chunks, metadata, actor.hf_dir, actor.optimizer, extra_state, keep_last)
+    # Before its first step the optimizer holds no state (Megatron's distributed optimizer cannot even describe
+    # it): such a checkpoint is the model alone, and loading it starts the optimizer afresh, as it was.
+    optimizer = actor.optimizer if has_optimizer_state(actor.optimizer, actor.device) else None
+    out = save_state(path, chunks, metadata, actor.hf_dir, optimizer, extra_state, keep_last)
     log.info("saved checkpoint %s (step %d)", out, actor.steps)
     return out
+
+
+def has_optimizer_state(optimizer: Any, device: torch.device) -> bool:
+    """True once an optimizer step has created moment estimates on any rank (collective: ranks agree)."""
+    local = any(opt.optimizer.state for opt in _inner_optimizers(optimizer))
+    flag = torch.tensor([int(local)], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def model_metadata(arch: Architecture, layout: Layout, dtype: torch.dtype) -> dict[str, Any]:
@@ -165,10 +176,11 @@ def load(actor: "MegatronActor", path: str | Path) -> dict[str, Any]:
     _load_model_state(chunks, state)
     if with_optimizer:
         _load_optimizer_state(actor.optimizer, state["optimizer"])
-        actor.scheduler.load_state_dict(meta["scheduler"])
-        actor.steps = meta["steps"]
     else:
         actor.optimizer.reload_model_params()  # refresh fp32 master copies from the loaded weights
+    if "scheduler" in meta:  # an actor's checkpoint (a converted one has no schedule)
+        actor.scheduler.load_state_dict(meta["scheduler"])
+        actor.steps = meta["steps"]
     rng_file = ckpt / "rng" / f"rank_{actor.layout.rank:05d}.pt"
     if meta["layout"] == _layout_record(actor.layout) and rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=True))
