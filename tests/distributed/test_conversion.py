@@ -33,6 +33,7 @@ def assert_same_model(original: Path, converted: Path) -> None:
 def round_trip(hf: Path, work: Path, to_mcore: list[str], to_hf: list[str]) -> Path:
     ckpt, out = work / "mcore", work / "hf"
     assert main(["convert", "hf2mcore", "--hf", str(hf), "--out", str(ckpt), *to_mcore]) == 0
+    assert not (work / "latest").exists()  # hf2mcore writes only under --out
     assert main(["convert", "mcore2hf", "--ckpt", str(ckpt), "--out", str(out), *to_hf]) == 0
     return out
 

@@ -1,7 +1,9 @@
 """Reading and writing HF model directories: lazy safetensors access, sharded output that transformers loads."""
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,14 @@ def test_a_failed_write_leaves_no_partial_directory(tiny_dir: Path, tmp_path: Pa
     with pytest.raises(RuntimeError, match="export failed"):
         save_hf_dir(tmp_path / "out", broken(), tiny_dir)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_exports_are_readable_like_any_model_directory(tiny_dir: Path, tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        out = save_hf_dir(tmp_path / "export", HFWeights(tiny_dir).items(), tiny_dir)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755  # not the 0700 of a temporary directory
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes

@@ -32,6 +32,9 @@ def _rollout(args: argparse.Namespace) -> int:
     if args.samples < 1 or args.limit < 0:
         raise UserError(f"--samples must be >= 1 and --limit >= 0, got {args.samples} and {args.limit}")
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from userrl_megatron.observability.noise import quiet_third_party
+
+    quiet_third_party(level=cfg.logging.level)
     sources = cfg.gyms.test if args.split == "test" else cfg.gyms.train
     tasks = load_tasks(sources, args.split, cfg.gyms)
     tasks = tasks[: args.limit] if args.limit > 0 else tasks

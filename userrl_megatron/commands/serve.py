@@ -16,6 +16,9 @@ def _serve(args: argparse.Namespace) -> int:
     from userrl_megatron.rollout.server.http import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from userrl_megatron.observability.noise import quiet_third_party
+
+    quiet_third_party(level=args.log_level)
     overrides = {
         "host": args.host,
         "device": args.device,

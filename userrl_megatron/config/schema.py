@@ -180,6 +180,7 @@ class SyncConfig:
 class CheckpointConfig:
     every_steps: int = 0  # save every k steps (0 = only at the end)
     keep_last: int = 2  # checkpoints kept; older ones are deleted after a successful save
+    save_optimizer: bool = True  # save Adam's state too (3x the fp32 weights); off: a resume restarts its moments
     save_hf: bool = True  # also export Hugging Face safetensors at the end of training
     resume: str = "auto"  # "auto" (from the run's latest checkpoint), "disable", or a checkpoint directory
 

@@ -198,10 +198,16 @@ class MegatronActor:
 
     # ---- state --------------------------------------------------------------------------------------
 
-    def save(self, path: str, extra_state: dict[str, Any] | None = None, keep_last: int | None = None) -> None:
+    def save(
+        self,
+        path: str,
+        extra_state: dict[str, Any] | None = None,
+        keep_last: int | None = None,
+        with_optimizer: bool = True,
+    ) -> None:
         """Write a distributed checkpoint to `path` (collective); see `checkpoint.save`."""
         cpu.enter_mode()
-        checkpoint.save(self, path, extra_state or {}, keep_last)
+        checkpoint.save(self, path, extra_state or {}, keep_last, with_optimizer)
 
     def load(self, path: str) -> dict[str, Any]:
         """Restore from a checkpoint directory (or a folder with a `latest` pointer); returns extra_state."""

@@ -110,8 +110,17 @@ def save_state(
     return path
 
 
-def save(actor: "MegatronActor", path: str | Path, extra_state: dict[str, Any], keep_last: int | None = None) -> Path:
-    """Checkpoint the whole actor state (model, optimizer, scheduler, step, RNG) and `extra_state`."""
+def save(
+    actor: "MegatronActor",
+    path: str | Path,
+    extra_state: dict[str, Any],
+    keep_last: int | None = None,
+    with_optimizer: bool = True,
+) -> Path:
+    """Checkpoint the whole actor state (model, optimizer, scheduler, step, RNG) and `extra_state`.
+
+    `with_optimizer` False leaves out the optimizer state (3x the fp32 weights with Adam's two moments and the
+    master weights): a resume then restarts Adam's moment estimates, as before the first step."""
     metadata = {
         "steps": actor.steps,
         "scheduler": actor.scheduler.state_dict(),
@@ -120,7 +129,7 @@ def save(actor: "MegatronActor", path: str | Path, extra_state: dict[str, Any], 
     chunks = [c.module for c in actor.chunks]
     # Before its first step the optimizer holds no state (Megatron's distributed optimizer cannot even describe
     # it): such a checkpoint is the model alone, and loading it starts the optimizer afresh, as it was.
-    optimizer = actor.optimizer if has_optimizer_state(actor.optimizer, actor.device) else None
+    optimizer = actor.optimizer if with_optimizer and has_optimizer_state(actor.optimizer, actor.device) else None
     out = save_state(path, chunks, metadata, actor.hf_dir, optimizer, extra_state, keep_last)
     log.info("saved checkpoint %s (step %d)", out, actor.steps)
     return out

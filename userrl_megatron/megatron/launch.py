@@ -33,6 +33,9 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, threa
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     import torch
 
+    from userrl_megatron.observability.noise import quiet_third_party
+
+    quiet_third_party(on_gpu=torch.cuda.is_available())  # each rank would repeat Megatron's import warnings
     torch.set_num_threads(threads)
     try:
         out.put((rank, True, fn(rank, world_size, port, *args)))

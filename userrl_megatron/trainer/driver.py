@@ -109,7 +109,8 @@ class Trainer:
         """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them)."""
         state = {"step": step, "tasks": self.parts.tasks.state(), "best": self.best, "record": record or {}}
         path = self.run_dir / "checkpoints" / f"step_{step}"
-        self.parts.actors.call("save", str(path), state, self.cfg.checkpoint.keep_last)
+        ckpt = self.cfg.checkpoint
+        self.parts.actors.call("save", str(path), state, ckpt.keep_last, ckpt.save_optimizer)
 
     async def evaluate(self, step: int) -> dict[str, float]:
         """Episodes on the test tasks at the evaluation temperature; a new best score exports HF weights."""

@@ -33,7 +33,7 @@ ZERO_WHEN_ABSENT = ("rollout/finish/engine_error", "rollout/finish/user_sim_erro
 
 def print_report(run_dir: Path, console: Console | None = None) -> None:
     """Print one row per step and the run's checkpoint and HF export locations."""
-    console = console or Console(highlight=False, width=max(shutil.get_terminal_size().columns, 140))
+    console = console or Console(highlight=False, width=max(shutil.get_terminal_size().columns, 170))
     records = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     table = Table(title=f"run {run_dir}")
     table.add_column("step", justify="right")

@@ -83,8 +83,8 @@ class MegatronWorker:
         metrics = self.actor.train_step(batch)
         return metrics if self.rank == 0 else None
 
-    def save(self, path: str, extra_state: dict[str, Any], keep_last: int) -> None:
-        self.actor.save(path, extra_state, keep_last=keep_last)
+    def save(self, path: str, extra_state: dict[str, Any], keep_last: int, with_optimizer: bool = True) -> None:
+        self.actor.save(path, extra_state, keep_last=keep_last, with_optimizer=with_optimizer)
 
     def load(self, path: str) -> dict[str, Any]:
         return self.actor.load(path)
