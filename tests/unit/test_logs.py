@@ -7,12 +7,13 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from userrl_megatron.observability.progress import StepProgress, format_duration, heartbeat
+from userrl_megatron.observability.progress import StepProgress, blocking_heartbeat, format_duration, heartbeat
 from userrl_megatron.observability.run_log import run_log
 from userrl_megatron.trainer.report import print_report
 
@@ -74,6 +75,17 @@ def test_heartbeat_reports_during_a_phase(caplog: pytest.LogCaptureFixture) -> N
         asyncio.run(asyncio.wait_for(phase(), timeout=60))
     beats = [r.getMessage() for r in caplog.records if r.name == "userrl_megatron.progress"]
     assert beats and all(m.startswith("rollout: ") and m.endswith("s") for m in beats)
+
+
+def test_blocking_heartbeat_reports_while_waiting(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="userrl_megatron.progress"):
+        with blocking_heartbeat(lambda: "actor: save still running", interval_s=0.01):
+            deadline = time.monotonic() + 60  # a generous bound on waiting, not a timing assertion
+            while not caplog.records and time.monotonic() < deadline:
+                time.sleep(0.005)
+        count = len(caplog.records)
+    assert caplog.records[0].getMessage().startswith("actor: save still running, ")
+    assert len(caplog.records) == count  # the thread stopped with the block
 
 
 def test_run_log_holds_what_the_console_showed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

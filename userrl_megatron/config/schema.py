@@ -133,7 +133,7 @@ class GymsConfig:
 class UserSimConfig:
     base_url: str = "http://127.0.0.1:8000/v1"  # OpenAI-compatible endpoint of the user simulator / judge LLM
     model: str = "gpt-4o"  # model name sent to the endpoint
-    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the API key (never put keys in configs)
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the API key (never the key); none: no auth
     temperature: float = 0.0  # sampling temperature of simulator calls
     max_tokens: int = 2048  # completion limit of one simulator call
     timeout_s: float = 30.0  # per-call timeout

@@ -7,8 +7,9 @@ Lines go through `logging` (logger `userrl_megatron.progress`), hence to the con
 import asyncio
 import contextlib
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 log = logging.getLogger("userrl_megatron.progress")
 
@@ -65,3 +66,21 @@ async def heartbeat(describe: Callable[[], str], interval_s: float = HEARTBEAT_S
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@contextlib.contextmanager
+def blocking_heartbeat(describe: Callable[[], str], interval_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """`heartbeat` for a blocking call (e.g. waiting on Ray): a thread logs while the block runs."""
+    started, stop = time.monotonic(), threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval_s):
+            log.info("%s, %s", describe(), format_duration(time.monotonic() - started))
+
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -180,11 +180,14 @@ class ActorGroup:
         log.info("actor group: %d ranks, %d pipeline stages", self.world_size, self.pipeline_stages)
 
     def call(self, method: str, *args: Any) -> Any:
-        """Run `method(*args)` on every rank; rank 0's result."""
+        """Run `method(*args)` on every rank; rank 0's result. A long call logs a heartbeat every 30 s."""
         import ray
 
+        from userrl_megatron.observability.progress import blocking_heartbeat
+
         refs = [ray.put(a) if isinstance(a, TrainBatch) else a for a in args]
-        return self._get([getattr(w, method).remote(*refs) for w in self.workers])[0]
+        with blocking_heartbeat(lambda: f"actor: {method} still running"):
+            return self._get([getattr(w, method).remote(*refs) for w in self.workers])[0]
 
     def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str) -> list[str]:
         """One weight-sync group per pipeline stage, created stage after stage (engines join them in order)."""
