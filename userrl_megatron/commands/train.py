@@ -8,8 +8,6 @@ from userrl_megatron.commands.config import add_config_args
 def _train(args: argparse.Namespace) -> int:
     import logging
 
-    import torch
-
     from userrl_megatron.config import load_config
     from userrl_megatron.observability.noise import quiet_third_party
     from userrl_megatron.observability.run_log import run_log
@@ -17,13 +15,15 @@ def _train(args: argparse.Namespace) -> int:
     from userrl_megatron.trainer.report import print_report
 
     cfg = load_config(args.config, args.overrides)
-    on_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
-    check_before_start(cfg, on_gpu)  # everything the actor ranks would refuse after start-up, in seconds
     run_dir = run_directory(cfg)
+    step = finished_step(cfg)  # a finished run starts nothing (not even torch) and reprints its table
+    if step is None:
+        import torch
+
+        check_before_start(cfg, on_gpu=torch.cuda.is_available() and cfg.run.device != "cpu")
     with run_log(run_dir / "run.log"):
         logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        quiet_third_party(on_gpu, cfg.logging.level)
-        step = finished_step(cfg)
+        quiet_third_party(level=cfg.logging.level)
         if step is not None:
             logging.getLogger(__name__).info(
                 "%s already finished at step %d (run.total_steps = %d): nothing to start; "

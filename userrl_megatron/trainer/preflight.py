@@ -14,7 +14,11 @@ from userrl_megatron.config import ConfigError, RootConfig
 from userrl_megatron.config.checks import check_config
 from userrl_megatron.config.model_fit import model_shape
 from userrl_megatron.convert.arch import padded_vocab_size
-from userrl_megatron.megatron import checkpoint_files
+
+# checkpoint_files' layout (LATEST pointer, EXTRA_FILE), read here without importing the megatron package (it
+# imports torch), so that a finished run answers without loading torch; tests/unit/test_config_checks.py writes
+# checkpoints with checkpoint_files.commit and reads them back through finished_step.
+LATEST, EXTRA_FILE = "latest", "extra_state.json"
 
 
 def run_directory(cfg: RootConfig) -> Path:
@@ -48,15 +52,17 @@ def finished_step(cfg: RootConfig) -> int | None:
     return step
 
 
-def _checkpoint_step(path: Path) -> int | None:
+def _checkpoint_step(root: Path) -> int | None:
     try:
-        extra = checkpoint_files.resolve(path) / checkpoint_files.EXTRA_FILE
+        extra = root / (root / LATEST).read_text().strip() / EXTRA_FILE
         return int(json.loads(extra.read_text())["step"])
-    except (checkpoint_files.CheckpointError, OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None  # no (readable) checkpoint: the driver decides what to do
 
 
 def _resume_problems(cfg: RootConfig) -> list[str]:
+    from userrl_megatron.megatron import checkpoint_files
+
     source = cfg.checkpoint.resume
     if source == "disable":
         return []

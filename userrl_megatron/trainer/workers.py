@@ -175,7 +175,10 @@ class ActorGroup:
             for r in range(self.world_size)
         ]
         master_addr, master_port = ray.get(self.workers[0].address.remote())
-        layouts = self._get([w.setup.remote(master_addr, master_port) for w in self.workers])
+        from userrl_megatron.observability.progress import blocking_heartbeat
+
+        with blocking_heartbeat(lambda: f"actor: {self.world_size} rank(s) still loading the model"):
+            layouts = self._get([w.setup.remote(master_addr, master_port) for w in self.workers])
         self.pipeline_stages = layouts[0]["pp"]
         log.info("actor group: %d ranks, %d pipeline stages", self.world_size, self.pipeline_stages)
 
