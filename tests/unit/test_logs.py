@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from userrl_megatron.errors import UserError
 from userrl_megatron.observability.progress import StepProgress, blocking_heartbeat, format_duration, heartbeat
 from userrl_megatron.observability.run_log import run_log
 from userrl_megatron.trainer.report import print_report
@@ -108,6 +109,9 @@ def test_run_log_holds_what_the_console_showed(tmp_path: Path, capsys: pytest.Ca
     shown = capsys.readouterr()
     assert "a plain line" in shown.out and "a log line" in shown.err and "\x1b[1m" in shown.out
     assert handler.stream is sys.stderr  # put back
+    with pytest.raises(UserError), run_log(tmp_path / "run.log"):
+        raise UserError("no engine is left")
+    assert (tmp_path / "run.log").read_text().endswith("userrl: error: no engine is left\n")
 
 
 def test_step_table_shows_infrastructure_failures(tmp_path: Path) -> None:

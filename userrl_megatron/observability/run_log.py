@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -51,10 +52,25 @@ def run_log(path: str | Path) -> Iterator[Path]:
         sys.stdout, sys.stderr = tees["stdout"], tees["stderr"]
         try:
             yield path
+        except BaseException as e:  # the CLI prints it after the block: record what it will show
+            log.write(_ending(e))
+            raise
         finally:
             sys.stdout, sys.stderr = original["stdout"], original["stderr"]
             for handler, stream in redirected:
                 handler.setStream(stream)
+
+
+def _ending(error: BaseException) -> str:
+    """What the console will show for `error`: the CLI's `userrl: error:` lines, or a traceback."""
+    from userrl_megatron.config.loader import ConfigError
+    from userrl_megatron.errors import UserError
+
+    if isinstance(error, ConfigError):
+        return "".join(f"userrl: error: {p}\n" for p in error.problems)
+    if isinstance(error, UserError):
+        return f"userrl: error: {error}\n"
+    return "".join(traceback.format_exception(error))
 
 
 def _redirect_handlers(tee_of: dict[int, _Tee]) -> list[tuple[logging.StreamHandler, Any]]:
