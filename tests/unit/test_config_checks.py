@@ -84,6 +84,10 @@ def test_published_shapes_check_cluster_paths_that_are_not_here() -> None:
     found = problems(["model.path=/models/Qwen3-8B", "megatron.tensor_model_parallel_size=16"])
     assert "megatron.tensor_model_parallel_size = 16 must divide the model's 8 key/value heads" in found[-1]
     load_config(overrides=["model.path=/nowhere/my-model", *TP2])
+    sglang = ["rollout.backend=sglang", "rollout.engine_tp=2"]
+    assert problems(sglang) == [
+        "rollout.engine_tp = 2 must divide the model's 9 attention heads (model.path = smollm2-135m-instruct)"
+    ]
 
 
 def test_recorded_embedded_shape_matches_the_fetched_model() -> None:

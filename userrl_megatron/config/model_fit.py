@@ -57,7 +57,8 @@ def model_shape(path: str) -> dict[str, Any] | None:
 
 
 def model_fit_problems(cfg: RootConfig) -> list[str]:
-    """The model against the Megatron layout: heads, key/value heads and FFN over TP, layers over PP x VPP."""
+    """The model against the Megatron layout (heads, key/value heads and FFN over TP, layers over PP x VPP) and
+    against the SGLang engines' TP (attention heads)."""
     config = model_shape(cfg.model.path)
     if config is None:
         return []
@@ -67,4 +68,8 @@ def model_fit_problems(cfg: RootConfig) -> list[str]:
         return [f"model.path = {cfg.model.path}: {e}"]
     except (KeyError, TypeError, ValueError) as e:
         return [f"model.path = {cfg.model.path}: its config.json lacks or mangles {e}"]
-    return [f"{p} (model.path = {cfg.model.path})" for p in model_layout_problems(cfg.megatron, arch)]
+    problems = model_layout_problems(cfg.megatron, arch)
+    engine_tp = cfg.rollout.engine_tp
+    if cfg.rollout.backend == "sglang" and engine_tp > 1 and arch.num_heads % engine_tp:
+        problems.append(f"rollout.engine_tp = {engine_tp} must divide the model's {arch.num_heads} attention heads")
+    return [f"{p} (model.path = {cfg.model.path})" for p in problems]
