@@ -26,7 +26,7 @@ class RunConfig:
     seed: int = 42  # seed for data order, sampling and model initialisation
     total_steps: int = 4  # RL steps to train (one step = rollout + update + weight sync)
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
-    ray_address: str = ""  # Ray cluster address; empty starts a local Ray instance
+    ray_address: str = ""  # join this Ray cluster ("auto": the one on this machine); empty: a private local one
 
 
 @dataclass
