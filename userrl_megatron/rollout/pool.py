@@ -257,7 +257,7 @@ class RolloutPool:
         options = self.placement.engine_options(index) if self.placement is not None else {"num_cpus": 0}
         return _engine_server_actor().options(**options).remote(launch)
 
-    def _log(self, engine: Engine) -> str:
+    def _log_of(self, engine: Engine) -> str:
         return str(self.log_dir / f"engine_{engine.index}.log") if self.log_dir else "not kept"
 
     def _client(self, url: str) -> SGLangClient:
@@ -343,7 +343,9 @@ class RolloutPool:
                 continue
             await self._set(engine, healthy=True)
             return
-        log.error("engine %d given up after %d failed restarts (log: %s)", engine.index, engine.restarts, self._log(engine))
+        log.error(
+            "engine %d given up after %d failed restarts (log: %s)", engine.index, engine.restarts, self._log_of(engine)
+        )
         await self._set(engine, dropped=True)
 
     async def _set(self, engine: Engine, healthy: bool = False, dropped: bool = False) -> None:
