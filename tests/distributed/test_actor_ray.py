@@ -37,6 +37,7 @@ def test_two_ray_actors_run_tensor_parallel(tmp_path: Path) -> None:
     batch = random_batch(256, [9, 17, 5], seed=3)
     expected = hf_logprobs(model_dir, batch.token_ids)
     ray.init(
+        address="local",  # never a cluster already on the machine
         num_cpus=2,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",

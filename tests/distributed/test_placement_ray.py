@@ -29,3 +29,53 @@ def test_ray_placement_pins_actors_to_their_bundles() -> None:
         assert sorted(placement.plan.actor_bundles + placement.plan.engine_bundles) == [0, 1, 2]
     finally:
         ray.shutdown()
+
+
+@pytest.mark.distributed
+def test_a_run_never_attaches_to_a_cluster_it_was_not_given(tmp_path, monkeypatch) -> None:
+    """With a Ray head already up on the machine (and RAY_ADDRESS exported, as a SLURM job does), an empty
+    `run.ray_address` starts a private instance with its own resources; naming the head joins it instead."""
+    import os
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import ray
+
+    from userrl_megatron.config import RunConfig
+    from userrl_megatron.trainer.placement import start_ray
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    temp_dir = tempfile.mkdtemp(prefix="ray")  # Ray's socket paths must stay under 108 bytes
+    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}"]
+    command += ["--num-cpus=7", "--node-ip-address=127.0.0.1", "--include-dashboard=false", f"--temp-dir={temp_dir}"]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    log = tmp_path / "head.log"
+    with log.open("w") as out:
+        head = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while "Ray runtime started" not in log.read_text():  # poll the head's log
+            assert head.poll() is None and time.monotonic() < deadline, f"no Ray head:\n{log.read_text()}"
+            time.sleep(0.5)
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        start_ray(RunConfig(), num_cpus=3)
+        assert ray.cluster_resources()["CPU"] == 3  # a private instance, not the 7-CPU head
+        ray.shutdown()
+        monkeypatch.delenv("RAY_ADDRESS")
+        start_ray(RunConfig(ray_address=address), num_cpus=3)  # joining passes no resource count
+        assert ray.cluster_resources()["CPU"] == 7
+    finally:
+        ray.shutdown()
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its processes on SIGTERM
+            head.wait(timeout=120)
+        shutil.rmtree(temp_dir, ignore_errors=True)

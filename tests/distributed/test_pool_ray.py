@@ -3,6 +3,8 @@
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -133,6 +135,48 @@ async def _running(url: str) -> bool:
     return (await server_state(url))["running"] >= 1
 
 
+def test_health_tells_slow_from_wedged_and_dead(placement: object, chatty: Path, tmp_path: Path) -> None:
+    """Slow (alive, progress within the stall timeout) is left alone; wedged (answers, no progress, the
+    generation probe does not pass) and dead (process gone) are restarted; with no engine left the pool is
+    exhausted and fails at once."""
+    from userrl_megatron.rollout.engine import EngineError
+
+    cfg = pool_config(engine_stall_timeout_s=600.0, engine_max_restarts=1)
+    chat = ChatTemplate.from_pretrained(chatty, "tags")
+    prompt = chat.prompt_ids(function_task(0).prompt)
+
+    async def scenario() -> None:
+        async with RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path) as pool:
+            first = pool.engines[0]
+            await first.client.pause()  # holds generation: its generation probe cannot pass now
+            assert await pool.check_health() == [True, True]  # progress is recent: slow, not dead
+            assert await pool.check_health(generating=False) == [True, True]
+            pool.cfg.engine_stall_timeout_s = 1.0
+            await until(lambda: time.monotonic() - first.progress_at > 1.0, "the stall timeout to pass")
+            assert await pool.check_health() == [False, True]  # wedged: restarted
+            await pool.wait_ready(DEADLINE_S)
+            assert (first.restarts, first.healthy, first.epoch) == (1, True, 1)
+
+            pool.cfg.engine_stall_timeout_s = 600.0
+            session = pool.session("x")
+            await session.generate(prompt, SamplingParams(4))
+            assert first.restarts == 0  # it served again: the count of failed restarts starts afresh
+
+            pool.cfg.engine_max_restarts = 0  # from now on a death is final
+            for engine in pool.engines:
+                os.kill(await engine.actor.pid.remote(), signal.SIGKILL)
+                await until(lambda e=engine: _dead(pool, e.index), "the server process to die")
+            assert await pool.check_health() == [False, False]
+            await pool.wait_ready(DEADLINE_S)
+            assert pool.exhausted
+            with pytest.raises(EngineError, match="every engine"):
+                await pool.session("y").generate(prompt, SamplingParams(4))
+            with pytest.raises(EngineError, match="every engine"):
+                await pool.repair(DEADLINE_S)
+
+    asyncio.run(scenario())
+
+
 class GatedGym:
     """A real gym whose first step waits for a gate: the test kills an engine while episodes are mid-way."""
 
@@ -152,8 +196,24 @@ class GatedGym:
         await self.inner.close()
 
 
-def test_an_engine_killed_mid_rollout_loses_no_episode(placement: object, chatty: Path, tmp_path: Path) -> None:
-    cfg = pool_config()
+@pytest.fixture(params=["idle", "cpu_saturated"])
+def machine_load(request: pytest.FixtureRequest) -> object:
+    """The machine as it is, or with every core kept busy by other processes (a loaded CI or cluster node)."""
+    burners = []
+    if request.param == "cpu_saturated":
+        burn = [sys.executable, "-c", "while True: pass"]
+        burners = [subprocess.Popen(burn) for _ in range(os.cpu_count() or 2)]
+    yield request.param
+    for burner in burners:
+        burner.kill()
+        burner.wait()
+
+
+def test_an_engine_killed_mid_rollout_loses_no_episode(
+    placement: object, chatty: Path, tmp_path: Path, machine_load: str
+) -> None:
+    """Also under a saturated CPU, with health checks running: only the killed engine is restarted."""
+    cfg = pool_config(health_check_interval_s=0.5)
     chat = ChatTemplate.from_pretrained(chatty, "tags")
     tasks = [function_task(i, reply_without_tool_call="action") for i in range(4)]
     make = gym_factory(GymsConfig(), cfg.max_turns)

@@ -26,7 +26,7 @@ class RunConfig:
     seed: int = 42  # seed for data order, sampling and model initialisation
     total_steps: int = 4  # RL steps to train (one step = rollout + update + weight sync)
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
-    ray_address: str = ""  # Ray cluster address; empty starts a local Ray instance
+    ray_address: str = ""  # join this Ray cluster ("auto": the one on this machine); empty: a private local one
 
 
 @dataclass
@@ -107,7 +107,8 @@ class RolloutConfig:
     max_concurrent_episodes: int = 64  # episodes in flight per engine
     request_timeout_s: float = 600.0  # timeout of one generate request
     health_check_interval_s: float = 10.0  # seconds between the pool's engine health checks (0 disables)
-    engine_max_restarts: int = 3  # restarts of one engine before the pool gives it up
+    engine_stall_timeout_s: float = 300.0  # a live engine with no progress for this long is wedged (restarted)
+    engine_max_restarts: int = 3  # failed restarts in a row (no request served between) before an engine is given up
     generate_failovers: int = 2  # times one generate request moves to another engine after its engine failed
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # SGLang server settings (backend: sglang)
     embedded: EmbeddedServerConfig = field(default_factory=EmbeddedServerConfig)  # embedded server (backend: embedded)

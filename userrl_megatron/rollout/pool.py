@@ -3,10 +3,14 @@
 Each `EngineServer` actor sits on its placement-group bundle and launches one server process (`userrl serve`
 or SGLang, the same launch path); the driver talks to the servers directly over HTTP (`SGLangClient`). An
 episode's first request goes to the engine with the fewest outstanding requests and every later turn follows
-it (its prefix stays in that engine's cache). When an engine dies, requests on it move to another engine and
-it is restarted in the background (a periodic health check catches silent deaths too); an `on_restart` hook
-lets the trainer push current weights into a restarted engine before it serves again. `pause`/`resume`
-bracket weight updates: requests aborted by the pause are sent again after `resume`.
+it (its prefix stays in that engine's cache). Health tells slow from dead: an engine is dead when its process
+is gone or its server stops answering, and wedged when it answers but has shown no progress (no request
+finished, no generation probe passed) for `rollout.engine_stall_timeout_s`; a merely slow engine is left alone.
+A dead or wedged engine is restarted in the background (a periodic health check catches silent deaths), the
+requests it held are sent again elsewhere (or to it once it is back), and an `on_restart` hook lets the trainer
+push current weights into it before it serves again. When every engine is given up the pool is `exhausted`:
+requests fail at once and the trainer stops the run. `pause`/`resume` bracket weight updates: requests aborted
+by the pause are sent again after `resume`.
 """
 
 import asyncio
@@ -14,6 +18,7 @@ import contextlib
 import functools
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,10 +104,11 @@ class Engine:
     client: SGLangClient | None = None
     outstanding: int = 0  # generate requests in flight
     healthy: bool = False
-    restarts: int = 0
+    restarts: int = 0  # restarts since the engine last served a request
     epoch: int = 0  # bumped at each restart: a failure seen under an older epoch is that engine's death
     dropped: bool = False  # out of restarts: never used again
     served: int = 0  # generate requests answered
+    progress_at: float = field(default_factory=time.monotonic)  # last request answered or generation probe passed
     recovery: asyncio.Task | None = None
 
 
@@ -145,6 +151,7 @@ class RolloutPool:
             raise
         for engine, url in zip(self.engines, urls, strict=True):
             engine.url, engine.client, engine.healthy = url, self._client(url), True
+            engine.progress_at = time.monotonic()
         self._running.set()
         if self.cfg.health_check_interval_s > 0:
             self._health_task = asyncio.create_task(self._health_loop())
@@ -185,6 +192,11 @@ class RolloutPool:
         return [e.client for e in self.engines if e.client is not None]
 
     @property
+    def exhausted(self) -> bool:
+        """Every engine failed and was given up: nothing can generate any more."""
+        return bool(self.engines) and all(e.dropped for e in self.engines)
+
+    @property
     def concurrency(self) -> int:
         """Episodes to keep in flight: `max_concurrent_episodes` per live engine."""
         return self.cfg.max_concurrent_episodes * max(1, sum(not e.dropped for e in self.engines))
@@ -205,9 +217,17 @@ class RolloutPool:
     async def flush_cache(self) -> None:
         await self._each(lambda c: c.flush_cache())
 
-    async def check_health(self) -> list[bool]:
-        """Probe every engine once; an engine that fails is restarted in the background."""
-        return list(await asyncio.gather(*(self._probe(e) for e in self.engines)))
+    async def check_health(self, generating: bool = True) -> list[bool]:
+        """Probe every engine once; a dead or wedged one is restarted in the background. `generating=False`
+        checks only that each engine lives (for paused engines, which hold generation)."""
+        return list(await asyncio.gather(*(self._probe(e, generating) for e in self.engines)))
+
+    async def repair(self, timeout_s: float) -> None:
+        """Restart every engine that died and wait until each is back or given up (also while paused)."""
+        await self.check_health(generating=False)
+        await self.wait_ready(timeout_s)
+        if self.exhausted:
+            raise EngineError("every engine of the rollout pool failed and was given up")
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Wait until every engine that is not given up is healthy (e.g. after restarts)."""
@@ -237,6 +257,9 @@ class RolloutPool:
         options = self.placement.engine_options(index) if self.placement is not None else {"num_cpus": 0}
         return _engine_server_actor().options(**options).remote(launch)
 
+    def _log_of(self, engine: Engine) -> str:
+        return str(self.log_dir / f"engine_{engine.index}.log") if self.log_dir else "not kept"
+
     def _client(self, url: str) -> SGLangClient:
         # One quick transport retry: beyond that, failing over to another engine is faster than waiting.
         return SGLangClient(url, timeout_s=self.cfg.request_timeout_s, max_retries=1, backoff_s=0.2)
@@ -260,29 +283,49 @@ class RolloutPool:
         """After a request error on `engine`: True if the engine is down (restart started), False if it is fine."""
         return engine.epoch != epoch or not engine.healthy or not await self._probe(engine)
 
-    async def _probe(self, engine: Engine) -> bool:
-        """Is the engine alive and generating? If not, start its recovery."""
+    async def _probe(self, engine: Engine, generating: bool = True) -> bool:
+        """Is the engine alive (process up, server answering) and, with `generating`, making progress? A slow
+        engine counts as healthy; a dead or wedged one starts its recovery."""
         if engine.dropped or not engine.healthy:
             return False
-        try:
-            alive = await engine.actor.alive.remote()
-        except RayActorError:
-            alive = False
-        if alive and engine.client is not None and await engine.client.health(timeout_s=60.0):
+        problem = await self._liveness_problem(engine)
+        stall = self.cfg.engine_stall_timeout_s
+        if problem is None and generating and time.monotonic() - engine.progress_at > stall:
+            assert engine.client is not None
+            if await engine.client.health(timeout_s=stall):  # a generation probe, queued behind the real work
+                engine.progress_at = time.monotonic()
+            else:
+                problem = f"wedged: no request finished and no generation probe passed for {stall:.0f} s"
+        if problem is None:
             return True
-        self._recover(engine)
+        self._recover(engine, problem)
         return False
 
-    def _recover(self, engine: Engine) -> None:
+    async def _liveness_problem(self, engine: Engine) -> str | None:
+        """Why the engine is dead (process gone, server not answering), or None while it lives."""
+        try:
+            if not await engine.actor.alive.remote():
+                return "its server process exited"
+        except RayActorError:
+            return "its Ray actor died"
+        assert engine.client is not None
+        try:
+            await engine.client.get_model_info()  # answered by the HTTP front end, never queued behind generation
+        except EngineError as e:
+            return f"its server does not answer ({e})"
+        return None
+
+    def _recover(self, engine: Engine, reason: str) -> None:
         if engine.recovery is not None and not engine.recovery.done():
             return
         engine.healthy = False
+        log.warning("engine %d (%s) is down: %s", engine.index, engine.url, reason)
         engine.recovery = asyncio.create_task(self._restart(engine))
 
     async def _restart(self, engine: Engine) -> None:
         while engine.restarts < self.cfg.engine_max_restarts:
             engine.restarts += 1
-            log.warning("engine %d (%s) is down: restart %d", engine.index, engine.url, engine.restarts)
+            log.warning("engine %d: restart %d of %d", engine.index, engine.restarts, self.cfg.engine_max_restarts)
             try:
                 try:
                     url = await engine.actor.restart.remote()
@@ -292,6 +335,7 @@ class RolloutPool:
                 if engine.client is not None:
                     await engine.client.close()
                 engine.url, engine.client, engine.epoch = url, self._client(url), engine.epoch + 1
+                engine.progress_at = time.monotonic()
                 if self.on_restart is not None:
                     await self.on_restart(engine.index, engine.client)
             except Exception as e:
@@ -299,7 +343,9 @@ class RolloutPool:
                 continue
             await self._set(engine, healthy=True)
             return
-        log.error("engine %d gave up after %d restarts", engine.index, engine.restarts)
+        log.error(
+            "engine %d given up after %d failed restarts (log: %s)", engine.index, engine.restarts, self._log_of(engine)
+        )
         await self._set(engine, dropped=True)
 
     async def _set(self, engine: Engine, healthy: bool = False, dropped: bool = False) -> None:
@@ -347,9 +393,11 @@ class EngineSession:
                 continue
             finally:
                 engine.outstanding -= 1
+            engine.progress_at = time.monotonic()
             if generation.finish_reason == "abort" and not self.pool._running.is_set():
                 continue  # aborted by a pause: generate the turn again after resume
             engine.served += 1
+            engine.restarts = 0  # it serves again: a later failure starts a fresh count of restarts
             self.history.append(engine.index)
             return generation
 

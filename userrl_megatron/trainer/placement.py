@@ -93,7 +93,9 @@ def plan_bundles(megatron: MegatronConfig, rollout: RolloutConfig, use_gpu: bool
 
 
 def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
-    """Connect to `run.ray_address`, or start a local Ray instance bound to loopback."""
+    """Join the cluster `run.ray_address` names ("auto": the one this machine runs), passing no resource
+    counts; otherwise start a private Ray instance bound to loopback, whatever else runs on the machine (a
+    SLURM job's head, the files a killed cluster left in /tmp/ray, a `RAY_ADDRESS` in the environment)."""
     import ray
 
     if ray.is_initialized():
@@ -103,7 +105,13 @@ def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
         ray.init(address=run.ray_address, log_to_driver=True)
         log.info("connected to Ray at %s: %s", run.ray_address, ray.cluster_resources())
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True)
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=True,
+        )
 
 
 def create_placement(plan: BundlePlan, timeout_s: float = 300.0) -> Placement:
