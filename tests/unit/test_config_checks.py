@@ -1,18 +1,21 @@
 """Checks before any process starts: the model against the layout (from its HF config), value ranges, secrets in
 `*_env` fields; `config validate` and `userrl train` report them, one `userrl: error:` line each."""
 
+import dataclasses
 import json
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 
 from tests.support.tiny_models import tiny_config
 from userrl_megatron.cli import main
-from userrl_megatron.config import ConfigError, load_config
+from userrl_megatron.config import ConfigError, RootConfig, load_config
 from userrl_megatron.config.env_names import looks_like_secret
 from userrl_megatron.config.model_fit import model_shape
+from userrl_megatron.config.ranges import CHECKED_ELSEWHERE, RANGES
 from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit
 from userrl_megatron.model_store import EMBEDDED_MODELS, cache_root
 from userrl_megatron.trainer.preflight import check_before_start, finished_step
@@ -117,6 +120,19 @@ def test_recorded_embedded_shape_matches_the_fetched_model() -> None:
 )
 def test_value_ranges(override: str, message: str) -> None:
     assert problems([override]) == [message]
+
+
+def test_every_numeric_option_has_a_range() -> None:
+    def numeric(schema: type, prefix: str = "") -> list[str]:
+        found = []
+        for name, hint in typing.get_type_hints(schema).items():
+            if dataclasses.is_dataclass(hint):
+                found += numeric(hint, f"{prefix}{name}.")
+            elif hint in (int, float):
+                found.append(f"{prefix}{name}")
+        return found
+
+    assert sorted(set(numeric(RootConfig)) - set(RANGES)) == sorted(CHECKED_ELSEWHERE)
 
 
 def test_a_pasted_key_is_refused_without_echoing_it() -> None:

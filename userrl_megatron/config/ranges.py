@@ -15,6 +15,25 @@ OPEN_PROBABILITY: Rule = ("in (0, 1]", lambda v: 0 < v <= 1)
 BETA: Rule = ("in [0, 1)", lambda v: 0 <= v < 1)
 TOP_K: Rule = ("-1 (disabled) or >= 1", lambda v: v == -1 or v >= 1)
 
+GYMS_WITH_STEP_LIMITS = ("function", "intention", "persuade", "search", "tau", "telepathy", "travel", "turtle", "echo")
+# Numeric options checked elsewhere (parallel sizes and ports: checks.py and layout.py; generator.terms: 1..4)
+# or free (dual_clip_c <= 1 disables dual clipping).
+CHECKED_ELSEWHERE = (
+    "megatron.tensor_model_parallel_size",
+    "megatron.pipeline_model_parallel_size",
+    "megatron.virtual_pipeline_model_parallel_size",
+    "megatron.context_parallel_size",
+    "megatron.expert_model_parallel_size",
+    "megatron.nnodes",
+    "megatron.devices_per_node",
+    "rollout.num_engines",
+    "rollout.engine_tp",
+    "rollout.sglang.base_port",
+    "rollout.embedded.base_port",
+    "gyms.function.generator.terms",
+    "algo.dual_clip_c",
+)
+
 RANGES: dict[str, Rule] = {
     "run.total_steps": COUNT,
     "run.seed": NON_NEGATIVE,
@@ -41,6 +60,7 @@ RANGES: dict[str, Rule] = {
     "rollout.max_concurrent_episodes": COUNT,
     "rollout.request_timeout_s": POSITIVE,
     "rollout.health_check_interval_s": NON_NEGATIVE,
+    "rollout.engine_stall_timeout_s": POSITIVE,
     "rollout.engine_max_restarts": NON_NEGATIVE,
     "rollout.generate_failovers": NON_NEGATIVE,
     "rollout.embedded.max_running_requests": COUNT,
@@ -52,6 +72,9 @@ RANGES: dict[str, Rule] = {
     "rollout.embedded.startup_timeout_s": POSITIVE,
     "rollout.sglang.mem_fraction_static": OPEN_PROBABILITY,
     "rollout.sglang.startup_timeout_s": POSITIVE,
+    **{f"gyms.{gym}.max_steps": COUNT for gym in GYMS_WITH_STEP_LIMITS},
+    "gyms.function.generator.seed": NON_NEGATIVE,
+    "gyms.echo.seed": NON_NEGATIVE,
     "gyms.function.generator.tasks_per_split": COUNT,
     "gyms.function.generator.max_input": COUNT,
     "gyms.intention.multi_detail_penalty": PROBABILITY,
