@@ -4,6 +4,7 @@ import argparse
 
 
 def _hf2mcore(args: argparse.Namespace) -> int:
+    from userrl_megatron.config import ConfigError
     from userrl_megatron.convert.arch import UnsupportedModelError
     from userrl_megatron.errors import UserError
     from userrl_megatron.megatron.conversion import hf_to_mcore
@@ -11,6 +12,8 @@ def _hf2mcore(args: argparse.Namespace) -> int:
 
     try:
         out = hf_to_mcore(resolve_model(args.hf), args.out, tp=args.tp, pp=args.pp, dtype=args.dtype)
+    except ConfigError:
+        raise  # the CLI prints one line per layout problem
     except (UnsupportedModelError, FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from e
     print(out)
@@ -18,12 +21,15 @@ def _hf2mcore(args: argparse.Namespace) -> int:
 
 
 def _mcore2hf(args: argparse.Namespace) -> int:
+    from userrl_megatron.config import ConfigError
     from userrl_megatron.errors import UserError
     from userrl_megatron.megatron.checkpoint_files import CheckpointError
     from userrl_megatron.megatron.conversion import mcore_to_hf
 
     try:
         out = mcore_to_hf(args.ckpt, args.out, tp=args.tp, pp=args.pp, dtype=args.dtype)
+    except ConfigError:
+        raise  # the CLI prints one line per layout problem
     except (CheckpointError, ValueError) as e:
         raise UserError(str(e)) from e
     print(out)
