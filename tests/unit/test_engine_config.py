@@ -11,7 +11,7 @@ from userrl_megatron.config import ConfigError, load_config
         ("rollout.embedded.device=gpu", "rollout.embedded.device = 'gpu'; choose from auto, cpu, cuda, cuda:N"),
         ("rollout.embedded.base_port=65535", "rollout.embedded.base_port = 65535 leaves no room for"),
         ("rollout.embedded.max_running_requests=0", "rollout.embedded.max_running_requests must be >= 1, got 0"),
-        ("rollout.embedded.prefix_cache_tokens=-1", "rollout.embedded.prefix_cache_tokens and"),
+        ("rollout.embedded.prefix_cache_tokens=-1", "rollout.embedded.prefix_cache_tokens must be >= 0, got -1"),
         ("rollout.embedded.health_check_timeout_s=0", "rollout.embedded.health_check_timeout_s must be > 0, got 0.0"),
         ("rollout.sglang.mem_fraction_static=1.5", "rollout.sglang.mem_fraction_static must be in (0, 1], got 1.5"),
     ],

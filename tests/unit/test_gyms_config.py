@@ -54,8 +54,8 @@ def test_gym_settings_load_from_overrides() -> None:
         (["gyms.search.backend=bing"], "gyms.search.backend = 'bing'; choose from offline, web"),
         (["gyms.search.judge=human"], "gyms.search.judge = 'human'; choose from llm, exact"),
         (["user_sim.http_backend=curl"], "user_sim.http_backend = 'curl'; choose from aiohttp, httpx"),
-        (["gyms.travel.elicitation_interval=0"], "gyms.travel.search_failure_interval must be >= 0"),
-        (["user_sim.max_concurrency=0"], "user_sim: max_concurrency >= 1"),
+        (["gyms.travel.elicitation_interval=0"], "gyms.travel.elicitation_interval must be >= 1, got 0"),
+        (["user_sim.max_concurrency=0"], "user_sim.max_concurrency must be >= 1, got 0"),
         (["gyms.options={}"], "unknown key 'gyms.options'"),
     ],
 )
