@@ -174,10 +174,10 @@ class ActorGroup:
             remote.options(**placement.actor_options(r), runtime_env=runtime_env).remote(r, self.world_size, spec)
             for r in range(self.world_size)
         ]
-        master_addr, master_port = ray.get(self.workers[0].address.remote())
         from userrl_megatron.observability.progress import blocking_heartbeat
 
-        with blocking_heartbeat(lambda: f"actor: {self.world_size} rank(s) still loading the model"):
+        with blocking_heartbeat(lambda: f"actor: {self.world_size} rank(s) still starting (process, model load)"):
+            master_addr, master_port = ray.get(self.workers[0].address.remote())
             layouts = self._get([w.setup.remote(master_addr, master_port) for w in self.workers])
         self.pipeline_stages = layouts[0]["pp"]
         log.info("actor group: %d ranks, %d pipeline stages", self.world_size, self.pipeline_stages)
