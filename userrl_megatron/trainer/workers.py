@@ -203,9 +203,13 @@ class ActorGroup:
 
     def push_weights(self, group_names: list[str], version: int) -> dict[str, float]:
         """Push every stage's weights, one stage at a time (an engine takes part in one broadcast at a time)."""
+        from userrl_megatron.observability.progress import blocking_heartbeat
+
         total: dict[str, float] = {}
         for stage, name in enumerate(group_names):
-            for metrics in self._get([w.push_weights.remote(name, stage, version) for w in self.workers]):
+            with blocking_heartbeat(lambda: f"weight sync: pipeline stage {stage} still streaming"):  # noqa: B023
+                results = self._get([w.push_weights.remote(name, stage, version) for w in self.workers])
+            for metrics in results:
                 for key, value in (metrics or {}).items():
                     total[key] = total.get(key, 0.0) + value
         if total.get("sync/seconds"):
