@@ -208,6 +208,8 @@ def test_finished_run_is_recognised(tmp_path: Path) -> None:
     assert finished_step(cfg) is None  # the HF export of the last step is missing: the driver writes it
     (tmp_path / "r" / "hf" / "step_2").mkdir(parents=True)
     (tmp_path / "r" / "hf" / "step_2" / "config.json").write_text("{}")
+    assert finished_step(cfg) is None  # step 2 is not in metrics.jsonl yet: the driver re-logs it
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     assert finished_step(cfg) == 2
     assert (
         finished_step(load_config(overrides=[f"run.output_dir={tmp_path}", "run.name=r", "run.total_steps=3"])) is None

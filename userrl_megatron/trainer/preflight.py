@@ -3,8 +3,8 @@
 - `check_before_start`: the configuration checks once more, now knowing whether the actor ranks get CUDA
   devices (GPU-only features), and the checkpoint the run resumes from against the model and TP (vocabulary
   padding), so that a layout the actor ranks would refuse after a minute of start-up fails in seconds.
-- `finished_step`: a run already at `run.total_steps` (checkpoint saved, HF export written) needs nothing
-  started; the caller just reprints its table.
+- `finished_step`: a run already at `run.total_steps` (checkpoint saved and logged, HF export written) needs
+  nothing started; the caller just reprints its table.
 """
 
 import json
@@ -49,7 +49,17 @@ def finished_step(cfg: RootConfig) -> int | None:
         return None
     if cfg.checkpoint.save_hf and not (run_dir / "hf" / f"step_{step}" / "config.json").is_file():
         return None
+    if step not in _logged_steps(run_dir / "metrics.jsonl"):
+        return None  # killed between the checkpoint and its log line: the driver re-logs it
     return step
+
+
+def _logged_steps(path: Path) -> set[int]:
+    try:
+        with path.open() as f:
+            return {json.loads(line)["step"] for line in f if line.strip()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
 
 
 def _checkpoint_step(root: Path) -> int | None:
