@@ -45,6 +45,11 @@ def check_config(cfg: RootConfig) -> None:
         problems.append(f"checkpoint.keep_last must be >= 1, got {cfg.checkpoint.keep_last}")
     if cfg.sync.bucket_mb <= 0:
         problems.append(f"sync.bucket_mb must be > 0, got {cfg.sync.bucket_mb}")
+    bad_faults = [f for f in cfg.run.faults if not re.fullmatch(r"(skip_update|kill_engine)@[1-9][0-9]*", f)]
+    if bad_faults:
+        problems.append(f"run.faults: {bad_faults} are not of the form skip_update@STEP or kill_engine@STEP")
+    if not 0.0 <= cfg.rollout.max_infra_failure_rate <= 1.0:
+        problems.append(f"rollout.max_infra_failure_rate must be in [0, 1], got {cfg.rollout.max_infra_failure_rate}")
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
 
