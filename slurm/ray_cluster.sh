@@ -5,7 +5,7 @@
 # background `srun --overlap` step running slurm/ray_node.sh (Ray in the step's foreground). A node counts as
 # joined once its `ray start` reports the runtime started; the GCS must then list every node alive. A node whose
 # step exits, or that has not joined by the deadline, stops the job with its name, its state and its log tail.
-# Per-node logs: $USERRL_RAY_LOGS/ray-NODE.log.
+# Per-node logs: slurm-logs/JOBID/ray-NODE.log.
 #
 # Variables (all optional):
 #   USERRL_RAY_PORT       GCS port; the Ray client server uses +1 and the dashboard agent +2 (default: derived
@@ -14,7 +14,7 @@
 #   USERRL_GPUS_PER_NODE  GPUs Ray may schedule per node (default: the GPUs Slurm gives the step)
 #   USERRL_NET_IF         network interface the nodes reach each other on (see slurm/ray_node.sh)
 #   USERRL_RAY_TMP        Ray's session directory on every node (default /tmp/userrl-ray-JOBID, deleted at the end)
-#   USERRL_RAY_LOGS       where the per-node logs go (default slurm-logs/JOBID in the submit directory)
+#   USERRL_RAY_LOGS       the per-node logs go to USERRL_RAY_LOGS/JOBID/ (default: slurm-logs in the submit dir)
 #   USERRL_RAY_JOIN_TIMEOUT   seconds to wait for every node (default 300)
 
 declare -A RAY_STEP_PID=()
@@ -30,7 +30,7 @@ ray_cluster_start() {
   export USERRL_RAY_PORT=${USERRL_RAY_PORT:-$((20000 + (SLURM_JOB_ID % 3000) * 3))}
   export USERRL_RAY_CPUS=${USERRL_RAY_CPUS:-${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}}
   export USERRL_RAY_TMP=${USERRL_RAY_TMP:-/tmp/userrl-ray-$SLURM_JOB_ID}
-  USERRL_RAY_LOGS=${USERRL_RAY_LOGS:-$PWD/slurm-logs/$SLURM_JOB_ID}
+  USERRL_RAY_LOGS=${USERRL_RAY_LOGS:-$PWD/slurm-logs}/$SLURM_JOB_ID
   mkdir -p "$USERRL_RAY_LOGS"
   RAY_HEAD_IP=$(${USERRL_CONTAINER:-} bash slurm/ray_node.sh ip) || die "no address for the Ray head on $RAY_HEAD_NODE"
   export RAY_HEAD_IP RAY_HEAD_NODE RAY_ADDRESS="$RAY_HEAD_IP:$USERRL_RAY_PORT"
