@@ -23,7 +23,7 @@ die() {
   exit 1
 }
 
-node_state() { sinfo --noheader --nodes="$NODE" --format=%T 2>/dev/null | head -n1 || true; }
+node_state() { timeout 10 sinfo --noheader --nodes="$NODE" --format=%T 2>/dev/null | head -n1 || true; }
 
 is_up() {
   case "$(node_state)" in
