@@ -16,6 +16,7 @@
 #   USERRL_RAY_TMP        Ray's session directory on every node (default /tmp/userrl-ray-JOBID, deleted at the end)
 #   USERRL_RAY_LOGS       the per-node logs go to USERRL_RAY_LOGS/JOBID/ (default: slurm-logs in the submit dir)
 #   USERRL_RAY_JOIN_TIMEOUT   seconds to wait for every node (default 300)
+#   USERRL_RAY_STOP_TIMEOUT   seconds to wait for every node to stop at the end (default 60)
 
 declare -A RAY_STEP_PID=()
 
