@@ -13,7 +13,8 @@
 #   USERRL_RAY_CPUS       CPUs Ray may schedule per node (default: the job's CPUs per task on that node)
 #   USERRL_GPUS_PER_NODE  GPUs Ray may schedule per node (default: the GPUs Slurm gives the step)
 #   USERRL_NET_IF         network interface the nodes reach each other on (see slurm/ray_node.sh)
-#   USERRL_RAY_TMP        Ray's session directory on every node (default /tmp/userrl-ray-JOBID, deleted at the end)
+#   USERRL_RAY_TMPDIR     where each node keeps the job's Ray session directory userrl-ray-JOBID (default /tmp;
+#                         keep it short: Ray's socket paths must fit in 107 characters); deleted at the end
 #   USERRL_RAY_LOGS       the per-node logs go to USERRL_RAY_LOGS/JOBID/ (default: slurm-logs in the submit dir)
 #   USERRL_RAY_JOIN_TIMEOUT   seconds to wait for every node (default 300)
 #   USERRL_RAY_STOP_TIMEOUT   seconds to wait for every node to stop at the end (default 60)
@@ -30,7 +31,8 @@ ray_cluster_start() {
 
   export USERRL_RAY_PORT=${USERRL_RAY_PORT:-$((20000 + (SLURM_JOB_ID % 3000) * 3))}
   export USERRL_RAY_CPUS=${USERRL_RAY_CPUS:-${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}}
-  export USERRL_RAY_TMP=${USERRL_RAY_TMP:-/tmp/userrl-ray-$SLURM_JOB_ID}
+  # Only ever a directory of this job: every node deletes it at the end.
+  export USERRL_RAY_TMP=${USERRL_RAY_TMPDIR:-/tmp}/userrl-ray-$SLURM_JOB_ID
   USERRL_RAY_LOGS=${USERRL_RAY_LOGS:-$PWD/slurm-logs}/$SLURM_JOB_ID
   mkdir -p "$USERRL_RAY_LOGS"
   RAY_HEAD_IP=$(${USERRL_CONTAINER:-} bash slurm/ray_node.sh ip) || die "no address for the Ray head on $RAY_HEAD_NODE"

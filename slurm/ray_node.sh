@@ -44,6 +44,7 @@ if [ "$role" = ip ]; then
 fi
 
 : "${USERRL_RAY_TMP:?set by slurm/ray_cluster.sh}" "${USERRL_RAY_PORT:?set by slurm/ray_cluster.sh}"
+case "$USERRL_RAY_TMP" in */userrl-ray-*) ;; *) fail "USERRL_RAY_TMP=$USERRL_RAY_TMP is not a job's directory" ;; esac
 ip=$(node_ip) || exit 1
 if [ -n "${USERRL_NET_IF:-}" ]; then
   export GLOO_SOCKET_IFNAME=$USERRL_NET_IF NCCL_SOCKET_IFNAME=$USERRL_NET_IF TP_SOCKET_IFNAME=$USERRL_NET_IF
@@ -70,7 +71,12 @@ stop() {
     while kill -0 "$ray_pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.5; done
   fi
   rm -rf "$USERRL_RAY_TMP"
-  echo "ray_node[$node]: Ray stopped, $USERRL_RAY_TMP removed"
+  if [ -n "$ray_pid" ] && kill -0 "$ray_pid" 2>/dev/null; then
+    echo "ray_node[$node]: Ray still stopping after ${USERRL_RAY_STOP_WAIT:-20} s (Slurm kills the rest);" \
+      "$USERRL_RAY_TMP removed"
+  else
+    echo "ray_node[$node]: Ray stopped, $USERRL_RAY_TMP removed"
+  fi
 }
 trap stop EXIT
 trap 'exit 0' TERM INT  # asked to stop: a clean end of this step
