@@ -180,6 +180,15 @@ def test_convert_job_exports_the_checkpoint(
         assert torch.allclose(exported[name].float(), tensor.float(), atol=2e-2), name
 
 
+def test_starting_slurm_again_changes_nothing() -> None:
+    conf = Path("/etc/slurm/slurm.conf")
+    before = conf.stat().st_mtime_ns if conf.exists() else None
+    again = subprocess.run(["bash", "tools/slurm_local.sh"], cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("slurm_local: already up: node "), again.stdout
+    assert (conf.stat().st_mtime_ns if conf.exists() else None) == before
+
+
 def _readme_sbatch_lines() -> list[list[str]]:
     """The `sbatch ...` command lines of the README, comments cut."""
     lines = (REPO / "README.md").read_text().splitlines()
