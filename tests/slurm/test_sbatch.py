@@ -2,7 +2,8 @@
 
 A 2-step CPU training job finishes and leaves no Ray behind; a job cancelled mid-run stops Ray on its node
 and removes its session files, and its resubmission resumes with every step logged once; convert.sbatch exports
-the checkpoint; a missing environment or a wrong interface fails at once, naming what is missing.
+the checkpoint; a missing environment, a wrong interface or a Ray node that cannot start fails at once, naming
+what is missing; the README's one-line overrides are accepted; starting the local Slurm again changes nothing.
 Skipped, with the reason, where no Slurm node is up.
 """
 
