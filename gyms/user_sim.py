@@ -57,6 +57,24 @@ class Reply:
     cached: bool = False
 
 
+NO_AUTH = "none"  # `api_key_env: none`: the endpoint needs no key
+
+
+def api_key(cfg: "UserSimConfig") -> str:
+    """The key in the environment variable `cfg.api_key_env` names; a UserError when it is unset or empty."""
+    if cfg.api_key_env.lower() == NO_AUTH:
+        return "EMPTY"  # the OpenAI client insists on some key; servers without auth ignore it
+    key = os.environ.get(cfg.api_key_env, "")
+    if not key:
+        from userrl_megatron.errors import UserError
+
+        raise UserError(
+            f"user_sim.api_key_env names ${cfg.api_key_env}, which is not set: export it, or set "
+            f"user_sim.api_key_env={NO_AUTH} for a server without authentication ({cfg.base_url})"
+        )
+    return key
+
+
 class _RetryableError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -75,6 +93,7 @@ class UserSimulator:
                 "install it or set user_sim.http_backend=httpx"
             )
         self.cfg = cfg
+        self._api_key = api_key(cfg)  # a missing key is a start-up error, not a run of 401s
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore]] = (
             weakref.WeakKeyDictionary()
         )
@@ -210,11 +229,10 @@ class UserSimulator:
         if state is None:
             import openai
 
-            api_key = os.environ.get(self.cfg.api_key_env) or "not-set"
             http_client = _aiohttp_client() if self.cfg.http_backend == "aiohttp" else None
             client = openai.AsyncOpenAI(
                 base_url=self.cfg.base_url,
-                api_key=api_key,
+                api_key=self._api_key,
                 timeout=self.cfg.timeout_s,
                 max_retries=0,  # retries are ours: counted, with jitter, and also for bad replies
                 http_client=http_client,

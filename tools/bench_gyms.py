@@ -152,7 +152,12 @@ def bench_user_sim_concurrency(args: argparse.Namespace) -> dict[str, Any]:
         rows = []
         for backend, concurrency in [(b, c) for b in args.backends for c in args.concurrency]:
             cfg = UserSimConfig(
-                base_url=base_url, model="bench", max_concurrency=concurrency, timeout_s=30.0, http_backend=backend
+                base_url=base_url,
+                api_key_env="none",
+                model="bench",
+                max_concurrency=concurrency,
+                timeout_s=30.0,
+                http_backend=backend,
             )
             sim = UserSimulator(cfg)
             asyncio.run(_episodes(sim, 2, 1))  # warm-up: imports and the first connection are one-time costs

@@ -1,7 +1,8 @@
 """`userrl`: the one command-line entry point (also `python -m userrl_megatron`).
 
 Only argparse is imported at module level: each subcommand imports what it needs after parsing, so
-`userrl --help` stays fast. Errors a user can fix (bad config, missing data) exit with status 2 and one message.
+`userrl --help` stays fast. Errors a user can fix (bad config, missing data) exit with status 2 and one message;
+a run that cannot go on (`RunError`: no engine left, a checkpoint that cannot be written) exits with status 1.
 """
 
 import argparse
@@ -35,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from userrl_megatron.config.loader import ConfigError
-    from userrl_megatron.errors import UserError
+    from userrl_megatron.errors import RunError, UserError
 
     try:
         return args.handler(args) or 0
@@ -46,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"userrl: error: {e}", file=sys.stderr)
         return 2
+    except RunError as e:
+        print(f"userrl: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from userrl_megatron.config.schema import UserSimConfig
 def sim_for(server: OpenAIServer, **overrides: Any) -> UserSimulator:
     """A UserSimulator on `server` with tiny backoffs (tests never sleep for long)."""
     cfg = UserSimConfig(base_url=server.base_url, model="sim", timeout_s=2.0, backoff_s=0.001, max_retries=2)
+    cfg.api_key_env = "none"  # our local server needs no key
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return UserSimulator(cfg)

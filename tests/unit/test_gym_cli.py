@@ -60,14 +60,24 @@ def test_gym_play_uses_the_configured_simulator(
     monkeypatch.setattr(sys, "stdin", io.StringIO("[action] Is it a fruit?\n"))
     with OpenAIServer(when("game master", '{"response": "Yes"}')) as server:
         args = ["gym", "play", "telepathy", "--task", "kiwi", f"gyms.data_dir={shared_data}"]
-        assert main([*args, f"user_sim.base_url={server.base_url}", "user_sim.model=judge-7b"]) == 0
+        sim = [f"user_sim.base_url={server.base_url}", "user_sim.model=judge-7b", "user_sim.api_key_env=none"]
+        assert main([*args, *sim]) == 0
     assert server.requests[0]["model"] == "judge-7b"
     out = capsys.readouterr().out
     assert "I am thinking of a fruit." in out and "Yes\nReward: 0.0" in out and "Episode return: 0.0" in out
 
 
 def test_gym_play_unknown_task(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["gym", "play", "turtle", "--task", "No Such Story", f"gyms.data_dir={shared_data}"]) == 2
+    args = [
+        "gym",
+        "play",
+        "turtle",
+        "--task",
+        "No Such Story",
+        f"gyms.data_dir={shared_data}",
+        "user_sim.api_key_env=none",
+    ]
+    assert main(args) == 2
     assert "cannot start turtle on task 'No Such Story'" in capsys.readouterr().err
 
 

@@ -86,3 +86,21 @@ def test_summary_and_metrics() -> None:
     assert metrics["rollout/function/reward_mean"] == 0.5
     assert metrics["rollout/travel/reward_mean"] == 0.5
     assert rollout_metrics([]) == {} and summarize([]) == []
+
+
+def test_infrastructure_failures_are_counted_not_scored() -> None:
+    episodes = [
+        episode("function", [1.0], "done"),
+        episode("function", [0.0], "engine_error"),
+        episode("travel", [0.0, 0.0], "user_sim_error"),
+    ]
+    function, travel, total = summarize(episodes)
+    assert (function.episodes, function.infra_failed, function.reward_mean, function.turns_mean) == (2, 1, 1.0, 1.0)
+    assert (travel.episodes, travel.infra_failed) == (1, 1)
+    assert (total.infra_failed, total.reward_mean, total.positive) == (2, 1.0, 1.0)
+    metrics = rollout_metrics(episodes)
+    assert metrics["rollout/infra_failed"] == 2.0 and metrics["rollout/reward_mean"] == 1.0
+    assert metrics["rollout/generated_tokens"] == 12.0  # what the engines generated still counts as throughput
+    assert "rollout/travel/reward_mean" not in metrics  # no travel episode was scored: no score, not 0
+    only_failures = rollout_metrics(episodes[1:])
+    assert only_failures["rollout/infra_failed"] == 2.0 and "rollout/reward_mean" not in only_failures

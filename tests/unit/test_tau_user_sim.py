@@ -23,6 +23,7 @@ def _last_message_is(text, answer):
 def _run(gym_name, task_id, actions, server, shared_data, **sim_overrides):
     """Play `actions` on a fresh gym with a UserSimulator pointed at `server`; the step results."""
     cfg = UserSimConfig(base_url=server.base_url, model="customer", timeout_s=2.0, backoff_s=0.001, max_retries=1)
+    cfg.api_key_env = "none"  # our local server needs no key
     for key, value in sim_overrides.items():
         setattr(cfg, key, value)
 

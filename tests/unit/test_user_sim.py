@@ -16,6 +16,7 @@ MESSAGES = [{"role": "system", "content": "You answer."}, {"role": "user", "cont
 
 def make_sim(server: OpenAIServer, **overrides: object) -> UserSimulator:
     cfg = UserSimConfig(base_url=server.base_url, model="sim", timeout_s=2.0, backoff_s=0.001, max_retries=3)
+    cfg.api_key_env = "none"  # our local server needs no key
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return UserSimulator(cfg)
@@ -117,15 +118,27 @@ def test_persistently_malformed_or_empty_replies_fail(server: OpenAIServer) -> N
         assert sim.metrics()["failures"] == 1.0
 
 
-def test_client_errors_are_not_retried(server: OpenAIServer) -> None:
+def test_client_errors_are_not_retried(server: OpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
     server.rules = [reply(Fault(400, '{"error": {"message": "bad model"}}'))]
     sim = make_sim(server)
     with pytest.raises(UserSimError, match="user simulator request rejected: HTTP 400") as e:
         chat(sim)
     assert (e.value.kind, server.count, sim.metrics()["retries"]) == ("client", 1, 0.0)
     server.rules = [reply(Fault(401, '{"error": {"message": "no key"}}'))]
-    with pytest.raises(UserSimError, match=r"HTTP 401 \(is \$OPENAI_API_KEY set\?\)"):
-        chat(make_sim(server))
+    monkeypatch.setenv("SIM_TEST_KEY", "sk-revoked")
+    with pytest.raises(UserSimError, match=r"HTTP 401 \(is \$SIM_TEST_KEY set\?\)"):
+        chat(make_sim(server, api_key_env="SIM_TEST_KEY"))
+
+
+def test_a_missing_key_is_a_start_up_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from userrl_megatron.errors import UserError
+
+    monkeypatch.delenv("SIM_MISSING_KEY", raising=False)
+    with pytest.raises(UserError, match=r"user_sim.api_key_env names \$SIM_MISSING_KEY, which is not set.*=none"):
+        UserSimulator(UserSimConfig(api_key_env="SIM_MISSING_KEY"))
+    monkeypatch.setenv("SIM_MISSING_KEY", "")
+    with pytest.raises(UserError, match="which is not set"):
+        UserSimulator(UserSimConfig(api_key_env="SIM_MISSING_KEY"))
 
 
 def test_garbage_200_body_is_retried(server: OpenAIServer) -> None:
@@ -138,7 +151,7 @@ def test_garbage_200_body_is_retried(server: OpenAIServer) -> None:
 def test_unreachable_endpoint_is_a_connection_failure() -> None:
     with OpenAIServer() as s:
         url = s.base_url
-    sim = UserSimulator(UserSimConfig(base_url=url, timeout_s=1.0, backoff_s=0.001, max_retries=1))
+    sim = UserSimulator(UserSimConfig(base_url=url, api_key_env="none", timeout_s=1.0, backoff_s=0.001, max_retries=1))
     with pytest.raises(UserSimError) as e:
         chat(sim)
     assert e.value.kind == "connection"
@@ -184,7 +197,7 @@ def test_one_simulator_serves_several_event_loops(server: OpenAIServer) -> None:
 
 
 def test_backoff_is_exponential_with_jitter_and_capped() -> None:
-    sim = UserSimulator(UserSimConfig(backoff_s=1.0, backoff_max_s=5.0))
+    sim = UserSimulator(UserSimConfig(api_key_env="none", backoff_s=1.0, backoff_max_s=5.0))
     for attempt, base in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 5.0), (9, 5.0)]:
         delays = [sim._backoff(attempt) for _ in range(200)]
         assert all(0.5 * base <= d < 1.5 * base for d in delays)
@@ -241,5 +254,5 @@ def test_aiohttp_backend_needs_its_package(monkeypatch: pytest.MonkeyPatch) -> N
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "httpx_aiohttp" else real(name))
     with pytest.raises(UserError, match=r"user_sim\.http_backend=aiohttp needs the httpx-aiohttp package"):
-        UserSimulator(UserSimConfig())
-    UserSimulator(UserSimConfig(http_backend="httpx"))  # the other transport needs nothing more
+        UserSimulator(UserSimConfig(api_key_env="none"))
+    UserSimulator(UserSimConfig(api_key_env="none", http_backend="httpx"))  # the other transport needs nothing more

@@ -27,6 +27,7 @@ class RunConfig:
     total_steps: int = 4  # RL steps to train (one step = rollout + update + weight sync)
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
     ray_address: str = ""  # join this Ray cluster ("auto": the one on this machine); empty: a private local one
+    faults: list[str] = field(default_factory=list)  # drills: "skip_update@N", "kill_engine@N" (docs/trainer.md)
 
 
 @dataclass
@@ -108,8 +109,11 @@ class RolloutConfig:
     request_timeout_s: float = 600.0  # timeout of one generate request
     health_check_interval_s: float = 10.0  # seconds between the pool's engine health checks (0 disables)
     engine_stall_timeout_s: float = 300.0  # a live engine with no progress for this long is wedged (restarted)
+    engine_restart_timeout_s: float = 1800.0  # how long a weight sync waits for dead engines to come back
     engine_max_restarts: int = 3  # failed restarts in a row (no request served between) before an engine is given up
     generate_failovers: int = 2  # times one generate request moves to another engine after its engine failed
+    max_infra_failure_rate: float = 0.5  # a step with more episodes lost to engine/simulator failures is not trained
+    max_infra_failed_steps: int = 3  # that many such steps in a row stop the run (the infrastructure is down)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # SGLang server settings (backend: sglang)
     embedded: EmbeddedServerConfig = field(default_factory=EmbeddedServerConfig)  # embedded server (backend: embedded)
 
@@ -134,7 +138,7 @@ class GymsConfig:
 class UserSimConfig:
     base_url: str = "http://127.0.0.1:8000/v1"  # OpenAI-compatible endpoint of the user simulator / judge LLM
     model: str = "gpt-4o"  # model name sent to the endpoint
-    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the API key (never the key); none: no auth
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the API key ("none": a server without auth)
     temperature: float = 0.0  # sampling temperature of simulator calls
     max_tokens: int = 2048  # completion limit of one simulator call
     timeout_s: float = 30.0  # per-call timeout
@@ -203,6 +207,7 @@ class EvalConfig:
     max_tasks: int = 32  # tasks per evaluation (0 = all)
     n_samples_per_prompt: int = 1  # episodes per task (pass@k / avg@k)
     temperature: float = 0.0  # sampling temperature of evaluation episodes
+    before_training: bool = False  # also evaluate the initial policy (logged as step 0) for a before/after score
 
 
 @dataclass

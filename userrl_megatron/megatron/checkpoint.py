@@ -41,6 +41,7 @@ from userrl_megatron.megatron.checkpoint_files import (
     prune,
     read_metadata,
     resolve,
+    write_manifest,
 )
 from userrl_megatron.megatron.parallel import Layout
 
@@ -84,6 +85,30 @@ def save_state(
         tmp.mkdir(parents=True)
     torch.distributed.barrier()
 
+    try:
+        _write(tmp, chunks, metadata, hf_dir, optimizer, extra_json, rank)
+    except BaseException:
+        if rank == 0:  # what was written is useless; the previous checkpoint and `latest` are untouched
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if rank == 0:
+        commit(tmp, path, pointer)
+        if keep_last is not None:
+            prune(path.parent, keep_last)
+    torch.distributed.barrier()
+    return path
+
+
+def _write(
+    tmp: Path,
+    chunks: list[torch.nn.Module],
+    metadata: dict[str, Any],
+    hf_dir: Path,
+    optimizer: Any,
+    extra_json: str,
+    rank: int,
+) -> None:
+    """Every file of the checkpoint, into `tmp`; the manifest last. Collective."""
     model_state = model_sharded_state_dict(chunks)
     state = dict(model_state)
     contents = ["model"]
@@ -97,17 +122,12 @@ def save_state(
     (tmp / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), tmp / "rng" / f"rank_{rank:05d}.pt")
     torch.distributed.barrier()
-
     if rank == 0:
         meta = {"format_version": FORMAT_VERSION, "contents": contents, "saved_at": time.time(), **metadata}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         (tmp / EXTRA_FILE).write_text(extra_json + "\n")
         copy_metadata(hf_dir, tmp / HF_FILES)
-        commit(tmp, path, pointer)
-        if keep_last is not None:
-            prune(path.parent, keep_last)
-    torch.distributed.barrier()
-    return path
+        write_manifest(tmp)
 
 
 def save(

@@ -18,6 +18,7 @@ META_FILE = "userrl_checkpoint.json"
 EXTRA_FILE = "extra_state.json"
 LATEST = "latest"
 HF_FILES = "hf"
+MANIFEST_FILE = "files.json"  # every file's size, written last: a truncated or missing file shows before loading
 
 
 class CheckpointError(ValueError):
@@ -55,6 +56,58 @@ def prune(root: str | Path, keep_last: int) -> list[Path]:
     for p in doomed:
         shutil.rmtree(p)
     return doomed
+
+
+def write_manifest(path: Path) -> None:
+    """Record the size of every file of the checkpoint being written at `path`."""
+    sizes = {str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*")) if f.is_file()}
+    sizes.pop(MANIFEST_FILE, None)
+    (path / MANIFEST_FILE).write_text(json.dumps(sizes, indent=0) + "\n")
+
+
+def find_damage(path: str | Path) -> str | None:
+    """What is wrong with the checkpoint directory `path` (a missing or truncated file), or None.
+
+    Checkpoints written before manifests existed are only checked for their metadata file."""
+    path = Path(path)
+    if not (path / META_FILE).is_file():
+        return f"{META_FILE} is missing"
+    manifest = path / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    try:
+        sizes = json.loads(manifest.read_text())
+    except ValueError:
+        return f"{MANIFEST_FILE} is unreadable"
+    for name, size in sizes.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, {size} were written"
+    return None
+
+
+def checkpoints_newest_first(root: str | Path) -> list[Path]:
+    """The complete checkpoints directly under `root`, the one `latest` names first, then by step and time."""
+    root = Path(root)
+    found = []
+    for child in root.iterdir() if root.is_dir() else []:
+        meta_file = child / META_FILE
+        if child.is_dir() and not child.name.startswith(".") and meta_file.is_file():
+            meta = json.loads(meta_file.read_text())
+            found.append(((_step_of(child), meta.get("saved_at", 0.0)), child))
+    ordered = [p for _, p in sorted(found, reverse=True)]
+    latest = root / LATEST
+    if latest.is_file() and (root / latest.read_text().strip()) in ordered:
+        named = root / latest.read_text().strip()
+        ordered = [named] + [p for p in ordered if p != named]
+    return ordered
+
+
+def _step_of(path: Path) -> int:
+    tail = path.name.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
 
 
 def commit(tmp: Path, path: Path, pointer: bool = True) -> None:

@@ -35,6 +35,15 @@ class JsonlBackend:
         record = {"step": step, "time": round(time.time(), 3), **{k: _jsonable(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
 
+    def rewind(self, step: int) -> None:
+        """Drop the records of steps after `step` (a run resumed from an older checkpoint does them again)."""
+        kept = [r for r in read_metrics(self.path) if r["step"] <= step]
+        self._file.close()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.path)
+        self._file = self.path.open("a", buffering=1)
+
     def close(self) -> None:
         self._file.close()
 
@@ -110,7 +119,8 @@ class Tracker:
         console_keys: tuple[str, ...] = (),
     ) -> None:
         run_dir = Path(run_dir)
-        self.backends: list[Backend] = [JsonlBackend(run_dir / "metrics.jsonl")]
+        self.jsonl = JsonlBackend(run_dir / "metrics.jsonl")
+        self.backends: list[Backend] = [self.jsonl]
         for name in cfg.backends:
             if name == "console":
                 self.backends.append(ConsoleBackend(console, console_keys))
@@ -126,6 +136,10 @@ class Tracker:
         clean = {k: float(v) for k, v in metrics.items()}
         for backend in self.backends:
             backend.log(clean, step)
+
+    def rewind(self, step: int) -> None:
+        """Forget the steps after `step` in metrics.jsonl (other backends keep what they were sent)."""
+        self.jsonl.rewind(step)
 
     def close(self) -> None:
         """Flush and close every backend."""

@@ -135,6 +135,7 @@ class RolloutPool:
         self.log_dir = Path(log_dir) if log_dir else None
         self.on_restart = on_restart
         self.engines: list[Engine] = []
+        self.restarts_total = 0  # engine restarts over the pool's life (metrics)
         self._running = asyncio.Event()  # cleared while paused
         self._changed = asyncio.Condition()  # an engine became healthy or was dropped
         self._health_task: asyncio.Task | None = None
@@ -325,6 +326,7 @@ class RolloutPool:
     async def _restart(self, engine: Engine) -> None:
         while engine.restarts < self.cfg.engine_max_restarts:
             engine.restarts += 1
+            self.restarts_total += 1
             log.warning("engine %d: restart %d of %d", engine.index, engine.restarts, self.cfg.engine_max_restarts)
             try:
                 try:

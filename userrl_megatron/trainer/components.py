@@ -4,7 +4,8 @@ Start-up: Ray (local unless `run.ray_address`), one placement group (actor ranks
 workers (HF weights loaded on every rank), the engine pool, the user simulator when a gym needs one, and the
 weight-sync groups (one per pipeline stage, each with every engine). A restarted engine is repaired before it
 serves again: the current weights go to it through a one-off group, and the regular groups are rebuilt at the
-next sync.
+next sync. A weight sync first restarts (and so repairs) engines that died since the last rollout, exactly as
+a rollout would; weight pushes (syncs and repairs) never overlap. No engine left stops the run.
 """
 
 import asyncio
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from userrl_megatron.config import RootConfig
+from userrl_megatron.errors import RunError
 from userrl_megatron.types import EpisodeGroup, Task
 
 log = logging.getLogger(__name__)
@@ -37,10 +39,26 @@ class Components:
     version: int = 0  # the weight version the engines hold
     _generation: Any = field(default_factory=itertools.count)
     _stale: bool = False  # an engine was restarted: rebuild the groups before the next sync
+    _pushing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight push at a time (sync or repair)
 
     async def rollout(self, tasks: list[Task], n: int, temperature: float | None = None) -> list[EpisodeGroup]:
         sampling = self.runner.sampling(temperature)
-        return await self.runner.run_groups(tasks, n, self.pool.session, sampling, self.pool.concurrency)
+        groups = await self.runner.run_groups(tasks, n, self.pool.session, sampling, self.pool.concurrency)
+        self._check_engines()
+        return groups
+
+    def _check_engines(self) -> None:
+        if self.pool.exhausted:
+            raise RunError(
+                f"every rollout engine failed and was given up after {self.cfg.rollout.engine_max_restarts} "
+                f"restarts; engine logs: {self.pool.log_dir}"
+            )
+
+    async def kill_engine(self, index: int) -> None:
+        """Fault drill: kill engine `index`'s server process (the pool finds it dead and restarts it)."""
+        pid = await self.pool.engines[index].actor.pid.remote()
+        os.kill(pid, 9)
+        log.warning("fault drill: killed engine %d's server (pid %d)", index, pid)
 
     async def enter_training(self) -> None:
         """Colocated mode: the engines pause and free their GPU memory; with `megatron.offload` the actor's state
@@ -65,20 +83,26 @@ class Components:
 
         Colocated, the pool is already paused (enter_training): only the engines' weight memory comes back
         here; their KV cache returns in enter_rollout, after the actor has moved out."""
-        if self._stale:
-            await self._reconnect()
-        colocated = self.cfg.rollout.colocate
-        if not colocated:
-            await self.pool.pause()
         try:
-            if colocated:
-                await self._each_engine(lambda c: c.resume_memory(["weights"]))
-            metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
-            await self.pool.flush_cache()
-        finally:
+            await self.pool.repair(self.cfg.rollout.engine_restart_timeout_s)  # dead engines come back first
+        except Exception as e:
+            self._check_engines()
+            raise RunError(f"weight sync: the rollout engines could not be brought back ({e})") from e
+        async with self._pushing:
+            if self._stale:
+                await self._reconnect()
+            colocated = self.cfg.rollout.colocate
             if not colocated:
-                await self.pool.resume()
-        self.version = version
+                await self.pool.pause()
+            try:
+                if colocated:
+                    await self._each_engine(lambda c: c.resume_memory(["weights"]))
+                metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
+                await self.pool.flush_cache()
+            finally:
+                if not colocated:
+                    await self.pool.resume()
+            self.version = version
         if self.cfg.sync.verify:
             metrics |= await self._verify()
         return metrics
@@ -86,10 +110,12 @@ class Components:
     async def _each_engine(self, call: Any) -> None:
         await asyncio.gather(*(call(c) for c in self.pool.clients))
 
-    def user_sim_metrics(self) -> dict[str, float]:
-        if self.user_sim is None:
-            return {}
-        return {f"user_sim/{k}": float(v) for k, v in self.user_sim.metrics().items()}
+    def service_metrics(self) -> dict[str, float]:
+        """The engines' restarts so far and the user simulator's counters."""
+        metrics = {"rollout/engine_restarts": float(self.pool.restarts_total)}
+        if self.user_sim is not None:
+            metrics |= {f"user_sim/{k}": float(v) for k, v in self.user_sim.metrics().items()}
+        return metrics
 
     async def connect(self) -> None:
         """Create this generation's sync groups with every engine."""
@@ -102,12 +128,14 @@ class Components:
         if not self.cfg.sync.enabled or self.version == 0:
             return  # it already holds the initial weights
         engine = [{"url": client.base_url, "tp_size": self.cfg.rollout.engine_tp}]
-        groups = await asyncio.to_thread(self.actors.connect_engines, engine, f"{SYNC_GROUP}_repair{index}")
-        try:
-            await asyncio.to_thread(self.actors.push_weights, groups, self.version)
-        finally:
-            await asyncio.to_thread(self.actors.disconnect_engines, groups)
-        self._stale = True
+        async with self._pushing:
+            name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
+            groups = await asyncio.to_thread(self.actors.connect_engines, engine, name)
+            try:
+                await asyncio.to_thread(self.actors.push_weights, groups, self.version)
+            finally:
+                await asyncio.to_thread(self.actors.disconnect_engines, groups)
+            self._stale = True
         log.info("engine %d repaired with weight version %d", index, self.version)
 
     async def _reconnect(self) -> None:
@@ -167,20 +195,22 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     for task in train_tasks[:1] + eval_tasks[:1]:
         chat.present(task.prompt, task.tools)  # a tool format the template cannot show fails here, not mid-run
 
+    user_sim = None
+    if any(gym_spec(t.gym).needs_user_sim for t in train_tasks + eval_tasks):
+        from gyms.user_sim import UserSimulator
+
+        user_sim = UserSimulator(cfg.user_sim)  # a missing API key fails here, before anything starts
+
     use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     plan = plan_bundles(cfg.megatron, cfg.rollout, use_gpu)
     started_ray = not ray.is_initialized()
     start_ray(cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, len(plan.bundles)))
     placement = create_placement(plan)
-    actors = pool = user_sim = None
+    actors = pool = None
     try:
         spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed)
         env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
         actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
-        if any(gym_spec(t.gym).needs_user_sim for t in train_tasks + eval_tasks):
-            from gyms.user_sim import UserSimulator
-
-            user_sim = UserSimulator(cfg.user_sim)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
         pool = RolloutPool(cfg.rollout, str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
         parts = Components(cfg, actors, pool, runner, TaskStream(train_tasks, cfg.run.seed), eval_tasks, user_sim)

@@ -3,27 +3,36 @@
 One step: a batch of tasks -> rollout groups (n episodes per task) -> filters -> old (and reference) log-probs
 -> advantages -> PPO/GRPO mini-batch updates -> weight sync to the engines -> metrics, rollout dump,
 checkpoint, evaluation. Relaunching the same command resumes from the run directory's `latest` checkpoint
-(model, optimizer, LR schedule, RNG, step, position in the task stream).
+(model, optimizer, LR schedule, RNG, step, position in the task stream), or from the newest undamaged one.
+
+What stops a run is a `RunError` (one line, exit 1, the last good checkpoint kept): no rollout engine left,
+`rollout.max_infra_failed_steps` steps in a row lost mostly to the infrastructure, a checkpoint that cannot be
+written or no checkpoint that can be read.
 """
 
 import asyncio
 import json
 import logging
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
 from userrl_megatron.config import RootConfig, save_config
-from userrl_megatron.observability import Timers, Tracker
+from userrl_megatron.errors import RunError
+from userrl_megatron.megatron.checkpoint_files import checkpoints_newest_first, find_damage
+from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.observability.progress import StepProgress
-from userrl_megatron.rollout.summary import rollout_metrics
-from userrl_megatron.trainer.batch import mini_batches, prepare_batch
+from userrl_megatron.rollout.summary import is_infra_failure, rollout_metrics
+from userrl_megatron.trainer.batch import Prepared, mini_batches, prepare_batch
 from userrl_megatron.trainer.components import Components, start_components
+from userrl_megatron.trainer.run_lock import RunLock
 from userrl_megatron.types import EpisodeGroup, TrainBatch
 
 log = logging.getLogger(__name__)
 SUMMARY_KEYS = (
     "rollout/reward_mean",
+    "rollout/infra_failed",
     "rollout/turns_mean",
     "rollout/generated_tokens",
     "actor/loss",
@@ -45,6 +54,7 @@ class Trainer:
         self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=SUMMARY_KEYS)
         self.best = float("-inf")
         self.progress = StepProgress(cfg.run.total_steps)  # `step N/total  elapsed  ETA` after each step
+        self.infra_failed_steps = 0  # steps in a row lost mostly to the infrastructure
 
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
@@ -53,6 +63,8 @@ class Trainer:
         if step > 0 and cfg.sync.enabled:
             await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
         await parts.enter_rollout()  # colocated: the actor steps aside while the engines generate
+        if step == 0 and cfg.eval.before_training and 0 not in self._logged_steps():
+            self.tracker.log(await self.evaluate(0), 0)  # the initial policy's score: the "before" of the run
         while step < cfg.run.total_steps:
             step += 1
             timers, metrics = Timers(), {}
@@ -60,7 +72,9 @@ class Trainer:
                 with timers("rollout"):
                     tasks = parts.tasks.next(cfg.rollout.prompts_per_step)
                     groups = await parts.rollout(tasks, cfg.rollout.n_samples_per_prompt)
-                prepared = prepare_batch(groups, cfg.algo)
+                if f"kill_engine@{step}" in cfg.run.faults:
+                    await parts.kill_engine(0)
+                prepared = self.prepare(groups, step)
                 if prepared is not None:  # else no update, and no new weights to send
                     await parts.enter_training()
                     with timers("logprobs"):
@@ -87,6 +101,27 @@ class Trainer:
 
     # ---- the pieces of a step ----
 
+    def prepare(self, groups: list[EpisodeGroup], step: int) -> Prepared | None:
+        """The step's batch; None when nothing is left to train on, or when most episodes were lost to the
+        infrastructure (such a step says nothing about the policy; too many in a row stop the run)."""
+        episodes = [e for g in groups for e in g.episodes]
+        failed = sum(map(is_infra_failure, episodes))
+        if episodes and failed / len(episodes) > self.cfg.rollout.max_infra_failure_rate:
+            self.infra_failed_steps += 1
+            log.warning("step %d: %d of %d episodes failed in the engines or the user simulator: "
+                        "no update", step, failed, len(episodes))  # fmt: skip
+            if self.infra_failed_steps >= self.cfg.rollout.max_infra_failed_steps:
+                raise RunError(
+                    f"{self.infra_failed_steps} steps in a row lost most episodes to engine or user-simulator "
+                    f"failures (step {step}: {failed} of {len(episodes)}); see {self.run_dir / 'engines'} and "
+                    "the user simulator's endpoint"
+                )
+            return None
+        self.infra_failed_steps = 0
+        if f"skip_update@{step}" in self.cfg.run.faults:
+            return None
+        return prepare_batch(groups, self.cfg.algo)
+
     async def score(self, batch: TrainBatch) -> None:
         """Old log-probs (recomputed by the trainer, as PPO needs them) and reference log-probs for KL."""
         batch.old_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_logprobs", batch)
@@ -106,11 +141,20 @@ class Trainer:
         return await self.parts.sync_weights(version)
 
     def save(self, step: int, record: dict[str, float] | None = None) -> None:
-        """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them)."""
+        """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them).
+        A failed write leaves the previous checkpoint and `latest` as they were, and stops the run."""
         state = {"step": step, "tasks": self.parts.tasks.state(), "best": self.best, "record": record or {}}
         path = self.run_dir / "checkpoints" / f"step_{step}"
         ckpt = self.cfg.checkpoint
-        self.parts.actors.call("save", str(path), state, ckpt.keep_last, ckpt.save_optimizer)
+        try:
+            self.parts.actors.call("save", str(path), state, ckpt.keep_last, ckpt.save_optimizer)
+        except Exception as e:
+            kept = checkpoints_newest_first(path.parent)
+            intact = f"{kept[0]} is intact" if kept else "no earlier checkpoint exists"
+            free = shutil.disk_usage(path.parent).free / 2**20  # the writers often lose ENOSPC's message
+            raise RunError(
+                f"saving checkpoint {path} failed ({_root_cause(e)}; {free:.1f} MiB free there); {intact}"
+            ) from e
 
     async def evaluate(self, step: int) -> dict[str, float]:
         """Episodes on the test tasks at the evaluation temperature; a new best score exports HF weights."""
@@ -120,6 +164,8 @@ class Trainer:
         score = metrics.get("eval/reward_mean", float("-inf"))
         if score > self.best:
             self.best = score
+            if step == 0:
+                return metrics  # the initial policy is the model the run started from: nothing to export
             self.parts.actors.call("export_hf", str(self.run_dir / "hf" / "best"))
             (self.run_dir / "best.json").write_text(json.dumps({"step": step, "eval/reward_mean": score}))
         return metrics
@@ -127,7 +173,7 @@ class Trainer:
     def summarize(self, step: int, groups: list[EpisodeGroup], metrics: dict[str, float]) -> dict[str, float]:
         """The step's full metrics; also writes the rollout dump of the step."""
         episodes = [e for g in groups for e in g.episodes]
-        metrics |= rollout_metrics(episodes) | self.parts.user_sim_metrics()
+        metrics |= rollout_metrics(episodes) | self.parts.service_metrics()
         metrics["train/weight_version"] = float(min((e.weight_version for e in episodes), default=0))
         every = self.cfg.logging.rollout_dump_every
         if every and step % every == 0:
@@ -136,27 +182,40 @@ class Trainer:
         return metrics
 
     def resume(self) -> int:
-        """Load the checkpoint `checkpoint.resume` names ("auto": the run's latest); returns its step."""
+        """Load the checkpoint `checkpoint.resume` names ("auto": the run's newest undamaged one); its step."""
         source = self.cfg.checkpoint.resume
         if source == "disable":
             return 0
-        path = self.run_dir / "checkpoints" if source == "auto" else Path(source)
-        if not (path / "latest").is_file() and not (path / "userrl_checkpoint.json").is_file():
-            if source != "auto":
-                raise FileNotFoundError(f"checkpoint.resume = {source}: no checkpoint there")
+        if source == "auto":
+            candidates = checkpoints_newest_first(self.run_dir / "checkpoints")
+        else:
+            candidates = checkpoints_newest_first(source) or [Path(source)]
+            if find_damage(candidates[0]) == "userrl_checkpoint.json is missing":
+                raise RunError(f"checkpoint.resume = {source}: no checkpoint there")
+        for i, path in enumerate(candidates):
+            damage = find_damage(path)
+            if damage is None:
+                break
+            older = candidates[i + 1] if i + 1 < len(candidates) else None
+            if older is None:
+                raise RunError(
+                    f"checkpoint {path} is damaged ({damage}) and no older one is kept: move it away to "
+                    "restart the run from its initial weights"
+                )
+            log.error("checkpoint %s is damaged (%s): resuming from %s instead", path, damage, older)
+        else:
             return 0
         state = self.parts.actors.call("load", str(path))
         self.parts.tasks.restore(state["tasks"])
         self.best = state.get("best", float("-inf"))
         step = int(state["step"])
+        self.tracker.rewind(step)  # steps after an older checkpoint run again: their old lines go
         if state.get("record") and step not in self._logged_steps():
             self.tracker.log(state["record"], step)  # interrupted between its checkpoint and its log line
         log.info("resumed from %s at step %d", path, step)
         return step
 
     def _logged_steps(self) -> set[int]:
-        from userrl_megatron.observability import read_metrics
-
         path = self.run_dir / "metrics.jsonl"
         return {r["step"] for r in read_metrics(path)} if path.is_file() else set()
 
@@ -172,14 +231,31 @@ class Trainer:
 
 
 def train(cfg: RootConfig) -> Path:
-    """Run (or resume) the training run `cfg` describes; returns its run directory."""
+    """Run (or resume) the training run `cfg` describes; returns its run directory. One run per directory."""
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
 
     async def main() -> None:
         async with start_components(cfg, run_dir) as parts:
             await Trainer(cfg, run_dir, parts).fit()
 
-    asyncio.run(main())
+    with RunLock(run_dir):
+        save_config(cfg, run_dir / "config.yaml")
+        asyncio.run(main())
     return run_dir
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost error's type and first line: a Ray task error wraps the rank's own, and torch's
+    CheckpointException the failure of each rank."""
+    while True:
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict) and failures:
+            inner = next(iter(failures.values()))
+            inner = inner[0] if isinstance(inner, tuple) else inner
+        else:
+            inner = getattr(error, "cause", None) or error.__cause__
+        if not isinstance(inner, BaseException) or inner is error:
+            break
+        error = inner
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"

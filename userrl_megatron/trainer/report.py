@@ -10,6 +10,8 @@ from userrl_megatron.observability import read_metrics
 
 COLUMNS = (
     ("reward", "rollout/reward_mean", "{:.3f}"),
+    ("infra fail", "rollout/infra_failed", "{:.0f}"),
+    ("eval", "eval/reward_mean", "{:.3f}"),
     ("turns", "rollout/turns_mean", "{:.2f}"),
     ("tokens", "rollout/generated_tokens", "{:.0f}"),
     ("loss", "actor/loss", "{:+.4f}"),
@@ -43,6 +45,12 @@ def print_report(run_dir: Path, console: Console | None = None) -> None:
         cells = [_cell(record, key, fmt) for _, key, fmt in COLUMNS]
         table.add_row(str(record["step"]), *cells)
     console.print(table)
+    scores = [(r["step"], r["eval/reward_mean"]) for r in records if "eval/reward_mean" in r]
+    if len(scores) > 1 and scores[0][0] == 0:
+        (_, before), (last, after) = scores[0], scores[-1]
+        console.print(
+            f"test-split score (greedy, same tasks): {before:.3f} before training -> {after:.3f} after step {last}"
+        )
     latest = run_dir / "checkpoints" / "latest"
     if latest.is_file():
         console.print(f"latest checkpoint: {run_dir / 'checkpoints' / latest.read_text().strip()}")

@@ -1,0 +1,82 @@
+"""Faults that must lose nothing: a damaged latest checkpoint, a second run on the same directory, a full disk.
+
+Each is a real `userrl train` of a tiny policy on EchoGym (tests/support/tiny_run.py)."""
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.tiny_models import make_tiny_model
+from tests.support.tiny_run import REPO, tiny_run, train, train_command
+from userrl_megatron.observability import read_metrics
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model("qwen3", tmp_path_factory.mktemp("tiny"), seed=5, tokenizer="char", num_hidden_layers=2)
+
+
+def _largest_file(checkpoint: Path) -> Path:
+    return max((f for f in checkpoint.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+
+
+def test_damaged_checkpoint_falls_back_and_the_run_directory_is_locked(model: Path, tmp_path: Path) -> None:
+    run = tmp_path / "damaged"
+    common = [*tiny_run(model, tmp_path, "damaged", 3), "checkpoint.every_steps=1", "checkpoint.keep_last=2"]
+    train(common)
+    damaged = _largest_file(run / "checkpoints" / "step_3")
+    os.truncate(damaged, damaged.stat().st_size // 2)
+
+    log = tmp_path / "resumed.log"
+    with log.open("w") as out:
+        resumed = subprocess.Popen(train_command([*common, "run.total_steps=4"]), cwd=REPO, stdout=out, stderr=out)
+    deadline = time.monotonic() + 600
+    while f"pid {resumed.pid} " not in (run / ".lock").read_text():  # poll until the new run holds the lock
+        assert resumed.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    second = subprocess.run(train_command(common), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines()[-1].startswith(f"userrl: error: run directory {run} is in use by pid")
+    assert f"pid {resumed.pid} on" in second.stderr
+
+    assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
+    text, step_3 = log.read_text(), run / "checkpoints" / "step_3"
+    assert f"checkpoint {step_3} is damaged ({damaged.relative_to(step_3)} has" in text
+    assert f"resuming from {run / 'checkpoints' / 'step_2'} instead" in text
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4]  # step 3 again, logged once
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_4"
+
+
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(model: Path, tmp_path: Path) -> None:
+    probe = tmp_path / "probe"
+    train([*tiny_run(model, tmp_path, "probe", 1), "checkpoint.every_steps=1"])
+    size = sum(f.stat().st_size for f in (probe / "checkpoints" / "step_1").rglob("*") if f.is_file())
+
+    run = tmp_path / "full"
+    checkpoints = run / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    room = int(size * 1.5) + 64 * 1024  # one checkpoint fits, a second beside it does not
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={room}", "tmpfs", str(checkpoints)], capture_output=True
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {mount.stderr.decode().strip()}")
+    try:
+        common = [*tiny_run(model, tmp_path, "full", 2), "checkpoint.every_steps=1", "checkpoint.keep_last=2"]
+        result = subprocess.run(train_command(common), cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 1, result.stderr[-3000:]
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"userrl: error: saving checkpoint {checkpoints / 'step_2'} failed (")
+        assert last.endswith(f"{checkpoints / 'step_1'} is intact")
+        free = float(last.split(" MiB free there")[0].rsplit(" ", 1)[1])
+        assert free < size / 2**20  # the message says why: no room for another checkpoint
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_1"]  # nothing half-written
+        assert (checkpoints / "latest").read_text().strip() == "step_1"
+        assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1]  # step 2 never counted as done
+    finally:
+        subprocess.run(["umount", "-l", str(checkpoints)], check=False)

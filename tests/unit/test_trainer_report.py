@@ -1,0 +1,24 @@
+"""The end-of-run table: one row per step (with infrastructure failures and eval scores) and before/after."""
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from userrl_megatron.trainer.report import print_report
+
+
+def test_table_rows_and_the_before_after_line(tmp_path: Path) -> None:
+    records = [
+        {"step": 0, "eval/reward_mean": 0.25},
+        {"step": 1, "rollout/reward_mean": 0.5, "rollout/infra_failed": 2.0},
+        {"step": 2, "rollout/reward_mean": 0.75, "rollout/infra_failed": 0.0, "eval/reward_mean": 0.625},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    console = Console(record=True, width=250)
+    print_report(tmp_path, console)
+    text = console.export_text()
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:5]] for line in text.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip().isdigit()}  # fmt: skip
+    assert rows == {"0": ["-", "-", "0.250"], "1": ["0.500", "2", "-"], "2": ["0.750", "0", "0.625"]}
+    assert "test-split score (greedy, same tasks): 0.250 before training -> 0.625 after step 2" in text
