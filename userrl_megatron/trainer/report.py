@@ -17,9 +17,8 @@ COLUMNS = (
     ("loss", "actor/loss", "{:+.4f}"),
     ("grad norm", "actor/grad_norm", "{:.3f}"),
     ("|Δlogp|", "mismatch/abs_logprob_diff", "{:.2e}"),
-    # Infrastructure failures: episodes left out of the step (engine or user-simulator failures), and the
-    # share of episodes that ended on an engine / user-simulator error (0 when the step had none).
-    ("infra fail", "rollout/infra_failed", "{:.0f}"),
+    # Shares of the step's episodes that ended on an engine / user-simulator error (0 when none did); "infra
+    # fail" above counts the episodes left out of the step because of them.
     ("engine err", "rollout/finish/engine_error", "{:.0%}"),
     ("sim err", "rollout/finish/user_sim_error", "{:.0%}"),
     ("rollout s", "timing/rollout", "{:.1f}"),
