@@ -19,10 +19,15 @@ from userrl_megatron.config.ranges import CHECKED_ELSEWHERE, RANGES
 from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit
 from userrl_megatron.model_store import EMBEDDED_MODELS, cache_root
 from userrl_megatron.trainer.preflight import check_before_start, finished_step
+from userrl_megatron.trainer.run_lock import RunLock
 
 REPO = Path(__file__).resolve().parents[2]
 TP2 = ["megatron.tensor_model_parallel_size=2", "megatron.devices_per_node=2"]
 KEY = "sk-proj-Q3vX9kLm2Rt7Yw1Zp8Nc4Hb6Jd0Fg5Ts"
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
 def problems(overrides: list[str]) -> list[str]:
@@ -229,9 +234,12 @@ def test_rerunning_a_finished_run_only_prints_its_table(tmp_path: Path) -> None:
         f"rc = main(['train', '--config', 'configs/quickstart.yaml', 'run.output_dir={tmp_path}'])\n"
         "print('RC', rc, 'RAY', 'ray' in sys.modules, 'TORCH', 'torch' in sys.modules)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    result = run_python(code)
     assert "RC 0 RAY False TORCH False" in result.stdout, result.stderr
     assert "already finished at step 4 (run.total_steps = 4): nothing to start" in result.stderr
     assert "1.000" in result.stdout and "latest checkpoint:" in result.stdout
     log = (run_dir / "run.log").read_text()
     assert "already finished at step 4" in log and "1.000" in log and "\x1b[" not in log
+    with RunLock(run_dir):  # a run still holding the directory (e.g. training it further) is not finished
+        busy = run_python(code)
+    assert "RC 2" in busy.stdout and f"userrl: error: run directory {run_dir} is in use by pid" in busy.stderr

@@ -25,13 +25,16 @@ def _train(args: argparse.Namespace) -> int:
         logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         quiet_third_party(level=cfg.logging.level)
         if step is not None:
-            logging.getLogger(__name__).info(
-                "%s already finished at step %d (run.total_steps = %d): nothing to start; "
-                "append run.total_steps=N to train further",
-                run_dir,
-                step,
-                cfg.run.total_steps,
-            )
+            from userrl_megatron.trainer.run_lock import RunLock
+
+            with RunLock(run_dir):  # a run still using the directory is not finished: its holder is named
+                logging.getLogger(__name__).info(
+                    "%s already finished at step %d (run.total_steps = %d): nothing to start; "
+                    "append run.total_steps=N to train further",
+                    run_dir,
+                    step,
+                    cfg.run.total_steps,
+                )
         else:
             from userrl_megatron.trainer.driver import train
 
