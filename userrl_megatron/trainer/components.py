@@ -126,7 +126,8 @@ class Components:
     async def repair(self, index: int, client: Any) -> None:
         """`on_restart` hook: give a restarted engine the current weights before it serves again."""
         if not self.cfg.sync.enabled or self.version == 0:
-            return  # it already holds the initial weights
+            self._stale = True  # it holds the initial weights, but at a new address: rebuild the sync groups
+            return
         engine = [{"url": client.base_url, "tp_size": self.cfg.rollout.engine_tp}]
         async with self._pushing:
             name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
