@@ -5,16 +5,34 @@ import json
 import re
 from typing import Any
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
 _FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
 _PY_LITERALS = {"true": "True", "false": "False", "null": "None"}
 
 
 def strip_think(text: str) -> str:
-    """Remove `<think>…</think>` blocks, and an unterminated leading `<think>` block's opening (Qwen3)."""
-    text = _THINK.sub("", text)
-    if "</think>" in text.lower():  # the opening tag was in the prompt (thinking forced on): keep the answer part
-        text = text[text.lower().rindex("</think>") + len("</think>") :]
+    """Remove `<think>…</think>` blocks, and an unterminated leading `<think>` block's opening (Qwen3).
+
+    One left-to-right pass (what a non-greedy `<think>.*?</think>` substitution does, without its quadratic
+    rescans of text holding many unclosed `<think>` tags).
+    """
+    tags = [(m.start(), m.end(), bool(m.group(1))) for m in _THINK_TAG.finditer(text)]
+    kept, pos, i = [], 0, 0
+    while True:
+        while i < len(tags) and (tags[i][2] or tags[i][0] < pos):  # the next opening tag at or after pos
+            i += 1
+        j = i + 1
+        while j < len(tags) and not tags[j][2]:  # the first closing tag after it
+            j += 1
+        if i >= len(tags) or j >= len(tags):
+            break
+        kept.append(text[pos : tags[i][0]])
+        pos, i = tags[j][1], j + 1
+    kept.append(text[pos:])
+    text = "".join(kept)
+    closings = [m for m in _THINK_TAG.finditer(text) if m.group(1)]
+    if closings:  # the opening tag was in the prompt (thinking forced on): keep the answer part
+        text = text[closings[-1].end() :]
     return text.strip()
 
 

@@ -31,6 +31,16 @@ log = logging.getLogger(__name__)
 RETRY_STATUS = frozenset({408, 409, 429})  # plus every 5xx
 
 
+class Omit:
+    """A request parameter left out of the request (the endpoint's own default applies), e.g. `temperature=OMIT`."""
+
+    def __repr__(self) -> str:
+        return "OMIT"
+
+
+OMIT = Omit()
+
+
 class UserSimError(RuntimeError):
     """A simulator call that failed for good (after its retries, or at once for a non-retryable error)."""
 
@@ -90,18 +100,22 @@ class UserSimulator:
         self,
         messages: list[dict[str, Any]],
         *,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
+        temperature: float | Omit | None = None,
+        max_tokens: int | Omit | None = None,
         json: bool = False,
     ) -> Reply:
-        """One chat completion; with `json=True` the reply must contain a JSON object (`Reply.data`)."""
+        """One chat completion; with `json=True` the reply must contain a JSON object (`Reply.data`).
+
+        `temperature` / `max_tokens`: None uses the config's value, `OMIT` leaves the parameter out of the request.
+        """
         self._counts["calls"] += 1
-        request = {
-            "model": self.cfg.model,
-            "messages": messages,
-            "temperature": self.cfg.temperature if temperature is None else temperature,
-            "max_tokens": self.cfg.max_tokens if max_tokens is None else max_tokens,
-        }
+        request: dict[str, Any] = {"model": self.cfg.model, "messages": messages}
+        for key, value, default in (
+            ("temperature", temperature, self.cfg.temperature),
+            ("max_tokens", max_tokens, self.cfg.max_tokens),
+        ):
+            if value is not OMIT:
+                request[key] = default if value is None else value
         key = _cache_key(request)
         cached = self._cache_read(key, json)
         if cached is not None:

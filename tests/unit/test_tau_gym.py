@@ -293,3 +293,43 @@ def test_hostile_tool_arguments_never_raise_and_never_touch_the_base(cfg, gym_na
     assert all(isinstance(r.feedback, str) and r.reward == 0.0 for r in results)
     assert sum(r.feedback.startswith("Error: ") for r in results) > len(results) // 2
     assert db_hash(gym.domain.base.tables) == pristine
+
+
+def test_respond_tool_call_is_a_message_to_the_customer(cfg, shared_data):
+    """tau-bench's `respond` action as a tool call: the customer answers, and it counts toward the outputs."""
+    heard = []
+
+    def customer(messages):
+        heard.append(messages[-1]["content"])
+        return "###STOP###" if "8,276.23" in messages[-1]["content"] else "Go on."
+
+    for gym_name in ("tau", "tau_retail"):
+        heard.clear()
+        gym = make_gym(gym_name, "retail-016", config=cfg, user_sim=ScriptedUserSim(customer))
+        gold = _gold_answers(shared_data, "retail-016")
+        results = play(gym, [*gold, _answer("respond", content="Hello?"), _answer("respond", content="$8,276.23")])
+        assert heard == ["Hello?", "$8,276.23"]
+        assert results[-2].feedback == "Go on." and results[-2].reward == 0.0
+        assert (results[-1].feedback, results[-1].reward, results[-1].done) == ("###STOP###", 1.0, True)
+        assert results[-1].info["reward_info"]["outputs"] == {"8276.23": True}
+
+
+def test_respond_without_a_string_content_changes_nothing(cfg):
+    gym = _gym("tau", "retail-016", cfg)
+    results = play(gym, [_answer("respond"), _answer("respond", content=["hi"]), _answer("respond", text="hi")])
+    assert [r.feedback for r in results] == ["Error executing tool call: 'content'"] * 3
+    assert all(r.reward == 0.0 and not r.ended for r in results)
+    assert gym.said == [] and len(gym.customer.history) == 3
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"name": "think", "arguments": ' + "[" * 50_000 + "]" * 50_000 + "}",  # deeper than the JSON reader goes
+        'think: {"thought": ' + "7" * 5_000 + "}",  # over Python's 4,300-digit limit
+        'think: {"thought": "\\ud800"}',  # a lone surrogate: still a string
+    ],
+)
+def test_parse_tool_call_never_raises(content):
+    parsed = parse_tool_call(content)
+    assert parsed is None or parsed == ("think", {"thought": "\ud800"})
