@@ -109,7 +109,7 @@ class UserSimulator:
         `temperature` / `max_tokens`: None uses the config's value, `OMIT` leaves the parameter out of the request.
         """
         self._counts["calls"] += 1
-        request: dict[str, Any] = {"model": self.cfg.model, "messages": messages}
+        request: dict[str, Any] = {"model": self.cfg.model, "messages": _sendable(messages)}
         for key, value, default in (
             ("temperature", temperature, self.cfg.temperature),
             ("max_tokens", max_tokens, self.cfg.max_tokens),
@@ -282,6 +282,21 @@ def _aiohttp_client() -> Any:
     import openai
 
     return openai.DefaultAioHttpClient()
+
+
+def _sendable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with text UTF-8 cannot carry (lone surrogates, e.g. from a policy's `"\\ud800"` JSON escape)
+    replaced by "?": such a request could be neither sent nor cached."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            try:
+                content.encode("utf-8")
+            except UnicodeEncodeError:
+                message = {**message, "content": content.encode("utf-8", "replace").decode("utf-8")}
+        out.append(message)
+    return out
 
 
 def _cache_key(request: dict[str, Any]) -> str:

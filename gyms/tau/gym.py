@@ -112,8 +112,8 @@ class TauGym(TurnGym):
         return f"Invalid action format: {action}. Please follow the system instruction to call the interact tool."
 
     async def _say(self, message: str) -> StepResult:
+        reply = await self.customer.reply(message)  # UserSimError: the message was never heard, nothing changes
         self.said.append(message)
-        reply = await self.customer.reply(message)
         return self._finish(reply) if STOP in reply else StepResult(reply, 0.0)
 
     async def _call(self, content: str) -> StepResult:
