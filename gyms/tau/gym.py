@@ -132,7 +132,11 @@ class TauGym(TurnGym):
         return StepResult(observation, 0.0, info={"tool": name})
 
     def _finish(self, feedback: str) -> StepResult:
-        score = self.domain.score(self.task, self.db, self.said)
+        try:
+            score = self.domain.score(self.task, self.db, self.said)
+        except RecursionError:  # a tool stored a value nested too deep to hash; it cannot be the gold database
+            info = {"r_actions": 0.0, "error": "the database holds a value nested too deeply to hash"}
+            return StepResult(feedback, 0.0, done=True, info={"reward_info": info})
         return StepResult(feedback, score.reward, done=True, info={"reward_info": score.info()})
 
     def _search(self, query: str) -> str:

@@ -92,6 +92,13 @@ PAYLOADS: list[Callable[[random.Random], str]] = [
         + "}}"
     ),
     lambda rng: '{"name": "respond", "arguments": {"content": 5}}',
+    lambda rng: (
+        '{"name": "modify_user_address", "arguments": {"user_id": "yusuf_rossi_9620", "address1": '
+        + "[" * rng.choice([300, 600, 900])
+        + "]" * 900  # a stored value deeper than the database hash can go
+        + ', "address2": "", "city": "c", "state": "s", "country": "x", "zip": "1"}}'
+    ),
+    lambda rng: '{"name": "transfer_to_human_agents", "arguments": {"summary": "bye"}}',
     lambda rng: '{"name": "' + _tool(rng) + '", "arguments": ',
     lambda rng: _tool(rng) + ': {"thought": "' + "x" * 50_000 + '"',
     lambda rng: "<think>" * 15_000 + "</think>",

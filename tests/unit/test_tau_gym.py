@@ -333,3 +333,22 @@ def test_respond_without_a_string_content_changes_nothing(cfg):
 def test_parse_tool_call_never_raises(content):
     parsed = parse_tool_call(content)
     assert parsed is None or parsed == ("think", {"thought": "\ud800"})
+
+
+def test_a_stored_value_too_deep_to_hash_scores_zero_instead_of_raising(cfg):
+    """tau-bench stores arguments as given; a 600-deep list makes the final hash recurse too far (tau-bench's own
+    hash would raise too). The episode ends with reward 0: such a database can never be the gold one."""
+    nested = json.loads("[" * 600 + "]" * 600)
+    address = {"address2": "", "city": "c", "state": "s", "country": "x", "zip": "1"}
+    results = play(
+        _gym("tau_retail", "retail-000", cfg),
+        [
+            _answer("modify_user_address", user_id="yusuf_rossi_9620", address1=nested, **address),
+            _answer("transfer_to_human_agents", summary="bye"),
+        ],
+    )
+    assert (results[-1].feedback, results[-1].reward, results[-1].done) == ("Transfer successful", 0.0, True)
+    assert results[-1].info["reward_info"] == {
+        "r_actions": 0.0,
+        "error": "the database holds a value nested too deeply to hash",
+    }
