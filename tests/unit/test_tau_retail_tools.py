@@ -393,3 +393,15 @@ def test_exchange_delivered_order_items(call, db):
         )
     )
     assert down["exchange_price_difference"] == -3.95
+
+
+def test_the_item_multiset_check_is_linear_and_keeps_list_count_equality(call, db):
+    """#W4316152 (delivered) holds 7292993796 twice: asking three times names it; 200,000 requested ids are one
+    pass (tau-bench's list.count per id would be 4e10 comparisons); unhashable ids compare as list.count does."""
+    exchange = "exchange_delivered_order_items"
+    args = {"order_id": "#W4316152", "payment_method_id": "gift_card_7245904"}
+    ids = ["7292993796"] * 3
+    assert call(exchange, item_ids=ids, new_item_ids=ids, **args) == "Error: 7292993796 not found"
+    many = ["7292993796", "7292993796"] + ["x"] * 200_000
+    assert call(exchange, item_ids=many, new_item_ids=many, **args) == "Error: x not found"
+    assert call(exchange, item_ids=[[1], [1.0]], new_item_ids=[1, 2], **args) == "Error: [1] not found"
