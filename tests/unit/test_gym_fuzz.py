@@ -318,7 +318,9 @@ def test_every_gym_survives_hostile_actions(shared_data: Path, tmp_path: Path) -
     assert all(count > 0 for name, count in errors.items() if name != "echo"), errors  # echo refuses nothing
 
 
-@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(st.text(alphabet="0123456789+-*/(). ", max_size=40))
 def test_calculate_agrees_with_eval_and_stays_within_budget(expression: str) -> None:
     """Random strings over tau-bench's alphabet: eval's answer wherever eval is quick, and a bounded work count."""
