@@ -22,6 +22,7 @@ import json
 import math
 import random
 import signal
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -70,6 +71,13 @@ def _tool(rng: random.Random) -> str:
     return rng.choice(["calculate", "think", "get_order_details", "respond", "book_reservation", "nope"])
 
 
+def _stored_deep_value(depth: int) -> str:
+    """A retail call storing a list `depth` levels deep (deeper than the database hash can go from 600 on)."""
+    address = ', "address2": "", "city": "c", "state": "s", "country": "x", "zip": "1"}}'
+    deep = "[" * depth + "]" * depth
+    return '{"name": "modify_user_address", "arguments": {"user_id": "yusuf_rossi_9620", "address1": ' + deep + address
+
+
 PAYLOADS: list[Callable[[random.Random], str]] = [
     lambda rng: "",
     lambda rng: " " * 50_000,
@@ -92,12 +100,7 @@ PAYLOADS: list[Callable[[random.Random], str]] = [
         + "}}"
     ),
     lambda rng: '{"name": "respond", "arguments": {"content": 5}}',
-    lambda rng: (
-        '{"name": "modify_user_address", "arguments": {"user_id": "yusuf_rossi_9620", "address1": '
-        + "[" * rng.choice([300, 600, 900])
-        + "]" * 900  # a stored value deeper than the database hash can go
-        + ', "address2": "", "city": "c", "state": "s", "country": "x", "zip": "1"}}'
-    ),
+    lambda rng: _stored_deep_value(rng.choice([300, 600, 900])),
     lambda rng: '{"name": "transfer_to_human_agents", "arguments": {"summary": "bye"}}',
     lambda rng: '{"name": "' + _tool(rng) + '", "arguments": ',
     lambda rng: _tool(rng) + ': {"thought": "' + "x" * 50_000 + '"',
@@ -114,11 +117,21 @@ PAYLOADS: list[Callable[[random.Random], str]] = [
 TAGS = ["[action] ", "[answer] ", "[search] ", "", "[ANSWER]", "  [search]", "[finish] ", "[think] "]
 
 
-def actions(rng: random.Random, n: int) -> list[str]:
+def slow_calculation(rng: random.Random) -> str:
+    return '{"name": "calculate", "arguments": {"expression": "' + rng.choice(SLOW_EXPRESSIONS) + '"}}'
+
+
+def actions(rng: random.Random, n: int, tools: bool) -> list[str]:
+    """`n` actions; with `tools` (the tau gyms) half of them are `[answer]` tool calls, a third of those `calculate`."""
     out = []
     for _ in range(n):
         tag = rng.choice(TAGS[:-2]) if rng.random() < 0.97 else rng.choice(TAGS[-2:])
         payload = rng.choice(PAYLOADS)(rng)
+        if tools and rng.random() < 0.5:
+            tag, payload = (
+                "[answer] ",
+                slow_calculation(rng) if rng.random() < 0.35 else rng.choice(PAYLOADS[8:19])(rng),
+            )
         if rng.random() < 0.3:  # cut a payload short anywhere: broken JSON, split surrogate pairs, half a tag
             payload = payload[: rng.randrange(len(payload) + 1)]
         out.append(tag + payload)
@@ -228,6 +241,16 @@ def safety_net(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def _deep_hash(db: EpisodeDB) -> str:
+    """The database hash, with room for the 900-deep values the fuzz stores (the gym itself scores those 0)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 5000))
+    try:
+        return db.hash()
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def fingerprint(gym: Any) -> dict[str, Any]:
     """The gym's mutable episode state, comparable with ==."""
     out = {}
@@ -237,7 +260,7 @@ def fingerprint(gym: Any) -> dict[str, Any]:
         if isinstance(value, random.Random):
             value = value.getstate()
         elif isinstance(value, EpisodeDB):
-            value = value.hash()
+            value = _deep_hash(value)
         elif isinstance(value, Customer):
             value = copy.deepcopy(value.history)
         else:
@@ -255,15 +278,18 @@ def is_error(result: StepResult) -> bool:
     )
 
 
-async def fuzz_gym(name: str, task: Any, config: Any, sim: UserSimulator, server: OpenAIServer, seed: int) -> int:
-    """Play STEPS_PER_GYM hostile actions on gym `name`; returns how many steps answered with an error."""
+async def fuzz_gym(
+    name: str, task: Any, config: Any, sim: UserSimulator, server: OpenAIServer, seed: int
+) -> dict[str, int]:
+    """Play STEPS_PER_GYM hostile actions on gym `name`; counts the steps that answered with an error, and those
+    that `calculate` refused over a budget."""
     rng = random.Random(f"{seed}:{name}")
     spec = gyms.gym_spec(name)
     cfg = gyms.config_for(name, _gyms_cfg(spec.config_field, config), EPISODE_STEPS)
     gym = gyms.make_gym(name, task, config=cfg, user_sim=sim)
     await gym.reset()
-    errors = 0
-    for action in actions(rng, STEPS_PER_GYM):
+    counts = {"errors": 0, "over_budget": 0}
+    for action in actions(rng, STEPS_PER_GYM, tools=name.startswith("tau")):
         before, requests = fingerprint(gym), server.count
         with safety_net(STEP_SAFETY_NET_S):
             result = await asyncio.wait_for(gym.step(action), STEP_SAFETY_NET_S)
@@ -272,8 +298,10 @@ async def fuzz_gym(name: str, task: Any, config: Any, sim: UserSimulator, server
         assert isinstance(result.info, dict) and result.info["step"] >= 1
         assert len(result.feedback) <= 2 * len(action) + 60_000, (name, action[:80])
         assert server.count - requests <= 2 * (1 + sim.cfg.max_retries), (name, action[:80])
+        if result.feedback.startswith(("Error: int too large", "Error: expression longer", "Error: maximum recursion")):
+            counts["over_budget"] += 1
         if is_error(result):
-            errors += 1
+            counts["errors"] += 1
             after, before = fingerprint(gym), dict(before)
             ignored = COUNTERS.get(name, set()) | (
                 SIM_ERROR_STATE.get(name, set()) if "user_sim_error" in result.info else set()
@@ -284,7 +312,7 @@ async def fuzz_gym(name: str, task: Any, config: Any, sim: UserSimulator, server
         if result.ended:
             await gym.reset()
     await gym.close()
-    return errors
+    return counts
 
 
 def _gyms_cfg(field: str, config: Any) -> Any:
@@ -304,7 +332,7 @@ def test_every_gym_survives_hostile_actions(shared_data: Path, tmp_path: Path) -
     tasks = records(shared_data, corpus)
     assert set(tasks) == set(gyms.list_gyms()), "a new gym needs a fuzz record here"
 
-    async def run(server: OpenAIServer) -> dict[str, int]:
+    async def run(server: OpenAIServer) -> dict[str, dict[str, int]]:
         sim = sim_for(server, max_retries=1)
         try:
             return {
@@ -314,8 +342,9 @@ def test_every_gym_survives_hostile_actions(shared_data: Path, tmp_path: Path) -
             await sim.close()
 
     with OpenAIServer(sim_reply) as server:
-        errors = asyncio.run(run(server))
-    assert all(count > 0 for name, count in errors.items() if name != "echo"), errors  # echo refuses nothing
+        counts = asyncio.run(run(server))
+    assert all(c["errors"] > 0 for name, c in counts.items() if name != "echo"), counts  # echo refuses nothing
+    assert all(counts[name]["over_budget"] > 0 for name in ("tau", "tau_retail", "tau_airline")), counts
 
 
 @settings(
