@@ -44,7 +44,7 @@ from tests.support.gym_play import sim_for
 from tests.support.openai_server import OpenAIServer
 
 SEED = 20261123
-STEPS_PER_GYM = 36
+STEPS_PER_GYM = 30
 EPISODE_STEPS = 8
 STEP_SAFETY_NET_S = 10.0
 
@@ -167,6 +167,9 @@ def sim_reply(body: dict[str, Any]) -> str:
         "```json\n{" + '"response": "unterminated',
         "<think>" * 200 + json.dumps(valid),
         "I'd like to exchange an item. " * 50,
+        '{"response": ' + "9" * 5000 + "}",  # digits over Python's limit
+        "{[1]: 2} " + "{" * 3000,  # an unbuildable literal, then unbalanced braces
+        '{"response": ' * 3000 + "1",
         "###STOP###",
     ]
     return replies[digest[0] % len(replies)]
