@@ -48,6 +48,7 @@ class SearchGymConfig:
     max_search_steps: int = 5  # searches allowed per episode
     max_search_results: int = 5  # results shown per search
     judge: str = "llm"  # answers failing the exact match go to the LLM judge ("llm") or are wrong ("exact")
+    judge_max_tokens: int = 512  # completion limit of the answer judge (UserRL's SearchGym value)
     backend: str = "offline"  # "offline" (BM25 over corpus_path) or "web" (HTTP search API)
     corpus_path: str = ""  # offline corpus: a .jsonl file of {title, text} or a folder of .txt/.md files
     web_url: str = "https://google.serper.dev/search"  # web backend endpoint (Serper-compatible JSON API)
@@ -83,6 +84,8 @@ class TurtleGymConfig:
 class TauGymConfig:
     max_steps: int = 30  # tool calls + messages to the user per episode (replaced by rollout.max_turns in training)
     data_dir: str = ""  # folder holding taubench/ and userrl/; empty = where the task was loaded from
+    customer_temperature: float | None = None  # sampling temperature of the customer; None: not sent (tau-bench)
+    customer_max_tokens: int | None = None  # completion limit of the customer; None: not sent (tau-bench)
 
 
 @dataclass

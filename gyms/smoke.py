@@ -55,8 +55,8 @@ class ScriptedUserSim:
         self,
         messages: list[dict[str, Any]],
         *,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
+        temperature: Any = None,
+        max_tokens: Any = None,
         json: bool = False,
     ) -> Reply:
         from gyms.reply_json import extract_json_object

@@ -59,6 +59,9 @@ REPLY_WITHOUT_TOOL_CALL = ("end", "action")
 _TAG_LINE = re.compile(r"^[ \t]*\[(?:action|answer|search|finish)\]", re.IGNORECASE | re.MULTILINE)
 
 
+RESPOND_TOOL = "respond"  # tau-bench's action name for a message to the user
+
+
 class ToolCallError(ValueError):
     """A tool call that cannot be mapped to a gym action (wrong tool, bad arguments)."""
 
@@ -66,25 +69,28 @@ class ToolCallError(ValueError):
 def tool_call_to_action(name: str, arguments: str | dict[str, Any], tools: list[dict[str, Any]] | None = None) -> str:
     """Map a parsed tool call to the gym action string.
 
-    `interact_with_env` follows UserRL's InteractTool: choice action/answer/search -> "[choice] content" (unless
-    the content already starts with that tag), `finish` -> "[finish]", any other choice -> the raw content.
-    A call of a domain tool listed in `tools` (tau-bench style) becomes
-    `[answer] {"name": name, "arguments": {...}}`.
+    `interact_with_env` follows UserRL's InteractTool exactly: `choice` and `content` are read with `str()`
+    (a non-string content becomes its Python text, `{'a': 1}`), choice `action`/`answer`/`search` (spelled
+    exactly so) gives "[choice] content" unless the content already starts with that tag, `finish` gives
+    "[finish]", and any other choice (`Answer`, ` answer`, none) passes the content on untagged. A call of a domain
+    tool listed in `tools` (tau-bench style) becomes `[answer] {"name": name, "arguments": {...}}`; so does
+    `respond`, tau-bench's message to the user, whenever `tools` are domain tools (the tau gyms read it as one).
     """
     args = _decode_arguments(arguments)
-    if name == INTERACT_TOOL_NAME:
-        choice = str(args.get("choice", "")).strip().lower()
-        content = args.get("content", "")
-        content = content if isinstance(content, str) else json.dumps(content)
-        if choice == "finish":
-            return "[finish]"
-        if choice in ("action", "answer", "search"):
-            tag = f"[{choice}]"
-            return content if content.startswith(tag) else f"{tag} {content}"
-        return content
     known = {t.get("function", {}).get("name") for t in tools or []}
-    if name in known:
-        return "[answer] " + json.dumps({"name": name, "arguments": args})
+    try:
+        if name == INTERACT_TOOL_NAME:
+            choice, content = str(args.get("choice", "")), str(args.get("content", ""))
+            if choice == "finish":
+                return "[finish]"
+            if choice in ("action", "answer", "search"):
+                tag = f"[{choice}]"
+                return content if content.startswith(tag) else f"{tag} {content}"
+            return content
+        if name in known or (name == RESPOND_TOOL and known and INTERACT_TOOL_NAME not in known):
+            return "[answer] " + json.dumps({"name": name, "arguments": args})
+    except (ValueError, RecursionError) as e:  # a value too deep to write out, or an int over the digit limit
+        raise ToolCallError(f"tool arguments cannot be written out: {str(e)[:200]}") from e
     raise ToolCallError(f"unknown tool {name!r}; available: {', '.join(sorted(n for n in known if n)) or 'none'}")
 
 
@@ -92,8 +98,8 @@ def _decode_arguments(arguments: str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ToolCallError(f"tool arguments are not valid JSON: {e}") from e
+        except (ValueError, RecursionError) as e:  # malformed, too deeply nested, or a number over the digit limit
+            raise ToolCallError(f"tool arguments are not valid JSON: {str(e)[:200]}") from e
     if not isinstance(arguments, dict):
         raise ToolCallError(f"tool arguments must be a JSON object, got {type(arguments).__name__}")
     return arguments

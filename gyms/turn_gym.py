@@ -71,10 +71,13 @@ class TurnGym:
         """Handle one action: `tag` is action/answer/search/finish or None (untagged), `payload` the rest."""
         raise NotImplementedError
 
-    async def ask(self, system: str, user: str, *keys: str) -> dict[str, Any]:
-        """One simulator call answered with a JSON object holding `keys`; UserSimError otherwise."""
+    async def ask(self, system: str, user: str, *keys: str, max_tokens: int | None = None) -> dict[str, Any]:
+        """One simulator call answered with a JSON object holding `keys`; UserSimError otherwise.
+
+        `max_tokens` overrides the simulator's completion limit (`user_sim.max_tokens`) for this call.
+        """
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        reply = await self.user_sim.chat(messages, json=True)
+        reply = await self.user_sim.chat(messages, max_tokens=max_tokens, json=True)
         data = reply.data or {}
         missing = [k for k in keys if k not in data]
         if missing:

@@ -31,6 +31,16 @@ log = logging.getLogger(__name__)
 RETRY_STATUS = frozenset({408, 409, 429})  # plus every 5xx
 
 
+class Omit:
+    """A request parameter left out of the request (the endpoint's own default applies), e.g. `temperature=OMIT`."""
+
+    def __repr__(self) -> str:
+        return "OMIT"
+
+
+OMIT = Omit()
+
+
 class UserSimError(RuntimeError):
     """A simulator call that failed for good (after its retries, or at once for a non-retryable error)."""
 
@@ -109,18 +119,22 @@ class UserSimulator:
         self,
         messages: list[dict[str, Any]],
         *,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
+        temperature: float | Omit | None = None,
+        max_tokens: int | Omit | None = None,
         json: bool = False,
     ) -> Reply:
-        """One chat completion; with `json=True` the reply must contain a JSON object (`Reply.data`)."""
+        """One chat completion; with `json=True` the reply must contain a JSON object (`Reply.data`).
+
+        `temperature` / `max_tokens`: None uses the config's value, `OMIT` leaves the parameter out of the request.
+        """
         self._counts["calls"] += 1
-        request = {
-            "model": self.cfg.model,
-            "messages": messages,
-            "temperature": self.cfg.temperature if temperature is None else temperature,
-            "max_tokens": self.cfg.max_tokens if max_tokens is None else max_tokens,
-        }
+        request: dict[str, Any] = {"model": self.cfg.model, "messages": _sendable(messages)}
+        for key, value, default in (
+            ("temperature", temperature, self.cfg.temperature),
+            ("max_tokens", max_tokens, self.cfg.max_tokens),
+        ):
+            if value is not OMIT:
+                request[key] = default if value is None else value
         key = _cache_key(request)
         cached = self._cache_read(key, json)
         if cached is not None:
@@ -286,6 +300,21 @@ def _aiohttp_client() -> Any:
     import openai
 
     return openai.DefaultAioHttpClient()
+
+
+def _sendable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with text UTF-8 cannot carry (lone surrogates, e.g. from a policy's `"\\ud800"` JSON escape)
+    replaced by "?": such a request could be neither sent nor cached."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            try:
+                content.encode("utf-8")
+            except UnicodeEncodeError:
+                message = {**message, "content": content.encode("utf-8", "replace").decode("utf-8")}
+        out.append(message)
+    return out
 
 
 def _cache_key(request: dict[str, Any]) -> str:

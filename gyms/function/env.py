@@ -1,6 +1,9 @@
 """FunctionGym: guess a hidden arithmetic rule over four inputs by probing it, then answer the test case.
 
 Deterministic (no LLM). Rewards: 1.0 for the correct answer (which ends the episode), 0 otherwise (spec §3.1).
+Probe numbers are read as floats, as in UserRL (`For numbers [1.0, 2.0, 3.0, 4.0], the result is 24.0.`), so a
+probe costs a fixed number of float operations whatever the numbers: a result beyond the float range is an
+overflow (the "cannot be calculated" feedback), never a 500-digit integer.
 """
 
 import re
@@ -49,14 +52,14 @@ class FunctionGym(TurnGym):
         return StepResult("Invalid action format. Please use [action], [search], [answer] or [finish].", 0.0)
 
     def _probe(self, payload: str) -> str:
-        numbers = [_parse_number(n) for n in _NUMBER.findall(payload)]
+        numbers = [float(n) for n in _NUMBER.findall(payload)]
         if len(numbers) != 4:
             return "Please provide exactly four numbers."
         if numbers == self.test_case:
             return "This is the test case and I cannot provide you with the calculation feedback."
         try:
             result = round(self.rule(numbers), 4)
-        except (ArithmeticError, ValueError):
+        except (ArithmeticError, ValueError, TypeError):
             return "The function cannot be calculated for these numbers (e.g. a division by zero). Try other numbers."
         return f"For numbers {numbers}, the result is {result}."
 
@@ -68,10 +71,6 @@ class FunctionGym(TurnGym):
             self.solved = True
             return StepResult("Your answer is correct!", 1.0, done=True, info={"solved": True})
         return StepResult("Your answer is wrong. Keep reasoning about the hidden function and answer again.", 0.0)
-
-
-def _parse_number(text: str) -> Number:
-    return float(text) if "." in text else int(text)
 
 
 def _read_answer(payload: str) -> float | None:

@@ -1,8 +1,10 @@
 """FunctionGym's hidden rules: a safe evaluator, and a seeded generator with a difficulty knob.
 
 A rule is an arithmetic expression over the inputs a, b, c, d with + - * / ** and parentheses, e.g.
-`(c + b) ** 2 - a + d`. Rules are evaluated by walking their syntax tree (never `eval`), with bounds on powers
-so that a probe like `[action] 999 999 999 999` cannot hang the gym.
+`(c + b) ** 2 - a + d`. Rules are evaluated by walking their syntax tree (never `eval`) with Python's operators:
+on float inputs (the gym's probes, as in UserRL) with float semantics (an overflowing power raises, `inf` and `nan`
+pass through as in UserRL); on integer inputs (the generator) exactly, with integer powers bounded by
+`MAX_POWER_BITS`.
 """
 
 import ast
@@ -65,13 +67,17 @@ def _evaluate(node: ast.AST, env: dict[str, Number]) -> Number:
         return -value if isinstance(node.op, ast.USub) else value
     assert isinstance(node, ast.BinOp)
     left, right = _evaluate(node.left, env), _evaluate(node.right, env)
-    if isinstance(node.op, ast.Pow) and abs(left) > 1 and abs(right) * math.log2(abs(left)) > MAX_POWER_BITS:
+    if (
+        isinstance(node.op, ast.Pow)
+        and isinstance(left, int)
+        and isinstance(right, int)
+        and abs(left) > 1
+        and abs(right) * math.log2(abs(left)) > MAX_POWER_BITS
+    ):
         raise OverflowError("power too large")
     value = _BINARY[type(node.op)](left, right)
     if isinstance(value, complex):
         raise ValueError("complex result")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise OverflowError("result too large")
     return value
 
 
@@ -86,9 +92,10 @@ def generate_function(cfg: FunctionGeneratorConfig, split: str, index: int) -> d
         test_case = [rng.randint(1, cfg.max_input) for _ in VARIABLES]
         try:
             value = rule(test_case)
+            integral = abs(value) <= MAX_EXPECTED and float(value).is_integer()
         except (ArithmeticError, ValueError):
             continue
-        if float(value).is_integer() and abs(value) <= MAX_EXPECTED:
+        if integral:
             return {
                 "id": f"fgen-{split}-{cfg.seed}-{index}",
                 "rule": rule.text,

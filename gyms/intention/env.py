@@ -77,14 +77,27 @@ class IntentionGym(TurnGym):
         return StepResult(response, reward, done=not self.remaining, info=info)
 
     def _covered_by(self, judgment: dict[str, Any]) -> list[dict[str, Any]]:
-        """Remaining details the judge says the question covers (numbers out of range or not numbers ignored)."""
-        if judgment.get("is_task_related") is False or str(judgment.get("is_task_related")).lower() == "false":
+        """Remaining details the judge says the question covers, read as UserRL reads them.
+
+        A falsy `is_task_related` (false, 0, "", null) covers nothing; any other value, the string "false"
+        included, lets the numbers count. Numbers are ints or digit strings (`"2"`; `" 2"`, `2.0`, `true`, `-1`
+        are dropped); one that is digits but no integer (`"²"`) voids the whole reply, as its failed `int()` did
+        in UserRL. Numbers outside the list are ignored. A detail named twice counts once (deviation: UserRL
+        counted it twice, paying the multi-detail penalty for it and listing it twice as covered).
+        """
+        if not judgment.get("is_task_related", True):
             return []
         numbers = judgment["covered_detail_numbers"]
         picked: list[dict[str, Any]] = []
         for n in numbers if isinstance(numbers, list) else []:
-            if str(n).strip().isdigit() and 1 <= int(n) <= len(self.remaining):
-                detail = self.remaining[int(n) - 1]
+            if not (isinstance(n, int | str) and not isinstance(n, bool) and str(n).isdigit()):
+                continue
+            try:
+                index = int(n)
+            except ValueError:
+                return []
+            if 1 <= index <= len(self.remaining):
+                detail = self.remaining[index - 1]
                 if not any(detail is p for p in picked):
                     picked.append(detail)
         return picked

@@ -16,7 +16,7 @@ from gyms.persuade.tasks import persuade_record, persuade_smoke, persuade_tasks
 from gyms.turn_gym import TurnGym
 from gyms.user_sim import UserSimError
 
-_STANCE_INDEX = {s.lower(): i for i, s in enumerate(STANCES)}
+_STANCE_INDEX = {s: i for i, s in enumerate(STANCES)}  # spelled exactly so, as in UserRL
 
 
 class PersuadeGym(TurnGym):
@@ -56,7 +56,7 @@ class PersuadeGym(TurnGym):
             "response",
             "stance",
         )
-        new = _STANCE_INDEX.get(" ".join(str(data["stance"]).split()).lower())
+        new = _STANCE_INDEX.get(data["stance"]) if isinstance(data["stance"], str) else None
         if new is None:
             raise UserSimError(f"persona stance {data['stance']!r} is not one of the 7 stances", "bad_json", 1)
         baseline = self.best_stance if self.config.reward_baseline == "best" else self.stance

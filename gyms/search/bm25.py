@@ -36,22 +36,28 @@ class BM25Index:
     def __init__(self, documents: list[Hit], k1: float = 1.5, b: float = 0.75) -> None:
         self.documents = documents
         self.k1, self.b = k1, b
-        self._terms = [Counter(tokenize(f"{d.title} {d.text}")) for d in documents]
-        self._lengths = [sum(t.values()) for t in self._terms]
-        self._avg_length = sum(self._lengths) / len(documents) if documents else 0.0
-        df = Counter(term for terms in self._terms for term in terms)
+        terms = [Counter(tokenize(f"{d.title} {d.text}")) for d in documents]
+        lengths = [sum(t.values()) for t in terms]
+        avg_length = sum(lengths) / len(documents) if documents else 0.0
+        self._norms = [k1 * (1 - b + b * length / avg_length) for length in lengths]
+        # term -> [(document index, term frequency)]: a query touches only the documents holding its terms
+        self._postings: dict[str, list[tuple[int, int]]] = {}
+        for i, counts in enumerate(terms):
+            for term, tf in counts.items():
+                self._postings.setdefault(term, []).append((i, tf))
         n = len(documents)
-        self._idf = {term: math.log(1 + (n - f + 0.5) / (f + 0.5)) for term, f in df.items()}
+        self._idf = {term: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5)) for term, p in self._postings.items()}
 
     def scores(self, query: str) -> list[float]:
-        """The BM25 score of every document for `query`."""
-        query_terms = [t for t in tokenize(query) if t in self._idf]
-        out = []
-        for terms, length in zip(self._terms, self._lengths, strict=True):
-            norm = self.k1 * (1 - self.b + self.b * length / self._avg_length)
-            out.append(
-                sum(self._idf[t] * terms[t] * (self.k1 + 1) / (terms[t] + norm) for t in query_terms if t in terms)
-            )
+        """The BM25 score of every document for `query` (a term repeated in the query counts as often).
+
+        Work is linear in the query's length plus the postings of its distinct terms, however long the query.
+        """
+        out = [0.0] * len(self.documents)
+        for term, count in Counter(t for t in tokenize(query) if t in self._idf).items():
+            idf = self._idf[term]
+            for i, tf in self._postings[term]:
+                out[i] += count * idf * tf * (self.k1 + 1) / (tf + self._norms[i])
         return out
 
     def search(self, query: str, k: int) -> list[Hit]:

@@ -4,7 +4,6 @@ A correct answer pays 1.0 and ends the episode; wrong answers pay 0 and the epis
 `max_search_steps` are refused (and still use a step).
 """
 
-import re
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
@@ -17,8 +16,8 @@ from gyms.turn_gym import TurnGym
 
 
 def normalize(text: str) -> str:
-    """Lower-case alphanumerics only (UserRL's exact-match normalisation)."""
-    return re.sub(r"[^a-z0-9]", "", text.lower())
+    """The lower-cased alphanumeric characters, Unicode letters and digits included (UserRL's normalisation)."""
+    return "".join(ch.lower() for ch in text if ch.isalnum())
 
 
 class SearchGym(TurnGym):
@@ -53,12 +52,12 @@ class SearchGym(TurnGym):
         return StepResult("Invalid action. Use [search] <query> to search or [answer] <answer> to answer.", 0.0)
 
     async def _search(self, query: str) -> StepResult:
-        if not query:
-            return StepResult("Please provide a search query.", 0.0)
-        self.searches += 1
+        self.searches += 1  # an empty query counts too, as in UserRL
         limit = self.config.max_search_steps
         if self.searches > limit:
             return StepResult(f"You have reached the maximum number of search steps ({limit}). Please answer.", 0.0)
+        if not query:
+            return StepResult("Please provide a search query.", 0.0)
         try:
             hits = await self.backend.search(query, self.config.max_search_results)
         except SearchBackendError as e:
@@ -78,9 +77,12 @@ class SearchGym(TurnGym):
             data = await self.ask(
                 prompts.JUDGE_SYSTEM,
                 prompts.JUDGE_USER.format(question=self.record["question"], gold=self.record["answer"], answer=answer),
+                "reasoning",
                 "judgment",
+                "feedback",
+                max_tokens=self.config.judge_max_tokens,
             )
-            correct, judged = str(data["judgment"]).strip().lower() == "yes", True
+            correct, judged = data["judgment"] == "Yes", True  # UserRL: exactly "Yes"
         info = {"correct": correct, "judged": judged}
         if correct:
             self.solved = True

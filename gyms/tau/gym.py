@@ -21,6 +21,7 @@ from gyms.tau.domain import load_domain
 from gyms.tau.smoke import domain_smoke, tau_smoke
 from gyms.tau.tasks import DOMAIN_GYMS, domain_tasks, parse_task_id, record_for, tau_tasks, taubench_dir
 from gyms.tau.user import STOP, Customer
+from gyms.tools import RESPOND_TOOL
 from gyms.turn_gym import TurnGym
 
 TOOLS_ALREADY_LISTED = (
@@ -30,6 +31,7 @@ TOOLS_ALREADY_LISTED = (
 INVALID_TOOL_CALL = (
     "Invalid tool call format. Please provide valid JSON format in content when calling the internal tool."
 )
+RESPOND_WITHOUT_CONTENT = "Error executing tool call: 'content'"  # UserRL's text for tau-bench's KeyError
 HELP = (
     "Choose one of these in each step:\n"
     "* search: give 'tools' to list the internal tools with their arguments (once), or 'help' for this guidance.\n"
@@ -42,7 +44,11 @@ HELP = (
 
 
 def parse_tool_call(content: str) -> tuple[str, dict[str, Any]] | None:
-    """`{"name": n, "arguments": {...}}` or `n: {...}` -> (n, arguments); None when it does not parse."""
+    """`{"name": n, "arguments": {...}}` or `n: {...}` -> (n, arguments); None when it does not parse.
+
+    Any failure of the JSON reader (malformed text, nesting deeper than it reads, a number over Python's digit
+    limit) is "does not parse", as in UserRL (which caught every exception here).
+    """
     try:
         if content.startswith("{") and content.endswith("}"):
             call = json.loads(content)
@@ -52,7 +58,7 @@ def parse_tool_call(content: str) -> tuple[str, dict[str, Any]] | None:
             if not colon:
                 return None
             name, arguments = name.strip(), json.loads(rest.strip())
-    except (json.JSONDecodeError, AttributeError):
+    except (ValueError, RecursionError, AttributeError):
         return None
     if not isinstance(name, str) or not isinstance(arguments, dict):
         return None
@@ -79,7 +85,13 @@ class TauGym(TurnGym):
     def start(self) -> None:
         self.db = self.domain.new_db()
         self.said: list[str] = []  # agent messages to the customer (the outputs check reads them)
-        self.customer = Customer(self.user_sim, self.task.instruction, self.opening)
+        self.customer = Customer(
+            self.user_sim,
+            self.task.instruction,
+            self.opening,
+            self.config.customer_temperature,
+            self.config.customer_max_tokens,
+        )
         self.tools_listed = False
 
     def observation(self) -> str:
@@ -89,7 +101,7 @@ class TauGym(TurnGym):
         if tag == "action":
             return await self._say(payload)
         if tag == "answer":
-            return self._call(payload)
+            return await self._call(payload)
         if tag == "search" and self.search_enabled:
             return StepResult(self._search(payload.lower()), 0.0)
         if tag == "finish":  # UserRL: the last tau-bench reward, which is 0 unless the episode had already ended
@@ -100,22 +112,31 @@ class TauGym(TurnGym):
         return f"Invalid action format: {action}. Please follow the system instruction to call the interact tool."
 
     async def _say(self, message: str) -> StepResult:
+        reply = await self.customer.reply(message)  # UserSimError: the message was never heard, nothing changes
         self.said.append(message)
-        reply = await self.customer.reply(message)
         return self._finish(reply) if STOP in reply else StepResult(reply, 0.0)
 
-    def _call(self, content: str) -> StepResult:
+    async def _call(self, content: str) -> StepResult:
         call = parse_tool_call(content)
         if call is None:
             return StepResult(INVALID_TOOL_CALL, 0.0)
         name, arguments = call
+        if name == RESPOND_TOOL:  # tau-bench's message to the user, as a tool call
+            message = arguments.get("content")
+            if not isinstance(message, str):
+                return StepResult(RESPOND_WITHOUT_CONTENT, 0.0, info={"tool": name})
+            return await self._say(message)
         observation = self.domain.call(self.db, name, arguments)
         if self.domain.is_terminal(name):
             return self._finish(observation)
         return StepResult(observation, 0.0, info={"tool": name})
 
     def _finish(self, feedback: str) -> StepResult:
-        score = self.domain.score(self.task, self.db, self.said)
+        try:
+            score = self.domain.score(self.task, self.db, self.said)
+        except RecursionError:  # a tool stored a value nested too deep to hash; it cannot be the gold database
+            info = {"r_actions": 0.0, "error": "the database holds a value nested too deeply to hash"}
+            return StepResult(feedback, 0.0, done=True, info={"reward_info": info})
         return StepResult(feedback, score.reward, done=True, info={"reward_info": score.info()})
 
     def _search(self, query: str) -> str:

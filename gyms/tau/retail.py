@@ -5,9 +5,10 @@ copies a record (`Table.edit`) only once all its checks passed.
 """
 
 import json
+from collections import Counter
 from typing import Any
 
-from gyms.tau.store import EpisodeDB, Record
+from gyms.tau.store import EpisodeDB, Record, to_hashable
 from gyms.tau.toolkit import SHARED_TOOLS, ToolFn, tool
 
 CANCEL_REASONS = ("no longer needed", "ordered by mistake")
@@ -148,11 +149,11 @@ def modify_pending_order_payment(data: EpisodeDB, order_id: str, payment_method_
 
 def _missing_item(order: Record, item_ids: list[str]) -> str | None:
     """The first requested id asked for more often than the order holds it (a multiset check), else None."""
-    held = [item["item_id"] for item in order["items"]]
-    for item_id in item_ids:
-        if item_ids.count(item_id) > held.count(item_id):
-            return item_id
-    return None
+    # tau-bench counts with list.count per requested id: quadratic in a hostile list's length. One pass with the
+    # same equality (to_hashable keeps == for the JSON values an argument can hold: [1] and [1.0] count alike).
+    held = Counter(to_hashable(item["item_id"]) for item in order["items"])
+    asked = Counter(to_hashable(item_id) for item_id in item_ids)
+    return next((i for i in item_ids if asked[to_hashable(i)] > held[to_hashable(i)]), None)
 
 
 def _price_difference(data: EpisodeDB, order: Record, item_ids: list[str], new_item_ids: list[str]) -> Any:

@@ -7,12 +7,11 @@ Python's own argument errors read exactly as tau-bench's do, e.g.
 `Error: CancelPendingOrder.invoke() missing 1 required positional argument: 'reason'`.
 """
 
-import ast
 import json
-import operator
 from collections.abc import Callable
 from typing import Any
 
+from gyms.tau import arithmetic
 from gyms.tau.store import EpisodeDB
 
 ToolFn = Callable[..., str]
@@ -39,65 +38,19 @@ def invoke(tools: dict[str, ToolFn], db: EpisodeDB, name: str, arguments: dict[s
 
 # --- shared tools -------------------------------------------------------------------------------------------
 
-_CALC_CHARS = frozenset("0123456789+-*/(). ")
-_MAX_POWER_BITS = 1 << 20  # a larger integer power could stall the process; such a result cannot be a float anyway
-_BINARY = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-
-
-def _power(base: Any, exponent: Any) -> Any:
-    if (
-        isinstance(base, int)
-        and isinstance(exponent, int)
-        and exponent > 0
-        and exponent * max(base.bit_length() - 1, 0) > _MAX_POWER_BITS
-    ):
-        raise OverflowError("int too large to convert to float")
-    return base**exponent
-
-
-def _evaluate(node: ast.AST) -> Any:
-    """Python's evaluation of the expressions the allowed characters can form, with a bounded `**`."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.BinOp):
-        left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow):
-            return _power(left, right)
-        return _BINARY[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp):
-        return _UNARY[type(node.op)](_evaluate(node.operand))
-    if isinstance(node, ast.Tuple):
-        return tuple(_evaluate(e) for e in node.elts)
-    if isinstance(node, ast.Call):  # e.g. "(2)(3)": Python evaluates the callee and its arguments, then fails
-        callee = _evaluate(node.func)
-        for arg in node.args:
-            value = _evaluate(arg.value if isinstance(arg, ast.Starred) else arg)
-            if isinstance(arg, ast.Starred):
-                raise TypeError(f"Value after * must be an iterable, not {type(value).__name__}")
-        for kw in node.keywords:
-            value = _evaluate(kw.value)
-            raise TypeError(f"argument after ** must be a mapping, not {type(value).__name__}")
-        raise TypeError(f"'{type(callee).__name__}' object is not callable")
-    raise TypeError(f"unsupported expression: {type(node).__name__}")
-
 
 @tool
 def calculate(data: EpisodeDB, expression: str) -> str:
-    """Evaluate arithmetic (digits, + - * / ( ) . and spaces); the result rounded to 2 decimals."""
-    if not all(c in _CALC_CHARS for c in expression):
+    """Evaluate arithmetic (digits, + - * / ( ) . and spaces); the result rounded to 2 decimals.
+
+    tau-bench's checks and `eval` semantics, evaluated within fixed budgets (gyms.tau.arithmetic).
+    """
+    if not all(c in arithmetic.ALLOWED_CHARS for c in expression):
         return "Error: invalid characters in expression"
     try:
         if not isinstance(expression, str):  # what tau-bench's eval() says about e.g. a list
             raise TypeError("eval() arg 1 must be a string, bytes or code object")
-        tree = compile(expression, "<string>", "eval", ast.PyCF_ONLY_AST)
-        return str(round(float(_evaluate(tree.body)), 2))
+        return str(round(float(arithmetic.evaluate(expression)), 2))
     except Exception as e:
         return f"Error: {e}"
 

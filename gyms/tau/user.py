@@ -8,7 +8,7 @@ message the policy was shown (UserRL's TauGym generated a second, unseen opening
 
 from typing import Any
 
-from gyms.user_sim import UserSimError
+from gyms.user_sim import OMIT, UserSimError
 
 STOP = "###STOP###"
 GREETING = "Hi! How can I help you today?"
@@ -33,10 +33,23 @@ def customer_prompt(instruction: str) -> str:
 
 
 class Customer:
-    """One episode's customer: the simulator history plus the injected simulator client."""
+    """One episode's customer: the simulator history plus the injected simulator client.
 
-    def __init__(self, user_sim: Any, instruction: str, opening: str) -> None:
+    Like tau-bench's, its requests carry no temperature and no token limit (the endpoint's defaults apply) unless
+    `temperature` / `max_tokens` are given (`gyms.tau.customer_temperature` / `customer_max_tokens`).
+    """
+
+    def __init__(
+        self,
+        user_sim: Any,
+        instruction: str,
+        opening: str,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+    ) -> None:
         self.user_sim = user_sim
+        self.temperature = OMIT if temperature is None else temperature
+        self.max_tokens = OMIT if max_tokens is None else max_tokens
         self.history: list[dict[str, str]] = [
             {"role": "system", "content": customer_prompt(instruction)},
             {"role": "user", "content": GREETING},
@@ -47,7 +60,7 @@ class Customer:
         """The customer's answer to an agent message; UserSimError (history unchanged) when the simulator fails."""
         self.history.append({"role": "user", "content": message})
         try:
-            reply = await self.user_sim.chat(self.history)
+            reply = await self.user_sim.chat(self.history, temperature=self.temperature, max_tokens=self.max_tokens)
         except UserSimError:
             self.history.pop()
             raise

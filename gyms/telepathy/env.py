@@ -38,14 +38,13 @@ class TelepathyGym(TurnGym):
         entity = self.record["target_entity"]
         if tag == "answer":
             data = await self.ask(
-                prompts.GUESS_SYSTEM, prompts.GUESS_USER.format(entity=entity, guess=payload), "judgment"
+                prompts.GUESS_SYSTEM, prompts.GUESS_USER.format(entity=entity, guess=payload), "judgment", "feedback"
             )
-            correct = str(data["judgment"]).strip().lower() == "yes"
+            correct = data["judgment"] == "Yes"  # UserRL: exactly "Yes"
             score = 1.0 if correct else 0.0
             reward = max(0.0, score - self.best_score)
             self.best_score = max(self.best_score, score)
-            default = "Your guess is correct!" if correct else "Your guess is not correct."
-            feedback = str(data.get("feedback") or default)
+            feedback = str(data["feedback"])
             return StepResult(feedback, reward, done=correct, info={"correct": correct})
         data = await self.ask(
             prompts.QUESTION_SYSTEM, prompts.QUESTION_USER.format(entity=entity, question=payload), "response"

@@ -95,7 +95,10 @@ class TravelGym(TurnGym):
             prompts.SEARCH_JUDGE_USER.format(request=request, arguments=arguments),
             "alignment_judgement",
         )
-        aligned = str(data["alignment_judgement"]).strip().lower() == "true"
+        verdict = data["alignment_judgement"]
+        if verdict not in ("True", "False", "N/A"):  # UserRL: any other value fails the search judge
+            raise UserSimError(f"search judge verdict {verdict!r} is not True, False or N/A", "bad_json", 1)
+        aligned = verdict == "True"
         aspect = str(data.get("alignment_aspect", "")).strip().lower().replace(" ", "_")
         aspect = "rental_car" if aspect == "car_rental" else aspect
         if not aligned or aspect not in self.scenario["dimensions"]:
@@ -177,7 +180,7 @@ class TravelGym(TurnGym):
     # ---------------------------------------------------------------------------------------------- recommend
 
     def _recommend(self, payload: str) -> StepResult:
-        ids = [part.strip().upper() for part in payload.split(",") if part.strip()]
+        ids = [part.strip() for part in payload.split(",") if part.strip()]  # case kept: UserRL refuses "h1"
         if len(ids) != 1:
             return StepResult("Please recommend exactly one option id at a time, e.g. H1.", 0.0)
         option_id = ids[0]

@@ -75,16 +75,18 @@ class TurtleGym(TurnGym):
 
 
 def _judgments(scores: Any, expected: int) -> list[float]:
-    """The judge's per-statement scores; UserSimError unless there is one valid score per rubric statement."""
+    """The judge's per-statement scores; UserSimError unless there is one valid score per rubric statement.
+
+    As in UserRL, each entry is an object whose `score` is a number (a bare number or a string such as "0.5" fails
+    the reply); here it must also be one of 0, 0.5, 1.
+    """
     if not isinstance(scores, list) or len(scores) != expected:
         count = len(scores) if isinstance(scores, list) else type(scores).__name__
         raise UserSimError(f"grader returned {count} scores for {expected} rubric statements", "bad_json", 1)
     out = []
     for entry in scores:
-        try:
-            value = float(entry["score"] if isinstance(entry, dict) else entry)
-        except (KeyError, TypeError, ValueError):
-            value = -1.0
+        grade = entry.get("score") if isinstance(entry, dict) else None
+        value = float(grade) if isinstance(grade, int | float) and not isinstance(grade, bool) else -1.0
         if value not in JUDGMENTS:
             raise UserSimError(f"grader score {entry!r} is not one of 0, 0.5, 1", "bad_json", 1)
         out.append(value)

@@ -155,6 +155,14 @@ def test_parse_hermes_tool_calls() -> None:
         parse_hermes_tool_calls('<tool_call>{"arguments": {}}</tool_call>')
     with pytest.raises(ToolCallError, match=r"^a <tool_call> is not closed by </tool_call>$"):
         parse_hermes_tool_calls('<tool_call>{"name": "a", "arguments": {}}')
+    # Hostile replies are bad calls, never exceptions of another kind (JSON too deep, a number past the digit limit).
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(ToolCallError, match="not valid JSON"):
+        parse_hermes_tool_calls(f'<tool_call>{{"name": "a", "arguments": {deep}}}</tool_call>')
+    with pytest.raises(ToolCallError, match="not valid JSON"):
+        parse_hermes_tool_calls(f'<tool_call>{{"name": "a", "arguments": {"9" * 5000}}}</tool_call>')
+    with pytest.raises(ToolCallError, match="not closed"):
+        parse_hermes_tool_calls("<tool_call>" * 20_000 + "</tool_call>")  # one pass, not one scan per tag
 
 
 def test_actions_per_format(qwen3: ChatTemplate, smollm2: ChatTemplate) -> None:

@@ -46,7 +46,7 @@ CASES: dict[str, tuple[Any, str, dict[str, str], int]] = {
     "search": (
         {"id": "b", "question": "Q?", "answer": "Romulus"},
         "[answer] Remus",
-        {"You judge answers": '{"judgment": "No"}'},
+        {"You judge answers": '{"reasoning": "", "judgment": "No", "feedback": ""}'},
         1,
     ),
     "travel": (

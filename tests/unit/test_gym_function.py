@@ -33,8 +33,8 @@ def test_probe_search_and_answers() -> None:
         ["[action] 1 2 3 4", "[action] 1, 2, 3.5, 4", "[search] TEST", "[answer] 113", "[answer] 114.0000001"],
     )
     assert [r.feedback for r in results] == [
-        "For numbers [1, 2, 3, 4], the result is 28.",  # (3 + 2) ** 2 - 1 + 4
-        "For numbers [1, 2, 3.5, 4], the result is 33.25.",
+        "For numbers [1.0, 2.0, 3.0, 4.0], the result is 28.0.",  # (3 + 2) ** 2 - 1 + 4; floats, as in UserRL
+        "For numbers [1.0, 2.0, 3.5, 4.0], the result is 33.25.",
         "Test case: [9, 7, 4, 2]",
         "Your answer is wrong. Keep reasoning about the hidden function and answer again.",
         "Your answer is correct!",
@@ -73,10 +73,25 @@ def test_unevaluable_probes_are_refused() -> None:
     power = {**RECORD, "rule": "d ** a"}
     expected = "The function cannot be calculated for these numbers (e.g. a division by zero). Try other numbers."
     assert play_new("function", division, ["[action] 1 2 2 3"])[0].feedback == expected
-    assert play_new("function", power, ["[action] 999 1 1 999999"])[0].feedback == expected
+    assert play_new("function", power, ["[action] 999 1 1 999999"])[0].feedback == expected  # float overflow
+    assert play_new("function", {**RECORD, "rule": "a ** 0.5"}, ["[action] -4 1 1 1"])[0].feedback == expected
+    feedback = play_new("function", power, ["[action] 3 1 1 2"])[0].feedback
+    assert feedback == "For numbers [3.0, 1.0, 1.0, 2.0], the result is 8.0."
+
+
+def test_probes_are_float_arithmetic_as_in_userrl() -> None:
+    """UserRL reads probe numbers with float(): huge inputs give inf, huge results inf or an overflow, never a
+    500-digit exact integer (and never more than a few float operations, however long the digit strings)."""
     product = {**RECORD, "rule": "a * b * c * d"}
-    assert play_new("function", product, [f"[action] 1{'0' * 400}.5 1 1 1"])[0].feedback == expected  # inf
-    assert play_new("function", power, ["[action] 3 1 1 2"])[0].feedback == "For numbers [3, 1, 1, 2], the result is 8."
+    big = "9" * 130
+    (result,) = play_new("function", product, [f"[action] {big} {big} {big} {big}"])
+    assert result.feedback == "For numbers [1e+130, 1e+130, 1e+130, 1e+130], the result is inf."
+    (result,) = play_new("function", product, [f"[action] 1{'0' * 400}.5 1 1 1"])
+    assert result.feedback == "For numbers [inf, 1.0, 1.0, 1.0], the result is inf."
+    (result,) = play_new("function", {**RECORD, "rule": "(a - b) * c"}, [f"[action] 1{'0' * 400} 1{'0' * 400} 1 1"])
+    assert result.feedback == "For numbers [inf, inf, 1.0, 1.0], the result is nan."
+    (result,) = play_new("function", product, ["[action] " + "7" * 1_000_000 + " 1 1 1"])
+    assert result.feedback == "For numbers [inf, 1.0, 1.0, 1.0], the result is inf."
 
 
 def test_finish_reveals_the_answer_and_ends() -> None:

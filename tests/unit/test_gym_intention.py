@@ -46,6 +46,26 @@ def test_rewards_by_importance_and_penalty(server: OpenAIServer) -> None:
     assert server.count == 10  # two calls per question
 
 
+@pytest.mark.parametrize(
+    ("judgment", "covered"),
+    [
+        (covers(1, related="false"), ["Trip length"]),  # a non-empty string is true to UserRL's `if not ...`
+        (covers(1, related=0), []),
+        (covers(1, related=None), []),
+        (json.dumps({"covered_detail_numbers": [1]}), ["Trip length"]),  # no is_task_related: related
+        (covers(" 1", "2"), ["Budget"]),  # UserRL's str(i).isdigit() drops " 1"
+        (covers(1.0, True, -1, "2"), ["Budget"]),  # floats, booleans and negatives are dropped
+        (covers(1, "²"), []),  # "²" is a digit that int() refuses: UserRL's whole parse failed
+        (covers(2, 2), ["Budget"]),  # named twice, counted once (UserRL: twice, with the penalty; see README)
+    ],
+)
+def test_coverage_replies_are_read_as_userrl_reads_them(server: OpenAIServer, judgment: str, covered: list) -> None:
+    server.rules = [when("You play a person", ANSWER), when("You judge", judgment)]
+    (result,) = play_new("intention", RECORD, ["q"], user_sim=sim_for(server))
+    assert result.info["covered"] == covered
+    assert "user_sim_error" not in result.info
+
+
 def test_judge_sees_only_remaining_details_and_recent_history(server: OpenAIServer) -> None:
     server.rules = [when("You play a person", ANSWER), when("You judge", sequence(covers(1), covers(), covers()))]
     play_new(

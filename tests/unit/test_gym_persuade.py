@@ -48,7 +48,7 @@ def test_rewards_by_baseline(server: OpenAIServer, baseline: str, rewards: list[
 
 
 def test_a_full_swing_pays_one_and_history_is_shown(server: OpenAIServer) -> None:
-    server.rules = [when("debate", sequence(said("Strongly Agree", "No way."), said("strongly  disagree", "Fine!")))]
+    server.rules = [when("debate", sequence(said("Strongly Agree", "No way."), said("Strongly Disagree", "Fine!")))]
     results = play_new("persuade", RECORD, ["[answer] Dogs are loyal.", "Dogs save lives."], user_sim=sim_for(server))
     assert [(r.feedback, r.reward, r.done) for r in results] == [("No way.", 0.0, False), ("Fine!", 1.0, True)]
     second = server.requests[1]["messages"][1]["content"]
@@ -63,6 +63,14 @@ def test_unknown_stance_is_a_simulator_error_and_changes_nothing(server: OpenAIS
     assert (first.feedback, first.reward) == ("I'm having trouble understanding your argument right now.", 0.0)
     assert first.info["user_sim_error"] == "persona stance 'Somewhat Agree' is not one of the 7 stances"
     assert second.reward == 0.5  # measured from Strongly Agree: the bad reply did not move the stance
+
+
+@pytest.mark.parametrize("stance", ["strongly disagree", "Strongly  Disagree", " Strongly Disagree", "DISAGREE"])
+def test_a_stance_must_be_spelled_exactly_as_in_userrl(server: OpenAIServer, stance: str) -> None:
+    server.rules = [when("debate", said(stance))]
+    (result,) = play_new("persuade", RECORD, ["[answer] a"], user_sim=sim_for(server))
+    assert (result.reward, result.done) == (0.0, False)
+    assert result.info["user_sim_error"] == f"persona stance {stance!r} is not one of the 7 stances"
 
 
 def test_finish_and_empty(server: OpenAIServer) -> None:

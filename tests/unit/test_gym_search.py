@@ -80,10 +80,75 @@ def test_offline_search_and_the_search_limit(corpus: Path) -> None:
         "2. Remus\n- Remus was the brother of Romulus.",
         "No results found for 'eiffel'.",
         "You have reached the maximum number of search steps (2). Please answer.",
-        "Please provide a search query.",
+        "You have reached the maximum number of search steps (2). Please answer.",
         "Invalid action. Use [search] <query> to search or [answer] <answer> to answer.",
     ]
     assert [r.done for r in results] == [False] * 5
+
+
+def test_an_empty_search_counts_toward_the_limit_as_in_userrl(corpus: Path) -> None:
+    config = SearchGymConfig(judge="exact", corpus_path=str(corpus), max_search_steps=2)
+    results = play_new("search", RECORD, ["[search]", "[search]   ", "[search] rome"], config=config)
+    assert [r.feedback for r in results] == [
+        "Please provide a search query.",
+        "Please provide a search query.",
+        "You have reached the maximum number of search steps (2). Please answer.",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer", "exact"),
+    [
+        ("Gödel", "Godel", False),  # UserRL keeps "ö": the judge decides (the ASCII-only match said "gdel" twice)
+        ("Gödel", "Gdel", False),
+        ("Gödel", "GÖDEL!", True),
+        ("São Paulo", "sao paulo", False),
+        ("Romulus", "romulus", True),
+        ("½", "1/2", False),
+    ],
+)
+def test_exact_match_keeps_unicode_letters_as_userrl(server: OpenAIServer, gold: str, answer: str, exact: bool):
+    server.rules = [when("You judge answers", NO)]
+    (result,) = play_new("search", {**RECORD, "answer": gold}, [f"[answer] {answer}"], user_sim=sim_for(server))
+    assert (result.reward, result.info["judged"]) == ((1.0, False) if exact else (0.0, True))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '{"reasoning": "", "judgment": "yes", "feedback": ""}',  # UserRL counts only "Yes"
+        '{"reasoning": "", "judgment": "Yes ", "feedback": ""}',
+        '{"reasoning": "", "judgment": true, "feedback": ""}',
+    ],
+)
+def test_only_an_exact_yes_is_a_correct_judgment(server: OpenAIServer, reply: str) -> None:
+    server.rules = [when("You judge answers", reply)]
+    (result,) = play_new("search", RECORD, ["[answer] the first king"], user_sim=sim_for(server))
+    assert (result.reward, result.done, result.info["correct"]) == (0.0, False, False)
+
+
+def test_a_judge_reply_without_reasoning_or_feedback_is_a_simulator_error(server: OpenAIServer) -> None:
+    server.rules = [when("You judge answers", '{"judgment": "Yes"}')]
+    (result,) = play_new("search", RECORD, ["[answer] the first king"], user_sim=sim_for(server))
+    assert (result.reward, result.done) == (0.0, False)
+    assert result.info["user_sim_error"].startswith("simulator reply lacks reasoning, feedback")
+
+
+def test_the_judge_gets_userrls_token_limit(server: OpenAIServer) -> None:
+    server.rules = [when("You judge answers", YES)]
+    play_new("search", RECORD, ["[answer] the first king"], user_sim=sim_for(server, max_tokens=2048))
+    assert server.requests[0]["max_tokens"] == 512
+    config = SearchGymConfig(judge_max_tokens=64)
+    play_new("search", RECORD, ["[answer] the first king"], config=config, user_sim=sim_for(server))
+    assert server.requests[1]["max_tokens"] == 64
+
+
+def test_a_long_query_costs_only_its_distinct_terms(corpus: Path) -> None:
+    """BM25 walks the postings of each distinct query term once: a 1,000,000-token query answers like its terms."""
+    index = BM25Index([Hit(d["title"], d["text"]) for d in DOCS])
+    long_query = "romulus " * 500_000 + "rome " * 500_000
+    assert index.scores(long_query) == pytest.approx([500_000 * s for s in index.scores("romulus rome")], rel=1e-9)
+    assert [h.title for h in index.search(long_query, 3)] == ["Rome", "Remus"]
 
 
 def test_bm25_scores_match_the_formula() -> None:

@@ -91,3 +91,22 @@ def test_tasks_from_public_data(shared_data: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("USERRL_DATA_DIR", str(shared_data))  # task ids are looked up in $USERRL_DATA_DIR
     for key in ("kiwi", test[0].metadata["record"]["id"].upper()):  # by title or by id, any case
         assert gyms.make_gym("telepathy", key, user_sim=object()).record == test[0].metadata["record"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        ('{"thought": "", "judgment": "yes", "feedback": "ok"}', None),  # UserRL counts only "Yes"
+        ('{"thought": "", "judgment": " Yes", "feedback": "ok"}', None),
+        ('{"thought": "", "judgment": true, "feedback": "ok"}', None),
+        ('{"thought": "", "judgment": "Yes"}', "simulator reply lacks feedback"),  # UserRL's parse failed
+    ],
+)
+def test_guess_judgments_are_read_as_userrl_reads_them(server: OpenAIServer, reply: str, error: str | None) -> None:
+    server.rules = [when("judge of a guessing game", reply)]
+    (result,) = play_new("telepathy", RECORD, ["[answer] kiwi"], user_sim=sim_for(server))
+    assert (result.reward, result.done) == (0.0, False)
+    if error is None:
+        assert result.feedback == "ok" and result.info["correct"] is False
+    else:
+        assert result.info["user_sim_error"].startswith(error)

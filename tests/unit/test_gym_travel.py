@@ -64,6 +64,18 @@ def test_search_rewards_repeats_mismatches_and_planned_failures(server: OpenAISe
     )
 
 
+@pytest.mark.parametrize("verdict", ["true", True, "TRUE", " True"])
+def test_a_search_verdict_other_than_userrls_strings_fails_the_search(server: OpenAIServer, verdict: object) -> None:
+    reply = json.dumps({"alignment_judgement": verdict, "alignment_aspect": "hotel"})
+    server.rules = [when("You check search requests", reply)]
+    (result,) = run(server, ["[search] hotels in Rome"], retries=0)
+    assert (result.feedback, result.reward) == (
+        "The search backend is having problems at the moment. Please try again later.",
+        0.0,
+    )
+    assert result.info["user_sim_error"] == f"search judge verdict {verdict!r} is not True, False or N/A"
+
+
 def test_elicitation_types_and_volunteered_preference(server: OpenAIServer) -> None:
     judge = sequence(typed("2", P[2]), typed("2", P[2]), typed("3"), typed("4"), typed("1"), typed("7"))
     server.rules = [
@@ -96,16 +108,23 @@ def test_elicitation_types_and_volunteered_preference(server: OpenAIServer) -> N
 def test_recommendations_and_one_choice_termination(server: OpenAIServer) -> None:
     other = next(i for i in FLIGHT["correct_ids"] if i != FLIGHT["best_id"])
     wrong = next(o["id"] for o in HOTEL["options"] if o["id"] not in HOTEL["correct_ids"])
-    actions = [f"[answer] {other}", f"[answer] {FLIGHT['best_id']}", f"[answer] {wrong.lower()}", "[answer] H1"]
+    actions = [
+        f"[answer] {other}",
+        f"[answer] {FLIGHT['best_id']}",
+        f"[answer] {wrong.lower()}",
+        f"[answer] {wrong}",
+        "[answer] H1",
+    ]
     results = run(server, actions)
-    assert [r.reward for r in results] == [0.8, 0.0, 0.0, 0.0]
+    assert [r.reward for r in results] == [0.8, 0.0, 0.0, 0.0, 0.0]
     assert results[0].feedback == (
         "Your choice is a correct option, but not the best. Your choice is recorded: do not recommend another option "
         "for this aspect."
     )
     assert results[1].feedback.startswith("You have already recommended a flight option")
-    assert results[2].feedback.startswith("Your choice is neither the best nor a correct option.")
-    assert [r.done for r in results[:3]] == [False, False, True]  # every aspect has its one choice (UserRL: no end)
+    assert results[2].feedback == f"'{wrong.lower()}' is not an option id. Option ids look like H1, F12 or C4."
+    assert results[3].feedback.startswith("Your choice is neither the best nor a correct option.")
+    assert [r.done for r in results[:4]] == [False, False, False, True]  # one choice per aspect (UserRL: no end)
     assert server.count == 0
 
 
@@ -122,7 +141,8 @@ def test_all_best_options_end_the_episode_without_one_choice(server: OpenAIServe
     [
         ("[answer] F1, H2", "Please recommend exactly one option id at a time, e.g. H1."),  # UserRL summed both
         ("[answer]", "Please recommend exactly one option id at a time, e.g. H1."),
-        ("[answer] hotel one", "'HOTEL ONE' is not an option id. Option ids look like H1, F12 or C4."),
+        ("[answer] hotel one", "'hotel one' is not an option id. Option ids look like H1, F12 or C4."),
+        ("[answer] h1", "'h1' is not an option id. Option ids look like H1, F12 or C4."),  # UserRL: upper case only
         ("[answer] R2", "This trip has no restaurant to book."),
         ("[answer] C2", "This trip has no rental car to book."),
         ("hello", "Your response format is wrong and cannot be parsed properly."),

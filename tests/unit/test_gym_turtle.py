@@ -73,6 +73,10 @@ def test_lower_success_threshold_ends_earlier(server: OpenAIServer) -> None:
         (grades(1, 0.7, 0), "grader score {'statement': 's1', 'thought': '', 'score': 0.7} is not one of 0, 0.5, 1"),
         ('{"scores": "all good"}', "grader returned str scores for 3 rubric statements"),
         ('{"feedback": "nice"}', "simulator reply lacks scores"),
+        # UserRL multiplies each entry's "score" by its weight: a string, or a bare number, fails the reply
+        (grades(1, "0.5", 0), "grader score {'statement': 's1', 'thought': '', 'score': '0.5'} is not one of"),
+        ('{"scores": [1, 0.5, 0]}', "grader score 1 is not one of 0, 0.5, 1"),
+        (grades(1, True, 0), "grader score {'statement': 's1', 'thought': '', 'score': True} is not one of"),
     ],
 )
 def test_malformed_grades_are_simulator_errors(server: OpenAIServer, reply: str, problem: str) -> None:
@@ -81,6 +85,17 @@ def test_malformed_grades_are_simulator_errors(server: OpenAIServer, reply: str,
     assert (first.feedback, first.reward) == ("Feedback is not available right now. Please try again.", 0.0)
     assert first.info["user_sim_error"].startswith(problem)
     assert second.reward == 0.1  # the failed grade did not move the best score
+
+
+def test_a_perfect_story_ends_the_episode_whatever_the_float_sum(server: OpenAIServer) -> None:
+    """Weights 0.7 + 0.2 + 0.1 sum to 0.9999999999999999 in floats: UserRL's threshold 1.0 never ended the
+    episode; the score is rounded to 6 places here (a deliberate fix, listed in gyms/README.md)."""
+    weights = [0.7, 0.2, 0.1]
+    assert sum(weights) == 0.9999999999999999
+    record = {**RECORD, "evaluation": [{"statement": f"s{i}", "score": w} for i, w in enumerate(weights)]}
+    server.rules = [when("You grade", grades(1, 1, 1))]
+    (result,) = play_new("turtle", record, ["[answer] story"], user_sim=sim_for(server))
+    assert (result.reward, result.done, result.info["score"]) == (1.0, True, 1.0)
 
 
 def test_finish(server: OpenAIServer) -> None:

@@ -293,3 +293,62 @@ def test_hostile_tool_arguments_never_raise_and_never_touch_the_base(cfg, gym_na
     assert all(isinstance(r.feedback, str) and r.reward == 0.0 for r in results)
     assert sum(r.feedback.startswith("Error: ") for r in results) > len(results) // 2
     assert db_hash(gym.domain.base.tables) == pristine
+
+
+def test_respond_tool_call_is_a_message_to_the_customer(cfg, shared_data):
+    """tau-bench's `respond` action as a tool call: the customer answers, and it counts toward the outputs."""
+    heard = []
+
+    def customer(messages):
+        heard.append(messages[-1]["content"])
+        return "###STOP###" if "8,276.23" in messages[-1]["content"] else "Go on."
+
+    for gym_name in ("tau", "tau_retail"):
+        heard.clear()
+        gym = make_gym(gym_name, "retail-016", config=cfg, user_sim=ScriptedUserSim(customer))
+        gold = _gold_answers(shared_data, "retail-016")
+        results = play(gym, [*gold, _answer("respond", content="Hello?"), _answer("respond", content="$8,276.23")])
+        assert heard == ["Hello?", "$8,276.23"]
+        assert results[-2].feedback == "Go on." and results[-2].reward == 0.0
+        assert (results[-1].feedback, results[-1].reward, results[-1].done) == ("###STOP###", 1.0, True)
+        assert results[-1].info["reward_info"]["outputs"] == {"8276.23": True}
+
+
+def test_respond_without_a_string_content_changes_nothing(cfg):
+    gym = _gym("tau", "retail-016", cfg)
+    results = play(gym, [_answer("respond"), _answer("respond", content=["hi"]), _answer("respond", text="hi")])
+    assert [r.feedback for r in results] == ["Error executing tool call: 'content'"] * 3
+    assert all(r.reward == 0.0 and not r.ended for r in results)
+    assert gym.said == [] and len(gym.customer.history) == 3
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"name": "think", "arguments": ' + "[" * 50_000 + "]" * 50_000 + "}",  # deeper than the JSON reader goes
+        'think: {"thought": ' + "7" * 5_000 + "}",  # over Python's 4,300-digit limit
+        'think: {"thought": "\\ud800"}',  # a lone surrogate: still a string
+    ],
+)
+def test_parse_tool_call_never_raises(content):
+    parsed = parse_tool_call(content)
+    assert parsed is None or parsed == ("think", {"thought": "\ud800"})
+
+
+def test_a_stored_value_too_deep_to_hash_scores_zero_instead_of_raising(cfg):
+    """tau-bench stores arguments as given; a 600-deep list makes the final hash recurse too far (tau-bench's own
+    hash would raise too). The episode ends with reward 0: such a database can never be the gold one."""
+    nested = json.loads("[" * 600 + "]" * 600)
+    address = {"address2": "", "city": "c", "state": "s", "country": "x", "zip": "1"}
+    results = play(
+        _gym("tau_retail", "retail-000", cfg),
+        [
+            _answer("modify_user_address", user_id="yusuf_rossi_9620", address1=nested, **address),
+            _answer("transfer_to_human_agents", summary="bye"),
+        ],
+    )
+    assert (results[-1].feedback, results[-1].reward, results[-1].done) == ("Transfer successful", 0.0, True)
+    assert results[-1].info["reward_info"] == {
+        "r_actions": 0.0,
+        "error": "the database holds a value nested too deeply to hash",
+    }

@@ -85,10 +85,77 @@ def test_read_tools_return_python_json_dumps_of_the_record(call, db):
         ("2 ** 2000", "Error: int too large to convert to float"),
         ("9**9**9**9", "Error: int too large to convert to float"),  # bounded instead of running for ever
         ("2.0 ** 5000", "Error: (34, 'Numerical result out of range')"),
+        ("  2 * 3", "6.0"),  # eval drops leading spaces (compile alone says "unexpected indent")
+        ("   ", "Error: invalid syntax (<string>, line 0)"),
+        ("(1)(*2)", "Error: 1 argument after * must be an iterable, not int"),
+        ("(1.5)(**2)", "Error: 1.5 argument after ** must be a mapping, not int"),
+        ("()(*1)", "Error: () argument after * must be an iterable, not int"),
+        ("(...)(*())", "Error: 'ellipsis' object is not callable"),
+        ("(-8) ** 0.5", "Error: float() argument must be a string or a real number, not 'complex'"),
+        ("(-1) ** (2 ** 60000)", "1.0"),
+        ("2 ** 65535 // 2 ** 65530", "32.0"),
+        ("(2 ** 65536) // (2 ** 65530)", "Error: int too large to convert to float"),  # tau-bench: 64.0
+        ("(3**1048575)" + "*(3**1048575)" * 15, "Error: int too large to convert to float"),  # tau-bench: ~1 minute
+        ("1" + " " * 10_000, "Error: expression longer than 10000 characters"),
     ],
 )
 def test_calculate(call, expression, expected):
     assert call("calculate", expression=expression) == expected
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "-" * 1000 + "1",  # 1,000 nested unary operators
+        "1+" * 1000 + "1",  # a 1,000-deep chain of additions
+        "(" * 199 + "2.5" + ")" * 199,  # the parser's parenthesis limit is 200
+        "2**" * 3 + "2",
+        "((2**30000)*(2**30000))//(2**59990)",
+    ],
+)
+def test_calculate_evaluates_deep_expressions_as_eval_does(call, expression):
+    """tau-bench evaluates these (compile would refuse the leading spaces; a recursive walk, the depth)."""
+    expected = str(round(float(eval(expression, {"__builtins__": None}, {})), 2))
+    assert call("calculate", expression=expression) == expected
+    assert call("calculate", expression="  " + expression) == expected
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "(" * 201 + "1" + ")" * 201,  # too many nested parentheses
+        "1+" * 4000 + "1",  # deeper than the compiler goes
+        "-" * 9000 + "1",  # the parser's own stack (MemoryError, with an empty message)
+        "1" * 4301,  # the 4,300-digit limit
+    ],
+)
+def test_calculate_failures_of_the_parser_read_as_eval_does(call, expression):
+    try:
+        eval(expression, {"__builtins__": None}, {})
+    except (SyntaxError, RecursionError, MemoryError) as e:
+        assert call("calculate", expression=expression) == f"Error: {e}"
+    else:
+        pytest.fail("eval accepted it")
+
+
+def test_calculate_work_stays_within_its_budget():
+    """The evaluation charges word operations; what would pass the budget is refused before it runs."""
+    from gyms.tau import arithmetic
+
+    cases = {
+        "(3**41000)" + "*(3**41000)" * 20: OverflowError,  # each product would pass the size bound
+        "((3**41000)//(3**40999))" * 1 + "+(3**41000)//(3**40999)" * 40: OverflowError,  # many large divisions
+        "1+" * 2000 + "1": None,
+        "(2**65000)-(2**65000)+1": None,
+    }
+    for expression, error in cases.items():
+        budget = arithmetic.Budget()
+        if error is None:
+            assert arithmetic.evaluate(expression, budget) == eval(expression, {"__builtins__": None}, {})
+        else:
+            with pytest.raises(error, match=r"^int too large to convert to float$"):
+                arithmetic.evaluate(expression, budget)
+        assert 0 < budget.spent <= budget.limit == arithmetic.WORK_BUDGET
 
 
 def test_calculate_with_non_string_expressions(call):
@@ -326,3 +393,15 @@ def test_exchange_delivered_order_items(call, db):
         )
     )
     assert down["exchange_price_difference"] == -3.95
+
+
+def test_the_item_multiset_check_is_linear_and_keeps_list_count_equality(call, db):
+    """#W4316152 (delivered) holds 7292993796 twice: asking three times names it; 200,000 requested ids are one
+    pass (tau-bench's list.count per id would be 4e10 comparisons); unhashable ids compare as list.count does."""
+    exchange = "exchange_delivered_order_items"
+    args = {"order_id": "#W4316152", "payment_method_id": "gift_card_7245904"}
+    ids = ["7292993796"] * 3
+    assert call(exchange, item_ids=ids, new_item_ids=ids, **args) == "Error: 7292993796 not found"
+    many = ["7292993796", "7292993796"] + ["x"] * 200_000
+    assert call(exchange, item_ids=many, new_item_ids=many, **args) == "Error: x not found"
+    assert call(exchange, item_ids=[[1], [1.0]], new_item_ids=[1, 2], **args) == "Error: [1] not found"

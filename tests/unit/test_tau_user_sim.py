@@ -20,7 +20,7 @@ def _last_message_is(text, answer):
     return lambda body: answer if body["messages"][-1]["content"] == text else None
 
 
-def _run(gym_name, task_id, actions, server, shared_data, **sim_overrides):
+def _run(gym_name, task_id, actions, server, shared_data, gym_config=None, **sim_overrides):
     """Play `actions` on a fresh gym with a UserSimulator pointed at `server`; the step results."""
     cfg = UserSimConfig(base_url=server.base_url, model="customer", timeout_s=2.0, backoff_s=0.001, max_retries=1)
     cfg.api_key_env = "none"  # our local server needs no key
@@ -29,7 +29,8 @@ def _run(gym_name, task_id, actions, server, shared_data, **sim_overrides):
 
     async def run():
         sim = UserSimulator(cfg)
-        gym = make_gym(gym_name, task_id, config=TauGymConfig(data_dir=str(shared_data)), user_sim=sim)
+        config = gym_config or TauGymConfig(data_dir=str(shared_data))
+        gym = make_gym(gym_name, task_id, config=config, user_sim=sim)
         try:
             await gym.reset()
             return gym, [await gym.step(a) for a in actions]
@@ -62,6 +63,7 @@ def test_tau_messages_reach_the_customer_and_stop_ends_with_the_reward(shared_da
         first_request = server.requests[0]
     assert results[0].feedback == "Yusuf Rossi, 19122." and results[0].reward == 0.0 and not results[0].done
     assert first_request["model"] == "customer"
+    assert "temperature" not in first_request and "max_tokens" not in first_request  # as tau-bench's requests
     assert first_request["messages"] == [
         {"role": "system", "content": customer_prompt(task.instruction)},
         {"role": "user", "content": GREETING},
@@ -73,6 +75,14 @@ def test_tau_messages_reach_the_customer_and_stop_ends_with_the_reward(shared_da
     assert (last.feedback, last.reward, last.done) == ("Great, thanks! ###STOP###", 1.0, True)
     assert last.info["reward_info"]["r_actions"] == 1.0
     assert [m["role"] for m in gym.customer.history] == ["system", "user", "assistant"] + ["user", "assistant"] * 2
+
+
+def test_customer_sampling_parameters_are_sent_only_when_configured(shared_data):
+    config = TauGymConfig(data_dir=str(shared_data), customer_temperature=0.7, customer_max_tokens=128)
+    with OpenAIServer(reply("Hello.")) as server:
+        _run("tau_retail", "retail-000", ["[action] Hi"], server, shared_data, gym_config=config, temperature=0.0)
+        request = server.requests[0]
+    assert (request["temperature"], request["max_tokens"]) == (0.7, 128)
 
 
 @pytest.mark.parametrize(

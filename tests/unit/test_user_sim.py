@@ -233,6 +233,33 @@ def test_extract_json_object(text: str, expected: object) -> None:
     assert extract_json_object(text) == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"a": ' + "9" * 5000 + "}", None),  # over the 4,300-digit limit: json.loads raises a plain ValueError
+        ('{"a": ' + "9" * 5000 + '} then {"b": 1}', {"b": 1}),
+        ("{[1]: 2}", None),  # a Python literal that cannot be built (unhashable key): TypeError
+        ('{"a": ' * 50_000 + "1" + "}" * 50_000, None),  # nested deeper than either reader goes
+        ('{"a": ' * 50_000 + '1 and then {"b": 2}', None),  # the scans' budget is spent before "b"
+    ],
+)
+def test_extract_json_object_never_raises(text: str, expected: object) -> None:
+    assert extract_json_object(text) == expected
+
+
+def test_extract_json_object_scans_a_bounded_amount() -> None:
+    """Thousands of unbalanced braces: each brace scan would read to the end (quadratic); the total is bounded."""
+    from gyms import reply_json
+
+    text = "{" * 20_000 + ' {"late": 1}'
+    budget = [reply_json.SCAN_BUDGET * (len(text) + 1)]
+    start = budget[0]
+    assert reply_json._matching_brace(text, 0, budget) is None
+    assert start - budget[0] == len(text)  # one scan to the end is charged what it read
+    assert extract_json_object(text) is None  # given up after SCAN_BUDGET full scans
+    assert extract_json_object("{" * 10 + ' {"early": 1}') == {"early": 1}
+
+
 def test_strip_think() -> None:
     assert strip_think("<think>\nhmm\n</think>\n\nYes") == "Yes"
     assert strip_think("<THINK>a</THINK>b<think>c</think>d") == "bd"

@@ -13,7 +13,6 @@ Also here: how tools are presented to the policy per `model.tool_format`, and th
 """
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,26 +180,30 @@ class ChatTemplate:
         return [tool_call_to_action(c.name, c.arguments, tools) for c in parse_hermes_tool_calls(reply)]
 
 
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+OPEN_CALL, CLOSE_CALL = "<tool_call>", "</tool_call>"
 
 
 def parse_hermes_tool_calls(text: str) -> list[ToolCall]:
     """Every `<tool_call>{"name": ..., "arguments": ...}</tool_call>` block of `text`, in order.
 
-    Raises `ToolCallError` when a block is not a JSON object with a string `name`, or a `<tool_call>` is never
-    closed.
+    Raises `ToolCallError` when a block is not a JSON object with a string `name` (too deep or too long a
+    number included), or a `<tool_call>` is never closed. One pass over the text, whatever it holds.
     """
-    calls = []
-    for block in _TOOL_CALL.findall(text):
+    calls, at = [], 0
+    while (start := text.find(OPEN_CALL, at)) >= 0:
+        end = text.find(CLOSE_CALL, start + len(OPEN_CALL))
+        if end < 0:
+            raise ToolCallError("a <tool_call> is not closed by </tool_call>")
+        block, at = text[start + len(OPEN_CALL) : end], end + len(CLOSE_CALL)
+        if OPEN_CALL in block:
+            raise ToolCallError("a <tool_call> is not closed by </tool_call>")
         try:
             payload = json.loads(block)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, the int digit limit, deep nesting
             raise ToolCallError(f"<tool_call> block is not valid JSON ({e}): {block.strip()[:200]!r}") from e
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             raise ToolCallError(
                 f'<tool_call> block must be a JSON object with a string "name": {block.strip()[:200]!r}'
             )
         calls.append(ToolCall(payload["name"], payload.get("arguments", {})))
-    if text.count("<tool_call>") != len(calls):
-        raise ToolCallError("a <tool_call> is not closed by </tool_call>")
     return calls
