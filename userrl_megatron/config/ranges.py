@@ -84,6 +84,7 @@ RANGES: dict[str, Rule] = {
     "gyms.intention.history_turns": NON_NEGATIVE,
     "gyms.search.max_search_steps": COUNT,
     "gyms.search.max_search_results": COUNT,
+    "gyms.search.judge_max_tokens": COUNT,
     "gyms.search.web_timeout_s": POSITIVE,
     "gyms.search.web_retries": NON_NEGATIVE,
     "gyms.travel.search_correct_reward": PROBABILITY,
