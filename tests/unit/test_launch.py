@@ -9,7 +9,13 @@ import pytest
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
 from userrl_megatron.rollout.engine import EngineError
 from userrl_megatron.rollout.launch import embedded_server_command, launch_server
-from userrl_megatron.rollout.sglang import sglang_command
+from userrl_megatron.rollout.sglang import (
+    SGLANG_VENV_PYTHON,
+    resolve_device,
+    sglang_command,
+    sglang_env,
+    sglang_python,
+)
 
 
 def test_sglang_command_defaults() -> None:
@@ -49,6 +55,35 @@ def test_sglang_command_tp_no_memory_saver_and_extra_args() -> None:
     ]  # fmt: skip
     with pytest.raises(ValueError, match=r"^tp_size must be >= 1, got 0$"):
         sglang_command(cfg, "/m", tp_size=0, port=1)
+
+
+def test_sglang_command_on_cpu() -> None:
+    cfg = SGLangConfig(max_total_tokens=16384, enable_weights_cpu_backup=True)
+    command = sglang_command(cfg, "/m", 1, 31000, "float32", python="py", device="cpu")
+    assert command == [
+        "py", "-m", "sglang.launch_server",
+        "--model-path", "/m",
+        "--host", "127.0.0.1",
+        "--port", "31000",
+        "--tp-size", "1",
+        "--dtype", "float32",
+        "--device", "cpu",
+        "--skip-server-warmup",
+        "--max-total-tokens", "16384",
+        "--enable-weights-cpu-backup",
+    ]  # fmt: skip
+    assert sglang_env("cpu") == {"SGLANG_USE_CPU_ENGINE": "1"} and sglang_env("cuda") == {}
+    assert resolve_device(SGLangConfig(), has_gpu=False) == "cpu"
+    assert resolve_device(SGLangConfig(), has_gpu=True) == "cuda"
+    with pytest.raises(ValueError, match=r"^rollout\.sglang\.device must be auto, cpu or cuda, got 'tpu'$"):
+        resolve_device(SGLangConfig(device="tpu"), has_gpu=False)
+
+
+def test_sglang_python_prefers_the_config_then_the_project_venv() -> None:
+    assert sglang_python(SGLangConfig(python="/opt/sglang/bin/python")) == "/opt/sglang/bin/python"
+    expected = str(SGLANG_VENV_PYTHON) if SGLANG_VENV_PYTHON.is_file() else sys.executable
+    assert sglang_python(SGLangConfig()) == expected
+    assert sglang_command(SGLangConfig(), "/m", 1, 1)[0] == expected
 
 
 def test_embedded_server_command() -> None:

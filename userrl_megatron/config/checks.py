@@ -16,6 +16,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "megatron.recompute": ("none", "selective", "full"),
     "megatron.lr_schedule": ("constant", "linear", "cosine"),
     "rollout.backend": ("embedded", "sglang"),
+    "rollout.sglang.device": ("auto", "cpu", "cuda"),
     "algo.adv_estimator": ("grpo", "grpo_multiturn"),
     "algo.turn_level": ("Equalized", "R2G", "EM"),
     "algo.trajectory_score": ("Sum", "R2G"),

@@ -55,15 +55,17 @@ class EngineServer:
     def start(self) -> str:
         """Launch the server and wait until it is healthy; returns its URL."""
         from userrl_megatron.rollout.launch import launch_embedded
-        from userrl_megatron.rollout.sglang import launch_sglang
+        from userrl_megatron.rollout.sglang import launch_sglang, resolve_device
 
         spec = self.launch
         port = spec.port or _free_port()
         log_path = Path(spec.log_path) if spec.log_path else None
         if spec.backend == "sglang":
             gpus = ray.get_gpu_ids()
+            device = resolve_device(spec.sglang, bool(gpus))
+            base_gpu = int(gpus[0]) if gpus else 0
             self.server = launch_sglang(
-                spec.sglang, spec.model_path, spec.tp, port, spec.dtype, int(gpus[0]) if gpus else 0, log_path
+                spec.sglang, spec.model_path, spec.tp, port, spec.dtype, base_gpu, log_path, device
             )
         else:
             self.server = launch_embedded(spec.model_path, spec.embedded, port, spec.dtype, log_path=log_path)

@@ -12,8 +12,8 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from userrl_megatron.types import EpisodeGroup, Task
 
 log = logging.getLogger(__name__)
 SYNC_GROUP = "userrl_sync"
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # what colocated engines release while the actor trains
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Components:
     version: int = 0  # the weight version the engines hold
     _generation: Any = field(default_factory=itertools.count)
     _stale: bool = False  # an engine was restarted: rebuild the groups before the next sync
+    _released: set[str] = field(default_factory=set)  # engine memory tags released and not resumed yet
 
     async def rollout(self, tasks: list[Task], n: int, temperature: float | None = None) -> list[EpisodeGroup]:
         sampling = self.runner.sampling(temperature)
@@ -47,7 +49,7 @@ class Components:
         returns to the GPU."""
         if self.cfg.rollout.colocate:
             await self.pool.pause()  # also stops health probes: a released engine holds generation
-            await self._each_engine(lambda c: c.release_memory())
+            await self._release_memory(MEMORY_TAGS)
             if self.cfg.megatron.offload:
                 await asyncio.to_thread(self.actors.call, "onload")
 
@@ -57,7 +59,7 @@ class Components:
         if self.cfg.rollout.colocate:
             if self.cfg.megatron.offload:
                 await asyncio.to_thread(self.actors.call, "offload")
-            await self._each_engine(lambda c: c.resume_memory())
+            await self._resume_memory(MEMORY_TAGS)
             await self.pool.resume()
 
     async def sync_weights(self, version: int) -> dict[str, float]:
@@ -72,7 +74,7 @@ class Components:
             await self.pool.pause()
         try:
             if colocated:
-                await self._each_engine(lambda c: c.resume_memory(["weights"]))
+                await self._resume_memory(["weights"])
             metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
             await self.pool.flush_cache()
         finally:
@@ -82,6 +84,20 @@ class Components:
         if self.cfg.sync.verify:
             metrics |= await self._verify()
         return metrics
+
+    async def _release_memory(self, tags: Sequence[str]) -> None:
+        """Release the tags not released yet; each release pairs with exactly one resume."""
+        todo = [t for t in tags if t not in self._released]
+        if todo:
+            await self._each_engine(lambda c: c.release_memory(todo))
+            self._released.update(todo)
+
+    async def _resume_memory(self, tags: Sequence[str]) -> None:
+        """Resume only released tags: SGLang 0.5.23's scheduler dies (KeyError) resuming a tag it holds."""
+        todo = [t for t in tags if t in self._released]
+        if todo:
+            await self._each_engine(lambda c: c.resume_memory(todo))
+            self._released.difference_update(todo)
 
     async def _each_engine(self, call: Any) -> None:
         await asyncio.gather(*(call(c) for c in self.pool.clients))
@@ -142,6 +158,15 @@ def _nested_sum(values: Any) -> float:
     return float(values)
 
 
+def _rollout_config(cfg: RootConfig) -> Any:
+    """The pool's config: colocated SGLang engines without weight sync must keep a CPU copy of their weights,
+    since nothing refills the weight memory they release while the actor trains."""
+    rollout = cfg.rollout
+    if rollout.colocate and not cfg.sync.enabled and not rollout.sglang.enable_weights_cpu_backup:
+        rollout = replace(rollout, sglang=replace(rollout.sglang, enable_weights_cpu_backup=True))
+    return rollout
+
+
 @contextlib.asynccontextmanager
 async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Components]:
     """Start every part of the run; tear everything down on exit (also after an error)."""
@@ -182,7 +207,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
 
             user_sim = UserSimulator(cfg.user_sim)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
-        pool = RolloutPool(cfg.rollout, str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
+        pool = RolloutPool(_rollout_config(cfg), str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
         parts = Components(cfg, actors, pool, runner, TaskStream(train_tasks, cfg.run.seed), eval_tasks, user_sim)
         pool.on_restart = parts.repair
         await pool.start()
