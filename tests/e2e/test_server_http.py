@@ -246,7 +246,25 @@ def test_memory_release_and_resume(server: ServerProcess) -> None:
     before = call(server, "/generate", body)[1]["output_ids"]
     assert call(server, "/release_memory_occupation", {"tags": ["kv_cache", "weights"]}) == (200, None)
     assert call(server, "/release_memory_occupation", {"tags": ["gpu"]})[0] == 400
-    assert call(server, "/resume_memory_occupation", {}) == (200, None)
+    assert call(server, "/release_memory_occupation", {"tags": ["weights"]}) == (
+        400,
+        {
+            "error": {
+                "message": "memory tags ['weights'] are already released; resume them before releasing them again "
+                "(SGLang 0.5.23 does not support releasing a tag twice)"
+            }
+        },
+    )
+    assert call(server, "/resume_memory_occupation", {}) == (
+        400,
+        {
+            "error": {
+                "message": "memory tags ['cuda_graph'] are not released; resume only released tags (SGLang 0.5.23's "
+                "scheduler dies with a KeyError on this call)"
+            }
+        },
+    )
+    assert call(server, "/resume_memory_occupation", {"tags": ["kv_cache", "weights"]}) == (200, None)
     assert call(server, "/generate", body)[1]["output_ids"] == before
 
 
