@@ -177,7 +177,7 @@ class AlgoConfig:
 class SyncConfig:
     enabled: bool = True  # push trained weights to the engines after each step (off = negative control)
     bucket_mb: int = 512  # bucket size of the broadcast
-    verify: bool = False  # compare a checksum of each engine's weights with the trainer's export after sync
+    verify: bool = False  # check every sync (engine weights read back vs the export); the first sync is always checked
 
 
 @dataclass

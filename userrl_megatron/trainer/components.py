@@ -39,6 +39,7 @@ class Components:
     _generation: Any = field(default_factory=itertools.count)
     _stale: bool = False  # an engine was restarted: rebuild the groups before the next sync
     _released: set[str] = field(default_factory=set)  # engine memory tags released and not resumed yet
+    _verified: bool = False  # a sync of this run was verified (read back from the engines)
 
     async def rollout(self, tasks: list[Task], n: int, temperature: float | None = None) -> list[EpisodeGroup]:
         sampling = self.runner.sampling(temperature)
@@ -72,17 +73,18 @@ class Components:
         colocated = self.cfg.rollout.colocate
         if not colocated:
             await self.pool.pause()
-        try:
-            if colocated:
-                await self._resume_memory(["weights"])
-            metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
-            await self.pool.flush_cache()
-        finally:
-            if not colocated:
-                await self.pool.resume()
+        if colocated:
+            await self._resume_memory(["weights"])
+        # A failed push (an engine refused: `WeightUpdateRefusedError` names it) may leave engines with partly
+        # overwritten weights: they stay paused rather than generate with them.
+        metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
+        await self.pool.flush_cache()
+        if not colocated:
+            await self.pool.resume()
         self.version = version
-        if self.cfg.sync.verify:
+        if self.cfg.sync.verify or not self._verified:  # the first sync of a run is always checked
             metrics |= await self._verify()
+            self._verified = True
         return metrics
 
     async def _release_memory(self, tags: Sequence[str]) -> None:
