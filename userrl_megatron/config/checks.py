@@ -17,6 +17,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "megatron.lr_schedule": ("constant", "linear", "cosine"),
     "rollout.backend": ("embedded", "sglang"),
     "rollout.sglang.device": ("auto", "cpu", "cuda"),
+    "rollout.router": ("none", "sglang"),
+    "rollout.router_policy": ("round_robin", "random", "cache_aware", "power_of_two"),
     "algo.adv_estimator": ("grpo", "grpo_multiturn"),
     "algo.turn_level": ("Equalized", "R2G", "EM"),
     "algo.trajectory_score": ("Sum", "R2G"),

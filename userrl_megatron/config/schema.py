@@ -113,6 +113,8 @@ class RolloutConfig:
     health_check_interval_s: float = 10.0  # seconds between the pool's engine health checks (0 disables)
     engine_max_restarts: int = 3  # restarts of one engine before the pool gives it up
     generate_failovers: int = 2  # times one generate request moves to another engine after its engine failed
+    router: str = "none"  # "none" (the pool routes, sticky per episode) or "sglang" (sglang-router, generation only)
+    router_policy: str = "round_robin"  # sglang-router policy: round_robin, random, cache_aware or power_of_two
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # SGLang server settings (backend: sglang)
     embedded: EmbeddedServerConfig = field(default_factory=EmbeddedServerConfig)  # embedded server (backend: embedded)
 

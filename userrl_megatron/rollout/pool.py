@@ -134,6 +134,8 @@ class RolloutPool:
         self._running = asyncio.Event()  # cleared while paused
         self._changed = asyncio.Condition()  # an engine became healthy or was dropped
         self._health_task: asyncio.Task | None = None
+        self.router: Any = None  # launch.ServerProcess of sglang-router (rollout.router: sglang)
+        self.router_client: SGLangClient | None = None  # generation goes through it when set
 
     # ---- lifecycle ----
 
@@ -147,6 +149,8 @@ class RolloutPool:
             raise
         for engine, url in zip(self.engines, urls, strict=True):
             engine.url, engine.client, engine.healthy = url, self._client(url), True
+        if self.cfg.router == "sglang":
+            await self._start_router(urls)
         self._running.set()
         if self.cfg.health_check_interval_s > 0:
             self._health_task = asyncio.create_task(self._health_loop())
@@ -167,6 +171,29 @@ class RolloutPool:
                 await engine.actor.stop.remote()
                 ray.kill(engine.actor)
         self.engines = []
+        if self.router_client is not None:
+            await self.router_client.close()
+            self.router_client = None
+        if self.router is not None:
+            self.router.stop()
+            self.router = None
+
+    async def _start_router(self, urls: list[str]) -> None:
+        """sglang-router in front of the engines: generation goes through it, control calls do not."""
+        from userrl_megatron.rollout.router import launch_router
+
+        log_path = self.log_dir / "router.log" if self.log_dir else None
+        self.router = await asyncio.to_thread(
+            launch_router, self.cfg.sglang, urls, _free_port(), _free_port(), self.cfg.router_policy, log_path
+        )
+        self.router_client = self._client(self.router.url)
+
+    async def _reroute(self, old_url: str, new_url: str) -> None:
+        """A restarted engine has a new URL: swap it in the router's worker list."""
+        from userrl_megatron.rollout.router import replace_worker
+
+        if self.router is not None:
+            await asyncio.to_thread(replace_worker, self.router.url, old_url, new_url)
 
     async def __aenter__(self) -> "RolloutPool":
         await self.start()
@@ -293,6 +320,8 @@ class RolloutPool:
                     url = await engine.actor.start.remote()
                 if engine.client is not None:
                     await engine.client.close()
+                if url != engine.url:
+                    await self._reroute(engine.url, url)
                 engine.url, engine.client, engine.epoch = url, self._client(url), engine.epoch + 1
                 if self.on_restart is not None:
                     await self.on_restart(engine.index, engine.client)
@@ -330,6 +359,8 @@ class EngineSession:
         self.history: list[int] = []  # engine index that served each generate
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+        if self.pool.router_client is not None:
+            return await self._generate_routed(input_ids, sampling)
         failovers = 0
         while True:
             await self.pool._running.wait()
@@ -353,6 +384,17 @@ class EngineSession:
                 continue  # aborted by a pause: generate the turn again after resume
             engine.served += 1
             self.history.append(engine.index)
+            return generation
+
+    async def _generate_routed(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+        """Through sglang-router (it picks the engine and retries); turns aborted by a pause are sent again."""
+        client = self.pool.router_client
+        assert client is not None
+        while True:
+            await self.pool._running.wait()
+            generation = await client.generate(input_ids, sampling)
+            if generation.finish_reason == "abort" and not self.pool._running.is_set():
+                continue
             return generation
 
 
