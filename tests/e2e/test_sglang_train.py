@@ -1,11 +1,13 @@
 """`userrl train` through the real SGLang server (configs/sglang_cpu.yaml): 2 GRPO steps of SmolLM2-135M on CPU,
 disaggregated and colocated, the weights pushed to SGLang and read back after every sync."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.tiny_run import REPO, train
+from tests.support.tiny_run import REPO, train_command
+from userrl_megatron.observability import read_metrics
 from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -22,7 +24,11 @@ def test_two_steps_through_sglang(tmp_path: Path, colocate: bool) -> None:
         f"run.name={name}",
         f"rollout.colocate={str(colocate).lower()}",
     ]  # fmt: skip
-    records = train(overrides, timeout_s=900)
+    log = tmp_path / f"{name}.log"
+    with open(log, "wb") as sink:
+        code = subprocess.run(train_command(overrides), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=900)
+    assert code.returncode == 0, "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+    records = read_metrics(tmp_path / name / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert [r["train/weight_version"] for r in records] == [0, 1]
     assert all(r["sync/verify_max_rel_diff"] <= 1e-6 for r in records)  # SGLang holds exactly the pushed weights

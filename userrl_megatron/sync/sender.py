@@ -18,6 +18,7 @@ Defences against what real SGLang 0.5.23 does (docs/engine.md, "Tested against S
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -35,6 +36,10 @@ from userrl_megatron.sync.group import destroy_custom_process_group, init_custom
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# SGLang 0.5.23's /get_weights_by_name turns the whole tensor into a Python list before truncating it (GBs for a
+# vocab-sized matrix of a real model): name checks and read-backs skip tensors above this size and look at a sample.
+READ_BACK_MAX_ELEMENTS = 2**24
+VOCAB_SIZED = ("embed_tokens", "lm_head", "word_embeddings", "output_layer")
 REFUSAL_GRACE_S = 30.0  # after a refusal, how long the other engines' replies to the same bucket are awaited
 CONTROL_TIMEOUT_S = 60.0  # deadline of the name checks and of the group teardown calls
 _ABANDONED: list[Any] = []  # groups with a broadcast nobody will finish: destroying them would block on it
@@ -218,11 +223,12 @@ class WeightSender:
         packer = _Packer(self._buffers[0])
         sent = buckets = 0
         failure: Exception | None = None
+        checked: set[str] = set()  # name patterns already looked up on the engines
         for name, tensor in clock.timed_iter(named_tensors, "export"):
             if failure is not None:
                 continue  # keep consuming the export: the stage's other ranks take part in its gathers
             try:
-                if not self._names_checked:
+                if not self._names_checked and _worth_checking(name, tensor, checked):
                     with clock("check_names"):
                         self._check_name(name)
                 if packer.entries and not packer.fits(tensor, bucket_bytes):
@@ -363,6 +369,32 @@ class WeightSender:
     def _all(self, fn: Callable[[Any], Awaitable[Any]]) -> None:
         for future in [self._loop.submit(fn(c)) for c in self._clients]:
             future.result()
+
+
+def name_pattern(name: str) -> str:
+    """`model.layers.17.mlp.up_proj.weight` -> `model.layers.N.mlp.up_proj.weight`."""
+    return re.sub(r"\.\d+\.", ".N.", name)
+
+
+def _worth_checking(name: str, tensor: torch.Tensor, checked: set[str]) -> bool:
+    """One lookup per name pattern (an export names every layer alike), small enough to read back cheaply; a
+    wrong name costs nothing to look up, a right one costs converting the tensor."""
+    pattern = name_pattern(name)
+    if pattern in checked or tensor.numel() > READ_BACK_MAX_ELEMENTS:
+        return False
+    checked.add(pattern)
+    return True
+
+
+def sample_names(names: Sequence[str]) -> list[str]:
+    """Tensors to read back after a sync: the first, middle and last of each name pattern, vocab-sized ones left
+    out (see READ_BACK_MAX_ELEMENTS)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        if not any(v in name for v in VOCAB_SIZED):
+            groups.setdefault(name_pattern(name), []).append(name)
+    picked = {g[i] for g in groups.values() for i in (0, len(g) // 2, -1)}
+    return [n for n in names if n in picked]
 
 
 async def _construct(factory: Callable[[str], Any], url: str) -> Any:
