@@ -116,3 +116,15 @@ def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path) -
     command = [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"]
     with pytest.raises(EngineError, match=r"not healthy after 1s; last log lines:\nloading"):
         launch_server(command, "http://127.0.0.1:9", timeout_s=1, log_path=tmp_path / "log")
+
+
+def test_watched_command_stops_when_its_launcher_is_gone() -> None:
+    import subprocess
+
+    from userrl_megatron.rollout.launch import watched
+
+    launcher = subprocess.Popen(["sleep", "1"])
+    server = subprocess.Popen(watched(["sleep", "600"], launcher.pid), start_new_session=True)
+    launcher.wait()  # gone (and reaped)
+    assert server.wait(timeout=60) == 128 + 15  # the server got SIGTERM from the watchdog, which reports it
+    assert watched(["x"], 7)[1:] == ["-m", "userrl_megatron.rollout.watchdog", "7", "--", "x"]

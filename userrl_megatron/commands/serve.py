@@ -84,7 +84,7 @@ def _serve_sglang(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: os.killpg(server.process.pid, signal.SIGTERM))
     code = server.process.wait()
     server.stop()  # whatever of its process group is left
-    return 0 if code in (0, -signal.SIGTERM) else 1
+    return 0 if code in (0, 128 + signal.SIGTERM, -signal.SIGTERM) else 1
 
 
 def _has_cuda() -> bool:

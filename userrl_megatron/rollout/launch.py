@@ -53,6 +53,12 @@ class ServerProcess:
             return ""
 
 
+def watched(command: list[str], parent_pid: int | None = None) -> list[str]:
+    """`command` run under `rollout/watchdog.py`: stopped when `parent_pid` (default: this process) is gone."""
+    parent = os.getpid() if parent_pid is None else parent_pid
+    return [sys.executable, "-m", "userrl_megatron.rollout.watchdog", str(parent), "--", *command]
+
+
 def connect_host(host: str) -> str:
     """The address to reach a server bound to `host` from this machine."""
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

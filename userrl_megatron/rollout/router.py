@@ -16,7 +16,7 @@ from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
 from userrl_megatron.rollout.engine import EngineError
-from userrl_megatron.rollout.launch import ServerProcess, launch_server
+from userrl_megatron.rollout.launch import ServerProcess, launch_server, watched
 from userrl_megatron.rollout.sglang import sglang_python
 
 ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")
@@ -53,7 +53,7 @@ def launch_router(
 ) -> ServerProcess:
     """Start the router and wait until it answers and lists every worker."""
     command = router_command(cfg, worker_urls, port, prometheus_port, policy)
-    router = launch_server(command, f"http://127.0.0.1:{port}", timeout_s, log_path, health_path="/health")
+    router = launch_server(watched(command), f"http://127.0.0.1:{port}", timeout_s, log_path, health_path="/health")
     deadline = time.monotonic() + timeout_s
     while len(list_workers(router.url)) < len(worker_urls):
         if not router.alive() or time.monotonic() >= deadline:

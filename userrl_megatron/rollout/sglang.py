@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
-from userrl_megatron.rollout.launch import ServerProcess, connect_host, launch_server
+from userrl_megatron.rollout.launch import ServerProcess, connect_host, launch_server, watched
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VENV_PYTHON = PROJECT_ROOT / ".venv-sglang" / "bin" / "python"
@@ -89,4 +89,4 @@ def launch_sglang(
     """Start one SGLang server and wait until `/health_generate` answers 200."""
     command = sglang_command(cfg, model_path, tp_size, port, dtype, base_gpu_id, served_model_name, device=device)
     url = f"http://{connect_host(cfg.host)}:{port}"
-    return launch_server(command, url, cfg.startup_timeout_s, log_path, env=sglang_env(device))
+    return launch_server(watched(command), url, cfg.startup_timeout_s, log_path, env=sglang_env(device))
