@@ -35,7 +35,7 @@ test: lint $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 # The inner loop: skip tests marked slow.
-test-fast: lint
+test-fast: lint $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
 
 quickstart: $(STAMP)
