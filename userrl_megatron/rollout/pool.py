@@ -234,6 +234,15 @@ class RolloutPool:
     async def flush_cache(self) -> None:
         await self._each(lambda c: c.flush_cache())
 
+    async def restart(self, urls: list[str], timeout_s: float) -> list[SGLangClient]:
+        """Restart the engines now at `urls` (e.g. they refused a weight update, so their weights may be corrupt)
+        and wait until every engine serves again or is given up; returns the restarted engines' clients."""
+        targets = [e for e in self.engines if e.url in urls and not e.dropped]
+        for engine in targets:
+            self._recover(engine)
+        await self.wait_ready(timeout_s)
+        return [e.client for e in targets if e.healthy and e.client is not None]
+
     async def check_health(self) -> list[bool]:
         """Probe every engine once; an engine that fails is restarted in the background."""
         return list(await asyncio.gather(*(self._probe(e) for e in self.engines)))

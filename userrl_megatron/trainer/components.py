@@ -75,9 +75,13 @@ class Components:
             await self.pool.pause()
         if colocated:
             await self._resume_memory(["weights"])
-        # A failed push (an engine refused: `WeightUpdateRefusedError` names it) may leave engines with partly
-        # overwritten weights: they stay paused rather than generate with them.
-        metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
+        try:
+            metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
+        except Exception as e:  # any other failure ends the run with the engines still paused
+            refused = getattr(getattr(e, "cause", e), "urls", None)
+            if not refused:
+                raise
+            metrics = await self._replace_refusing(refused, version)
         await self.pool.flush_cache()
         if not colocated:
             await self.pool.resume()
@@ -86,6 +90,17 @@ class Components:
             metrics |= await self._verify()
             self._verified = True
         return metrics
+
+    async def _replace_refusing(self, urls: list[str], version: int) -> dict[str, float]:
+        """Engines that refused an update may hold partly overwritten weights (SGLang loads tensor by tensor):
+        restart them (the pool's recovery, which runs `repair`), then push this version to every engine again
+        over fresh groups, since the others may hold only part of it."""
+        log.error("weight sync: engines %s refused the update; restarting them and pushing again", urls)
+        fresh = await self.pool.restart(urls, self.cfg.rollout.sglang.startup_timeout_s)
+        if self._released:  # colocated: a fresh engine holds all its memory; match the others' state
+            await asyncio.gather(*(c.release_memory(sorted(self._released)) for c in fresh))
+        await self._reconnect()
+        return await asyncio.to_thread(self.actors.push_weights, self.groups, version)
 
     async def _release_memory(self, tags: Sequence[str]) -> None:
         """Release the tags not released yet; each release pairs with exactly one resume."""
