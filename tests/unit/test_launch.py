@@ -128,3 +128,12 @@ def test_watched_command_stops_when_its_launcher_is_gone() -> None:
     launcher.wait()  # gone (and reaped)
     assert server.wait(timeout=60) == 128 + 15  # the server got SIGTERM from the watchdog, which reports it
     assert watched(["x"], 7)[1:] == ["-m", "userrl_megatron.rollout.watchdog", "7", "--", "x"]
+
+
+def test_serve_sglang_reports_a_server_that_does_not_start(tmp_path: Path) -> None:
+    import subprocess
+
+    command = [sys.executable, "-m", "userrl_megatron", "serve", "--backend", "sglang", "--model", str(tmp_path)]
+    out = subprocess.run([*command, "--sglang-python", "/bin/false"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.startswith("userrl: error: SGLang did not start: engine server exited with code 1 before")
