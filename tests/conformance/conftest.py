@@ -1,7 +1,8 @@
-"""One engine per backend for the whole test session: the embedded server and the real SGLang 0.5.23 server
+"""One engine per backend for the tests of this folder: the embedded server and the real SGLang 0.5.23 server
 (from .venv-sglang, `make sglang`), both serving SmolLM2-135M-Instruct in float32 on CPU through the launch path
-the rollout pool uses. Every test in this folder runs against both; SGLang start-up costs 30-100 s here, so its
-server is started once and every test leaves it with the original weights and nothing released."""
+the rollout pool uses. Every test here runs against both. SGLang start-up costs 30-100 s on 2 cores, so each
+server lives for the whole folder (package scope: it is stopped before the tests of other folders run, which
+need the memory), and every test leaves it with the original weights and nothing released."""
 
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,18 +35,18 @@ class Engine:
         return self.server.url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def smol_dir() -> Path:
     return resolve_model("smollm2-135m-instruct")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def hf(smol_dir: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(smol_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(
-    scope="session",
+    scope="package",
     params=[pytest.param("embedded"), pytest.param("sglang", marks=pytest.mark.slow)],
 )
 def engine(
