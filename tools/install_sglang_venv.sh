@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or update .venv-sglang, the real SGLang server's own interpreter (the trainer's venv cannot hold sglang:
 # it pins a CUDA-only torch). Idempotent; the Makefile calls it only when an input changed.
-#   1. the CPU torch 2.13.0 (or the CUDA torch of the base interpreter on a GPU node);
+#   1. torch: kept when the venv already has one, else the CPU 2.13.0 wheel (preinstalled on these machines);
 #   2. sglang, sglang-router, torchvision, triton without their declared dependencies (requirements/sglang-nodeps.txt);
 #   3. the runtime packages SGLang needs, pinned, under a constraints file holding that exact torch;
 #   4. this project's CPU compatibility code (tools/sglang_cpu/), put on the venv's path by a .pth file.
