@@ -169,6 +169,9 @@ def test_control_errors(server: ServerProcess) -> None:
         {"error": {"message": "Get parameter by name failed"}},
     )
     assert call(server, "/pause_generation", {"mode": "sometimes"})[0] == 400
+    for path in ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/begin_weight_update"):
+        status, out = call(server, path)  # no body: SGLang 0.5.23 requires one
+        assert status == 400 and out["message"] == "1 validation error:\n  body: Field required", path
 
 
 def test_health_info_pause_flush(server: ServerProcess, hf_a: torch.nn.Module) -> None:

@@ -247,7 +247,7 @@ async def flush_cache(request: web.Request) -> web.Response:
 
 
 async def pause_generation(request: web.Request) -> web.Response:
-    body = fields(await read_json(request, required=False), {"mode": (str, "abort")})
+    body = fields(await read_json(request), {"mode": (str, "abort")})
     if body["mode"] not in PAUSE_MODES:
         raise BadRequestError(
             f"1 validation error:\n  body.mode: Input should be 'abort', 'retract' or 'in_place', got {body['mode']!r}"
@@ -257,7 +257,7 @@ async def pause_generation(request: web.Request) -> web.Response:
 
 
 async def continue_generation(request: web.Request) -> web.Response:
-    fields(await read_json(request, required=False), {"torch_empty_cache": (bool, True)})
+    fields(await read_json(request), {"torch_empty_cache": (bool, True)})
     await request.app[CORE_KEY].continue_generation()
     return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
@@ -286,12 +286,12 @@ async def destroy_weights_update_group(request: web.Request) -> web.Response:
 
 
 async def begin_weight_update(request: web.Request) -> web.Response:
-    body = fields(await read_json(request, required=False), {"selector": (str, "all")})
+    body = fields(await read_json(request), {"selector": (str, "all")})
     return success_message(*await request.app[CORE_KEY].begin_weight_update(body["selector"]))
 
 
 async def end_weight_update(request: web.Request) -> web.Response:
-    await read_json(request, required=False)
+    await read_json(request)
     return success_message(*await request.app[CORE_KEY].end_weight_update())
 
 
@@ -417,7 +417,7 @@ async def resume_memory_occupation(request: web.Request) -> web.Response:
 
 
 async def _memory(request: web.Request, operation: Callable) -> web.Response:
-    body = fields(await read_json(request, required=False), {"tags": (list, None)})
+    body = fields(await read_json(request), {"tags": (list, None)})
     try:
         await operation(body["tags"])
     except Exception as e:
