@@ -4,14 +4,23 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The real SGLang server's own interpreter (its wheel pins a CUDA-only torch, so it cannot share .venv).
+SGLANG_VENV ?= .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: install test test-fast lint format quickstart clean
+.PHONY: install sglang test test-fast lint format quickstart clean
 
-$(STAMP): setup.py requirements/*.txt tools/install_venv.sh
+$(STAMP): setup.py requirements/runtime.txt requirements/dev.txt requirements/models.txt tools/install_venv.sh
 	bash tools/install_venv.sh $(VENV)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(SGLANG_STAMP): requirements/sglang-cpu.txt requirements/sglang-nodeps.txt tools/install_sglang_venv.sh
+	bash tools/install_sglang_venv.sh $(SGLANG_VENV)
+	touch $(SGLANG_STAMP)
+
+sglang: $(SGLANG_STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -21,16 +30,16 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The CI command: lint, then every test that does not need a GPU.
-test: lint
+# The CI command: lint, then every test that does not need a GPU (the conformance suite also runs real SGLang).
+test: lint $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 # The inner loop: skip tests marked slow.
-test-fast: lint
+test-fast: lint $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
 
 quickstart: $(STAMP)
 	$(PY) -m userrl_megatron train --config configs/quickstart.yaml
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SGLANG_VENV) runs .pytest_cache .ruff_cache

@@ -169,6 +169,9 @@ def test_control_errors(server: ServerProcess) -> None:
         {"error": {"message": "Get parameter by name failed"}},
     )
     assert call(server, "/pause_generation", {"mode": "sometimes"})[0] == 400
+    for path in ("/pause_generation", "/continue_generation", "/release_memory_occupation", "/begin_weight_update"):
+        status, out = call(server, path)  # no body: SGLang 0.5.23 requires one
+        assert status == 400 and out["message"] == "1 validation error:\n  body: Field required", path
 
 
 def test_health_info_pause_flush(server: ServerProcess, hf_a: torch.nn.Module) -> None:
@@ -246,7 +249,25 @@ def test_memory_release_and_resume(server: ServerProcess) -> None:
     before = call(server, "/generate", body)[1]["output_ids"]
     assert call(server, "/release_memory_occupation", {"tags": ["kv_cache", "weights"]}) == (200, None)
     assert call(server, "/release_memory_occupation", {"tags": ["gpu"]})[0] == 400
-    assert call(server, "/resume_memory_occupation", {}) == (200, None)
+    assert call(server, "/release_memory_occupation", {"tags": ["weights"]}) == (
+        400,
+        {
+            "error": {
+                "message": "memory tags ['weights'] are already released; resume them before releasing them again "
+                "(SGLang 0.5.23 does not support releasing a tag twice)"
+            }
+        },
+    )
+    assert call(server, "/resume_memory_occupation", {}) == (
+        400,
+        {
+            "error": {
+                "message": "memory tags ['cuda_graph'] are not released; resume only released tags (SGLang 0.5.23's "
+                "scheduler dies with a KeyError on this call)"
+            }
+        },
+    )
+    assert call(server, "/resume_memory_occupation", {"tags": ["kv_cache", "weights"]}) == (200, None)
     assert call(server, "/generate", body)[1]["output_ids"] == before
 
 
@@ -319,3 +340,56 @@ def test_server_exits_when_its_launcher_dies(models: tuple[Path, Path]) -> None:
         time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)
     pytest.fail("the orphaned server kept running")
+
+
+def test_load_completions_and_weight_updates_from_tensor_and_disk(
+    server: ServerProcess, models: tuple[Path, Path], hf_a: torch.nn.Module
+) -> None:
+    import base64
+    import pickle
+
+    assert call(server, "/get_load", method="GET") == (
+        200,
+        [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}],
+    )
+    status, out = call(
+        server,
+        "/v1/completions",
+        {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "return_token_ids": True},
+    )
+    assert status == 200 and out["object"] == "text_completion"
+    assert out["choices"][0]["token_ids"] == hf_greedy(hf_a, [5, 6, 7], 4)
+    assert out["choices"][0]["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 4
+    assert call(server, "/v1/completions", {"prompt": [1], "max_tokens": 0})[1]["message"] == (
+        "max_tokens must be a positive integer, got 0."
+    )
+
+    norm = hf_a.model.norm.weight.detach()
+    payload = base64.b64encode(pickle.dumps([("model.norm.weight", norm * 2)])).decode()
+    body = {"serialized_named_tensors": [payload], "weight_version": "t1"}
+    assert call(server, "/update_weights_from_tensor", body) == (
+        400,
+        {
+            "success": False,
+            "message": "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",
+        },
+    )
+    assert call(server, "/begin_weight_update", {})[0] == 200
+    assert call(server, "/update_weights_from_tensor", body) == (
+        200,
+        {"success": True, "message": "Succeeded to update parameter online."},
+    )
+    assert call(server, "/end_weight_update", {})[0] == 200
+    rows = call(server, "/get_weights_by_name", {"name": "model.norm.weight", "truncate_size": 4})[1]
+    assert torch.equal(torch.tensor(rows), (norm * 2)[:4])
+
+    hf_b = AutoModelForCausalLM.from_pretrained(models[1], dtype=torch.float32).eval()
+    status, out = call(server, "/update_weights_from_disk", {"model_path": str(models[1]), "weight_version": "b"})
+    assert (status, out["success"], out["num_paused_requests"]) == (200, True, 0)
+    body = {"input_ids": [7, 8, 9], "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+    assert call(server, "/generate", body)[1]["output_ids"] == hf_greedy(hf_b, [7, 8, 9], 6)
+    status, out = call(server, "/update_weights_from_disk", {"model_path": "/nonexistent"})
+    assert status == 400 and out["message"].startswith("Failed to get weights iterator: no *.safetensors files")
+    restore = {"model_path": str(models[0]), "weight_version": "default"}
+    assert call(server, "/update_weights_from_disk", restore)[0] == 200
+    assert call(server, "/generate", body)[1]["output_ids"] == hf_greedy(hf_a, [7, 8, 9], 6)

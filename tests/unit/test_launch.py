@@ -9,7 +9,13 @@ import pytest
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
 from userrl_megatron.rollout.engine import EngineError
 from userrl_megatron.rollout.launch import embedded_server_command, launch_server
-from userrl_megatron.rollout.sglang import sglang_command
+from userrl_megatron.rollout.sglang import (
+    SGLANG_VENV_PYTHON,
+    resolve_device,
+    sglang_command,
+    sglang_env,
+    sglang_python,
+)
 
 
 def test_sglang_command_defaults() -> None:
@@ -51,6 +57,35 @@ def test_sglang_command_tp_no_memory_saver_and_extra_args() -> None:
         sglang_command(cfg, "/m", tp_size=0, port=1)
 
 
+def test_sglang_command_on_cpu() -> None:
+    cfg = SGLangConfig(max_total_tokens=16384, enable_weights_cpu_backup=True)
+    command = sglang_command(cfg, "/m", 1, 31000, "float32", python="py", device="cpu")
+    assert command == [
+        "py", "-m", "sglang.launch_server",
+        "--model-path", "/m",
+        "--host", "127.0.0.1",
+        "--port", "31000",
+        "--tp-size", "1",
+        "--dtype", "float32",
+        "--device", "cpu",
+        "--skip-server-warmup",
+        "--max-total-tokens", "16384",
+        "--enable-weights-cpu-backup",
+    ]  # fmt: skip
+    assert sglang_env("cpu") == {"SGLANG_USE_CPU_ENGINE": "1"} and sglang_env("cuda") == {}
+    assert resolve_device(SGLangConfig(), has_gpu=False) == "cpu"
+    assert resolve_device(SGLangConfig(), has_gpu=True) == "cuda"
+    with pytest.raises(ValueError, match=r"^rollout\.sglang\.device must be auto, cpu or cuda, got 'tpu'$"):
+        resolve_device(SGLangConfig(device="tpu"), has_gpu=False)
+
+
+def test_sglang_python_prefers_the_config_then_the_project_venv() -> None:
+    assert sglang_python(SGLangConfig(python="/opt/sglang/bin/python")) == "/opt/sglang/bin/python"
+    expected = str(SGLANG_VENV_PYTHON) if SGLANG_VENV_PYTHON.is_file() else sys.executable
+    assert sglang_python(SGLangConfig()) == expected
+    assert sglang_command(SGLangConfig(), "/m", 1, 1)[0] == expected
+
+
 def test_embedded_server_command() -> None:
     cfg = EmbeddedServerConfig(device="cpu", max_running_requests=32, prefix_cache_tokens=0)
     assert embedded_server_command("/m", cfg, 31000, "bfloat16", "policy", python="py", parent_pid=42) == [
@@ -81,3 +116,24 @@ def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path) -
     command = [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"]
     with pytest.raises(EngineError, match=r"not healthy after 1s; last log lines:\nloading"):
         launch_server(command, "http://127.0.0.1:9", timeout_s=1, log_path=tmp_path / "log")
+
+
+def test_watched_command_stops_when_its_launcher_is_gone() -> None:
+    import subprocess
+
+    from userrl_megatron.rollout.launch import watched
+
+    launcher = subprocess.Popen(["sleep", "1"])
+    server = subprocess.Popen(watched(["sleep", "600"], launcher.pid), start_new_session=True)
+    launcher.wait()  # gone (and reaped)
+    assert server.wait(timeout=60) == 128 + 15  # the server got SIGTERM from the watchdog, which reports it
+    assert watched(["x"], 7)[1:] == ["-m", "userrl_megatron.rollout.watchdog", "7", "--", "x"]
+
+
+def test_serve_sglang_reports_a_server_that_does_not_start(tmp_path: Path) -> None:
+    import subprocess
+
+    command = [sys.executable, "-m", "userrl_megatron", "serve", "--backend", "sglang", "--model", str(tmp_path)]
+    out = subprocess.run([*command, "--sglang-python", "/bin/false"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.startswith("userrl: error: SGLang did not start: engine server exited with code 1 before")

@@ -1,10 +1,13 @@
-"""`userrl serve --model DIR`: the embedded engine server (SGLang native API + OpenAI chat) on CPU or one GPU."""
+"""`userrl serve --model DIR`: the embedded engine server (SGLang native API + OpenAI chat) on CPU or one GPU;
+`--backend sglang` starts the real SGLang server instead, through the launch path the rollout pool uses."""
 
 import argparse
 import asyncio
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.backend == "sglang":
+        return _serve_sglang(args)
     import logging
     import signal
     from dataclasses import replace
@@ -32,7 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = replace(EmbeddedServerConfig(), **{k: v for k, v in overrides.items() if v is not None})
     port = args.port if args.port is not None else cfg.base_port
     path = str(resolve_model(args.model))
-    core = EngineCore(path, cfg, args.dtype, args.served_model_name or args.model, args.weight_version)
+    core = EngineCore(path, cfg, args.dtype or "float32", args.served_model_name or args.model, args.weight_version)
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -51,6 +54,46 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         core.shutdown()
     return 0
+
+
+def _serve_sglang(args: argparse.Namespace) -> int:
+    """Run `python -m sglang.launch_server` (rollout.sglang defaults) until it exits or this process is stopped."""
+    import os
+    import signal
+    from dataclasses import replace
+
+    from userrl_megatron.config.schema import SGLangConfig
+    from userrl_megatron.errors import UserError
+    from userrl_megatron.model_store import resolve_model
+    from userrl_megatron.rollout.engine import EngineError
+    from userrl_megatron.rollout.sglang import launch_sglang
+
+    cfg = SGLangConfig()
+    overrides = {"host": args.host, "python": args.sglang_python, "max_total_tokens": args.max_total_tokens}
+    cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    want = args.device or "auto"
+    device = "cuda" if want.startswith("cuda") or (want == "auto" and _has_cuda()) else "cpu"
+    port = args.port if args.port is not None else cfg.base_port
+    dtype = "auto" if args.dtype is None else args.dtype
+    try:
+        server = launch_sglang(
+            cfg, str(resolve_model(args.model)), 1, port, dtype, device=device,
+            served_model_name=args.served_model_name,
+        )  # fmt: skip
+    except EngineError as e:
+        raise UserError(f"SGLang did not start: {e}") from e
+    print(f"serving {args.model} with SGLang at {server.url} (log: {server.log_path})", flush=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # pass the stop on; SGLang then shuts its schedulers down
+        signal.signal(sig, lambda *_: os.killpg(server.process.pid, signal.SIGTERM))
+    code = server.process.wait()
+    server.stop()  # whatever of its process group is left
+    return 0 if code in (0, 128 + signal.SIGTERM, -signal.SIGTERM) else 1
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 async def _watch_parent(pid: int, stop: asyncio.Event) -> None:
@@ -72,7 +115,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add `serve`; unset options take their defaults from `rollout.embedded` (EmbeddedServerConfig)."""
     p = sub.add_parser("serve", help="run the embedded engine server (SGLang native API + OpenAI chat)")
     p.add_argument("--model", required=True, help="HF model directory or embedded model name")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--backend", default="embedded", choices=("embedded", "sglang"), help="which server to run")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default float32 (SGLang: auto)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default rollout.embedded.base_port)")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
@@ -85,5 +129,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model-name", default="", help="name /v1/models reports (default: --model)")
     p.add_argument("--weight-version", default="default", help="starting weight-version label")
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone (set by the launcher)")
+    p.add_argument("--sglang-python", help="SGLang's interpreter (default rollout.sglang.python)")
+    p.add_argument("--max-total-tokens", type=int, help="SGLang KV-cache size in tokens")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.set_defaults(handler=_serve)

@@ -73,6 +73,10 @@ class SGLangConfig:
     extra_args: list[str] = field(default_factory=list)  # extra `sglang.launch_server` arguments, passed verbatim
     host: str = "127.0.0.1"  # bind address of the SGLang servers (0.0.0.0 to reach them from other nodes)
     startup_timeout_s: float = 900.0  # how long to wait for a launched server's /health_generate to answer 200
+    python: str = ""  # interpreter of sglang.launch_server; "" = .venv-sglang/bin/python if present, else this one
+    device: str = "auto"  # "auto" (cuda when the engine was given a GPU, else cpu), "cpu" or "cuda"
+    max_total_tokens: int = 0  # KV-cache size in tokens (0 = SGLang sizes it from memory; set it on CPU)
+    enable_weights_cpu_backup: bool = False  # keep weights across memory release (forced on: colocated with sync off)
 
 
 @dataclass
@@ -114,6 +118,8 @@ class RolloutConfig:
     generate_failovers: int = 2  # times one generate request moves to another engine after its engine failed
     max_infra_failure_rate: float = 0.5  # a step with more episodes lost to engine/simulator failures is not trained
     max_infra_failed_steps: int = 3  # that many such steps in a row stop the run (the infrastructure is down)
+    router: str = "none"  # "none" (the pool routes, sticky per episode) or "sglang" (sglang-router, generation only)
+    router_policy: str = "round_robin"  # sglang-router policy: round_robin, random, cache_aware or power_of_two
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # SGLang server settings (backend: sglang)
     embedded: EmbeddedServerConfig = field(default_factory=EmbeddedServerConfig)  # embedded server (backend: embedded)
 
@@ -178,7 +184,7 @@ class AlgoConfig:
 class SyncConfig:
     enabled: bool = True  # push trained weights to the engines after each step (off = negative control)
     bucket_mb: int = 512  # bucket size of the broadcast
-    verify: bool = False  # compare a checksum of each engine's weights with the trainer's export after sync
+    verify: bool = False  # check every sync (engine weights read back vs the export); the first sync is always checked
 
 
 @dataclass

@@ -53,6 +53,12 @@ class ServerProcess:
             return ""
 
 
+def watched(command: list[str], parent_pid: int | None = None) -> list[str]:
+    """`command` run under `rollout/watchdog.py`: stopped when `parent_pid` (default: this process) is gone."""
+    parent = os.getpid() if parent_pid is None else parent_pid
+    return [sys.executable, "-m", "userrl_megatron.rollout.watchdog", str(parent), "--", *command]
+
+
 def connect_host(host: str) -> str:
     """The address to reach a server bound to `host` from this machine."""
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -64,6 +70,7 @@ def launch_server(
     timeout_s: float,
     log_path: Path | None = None,
     env: dict[str, str] | None = None,
+    health_path: str = HEALTH_PATH,
 ) -> ServerProcess:
     """Run `command` (stdout and stderr to `log_path`) and block until `url` is healthy.
 
@@ -84,15 +91,15 @@ def launch_server(
         )
     server = ServerProcess(process, url.rstrip("/"), log_path)
     try:
-        wait_healthy(server, timeout_s)
+        wait_healthy(server, timeout_s, health_path=health_path)
     except BaseException:
         server.stop(timeout_s=10)
         raise
     return server
 
 
-def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.5) -> None:
-    """Poll `GET {url}/health_generate` until 200; fail fast if the process dies."""
+def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.5, health_path: str = HEALTH_PATH) -> None:
+    """Poll `GET {url}{health_path}` until 200; fail fast if the process dies."""
     deadline = time.monotonic() + timeout_s
     while True:
         if not server.alive():
@@ -100,7 +107,7 @@ def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.5) -
                 f"engine server exited with code {server.process.returncode} before becoming healthy "
                 f"({server.url}); last log lines:\n{server.log_tail()}"
             )
-        if probe(server.url + HEALTH_PATH, timeout_s=max(poll_s, 5.0)):
+        if probe(server.url + health_path, timeout_s=max(poll_s, 5.0)):
             return
         if time.monotonic() >= deadline:
             raise EngineError(

@@ -60,15 +60,17 @@ class EngineServer:
     def start(self) -> str:
         """Launch the server and wait until it is healthy; returns its URL."""
         from userrl_megatron.rollout.launch import launch_embedded
-        from userrl_megatron.rollout.sglang import launch_sglang
+        from userrl_megatron.rollout.sglang import launch_sglang, resolve_device
 
         spec = self.launch
         port = spec.port or _free_port()
         log_path = Path(spec.log_path) if spec.log_path else None
         if spec.backend == "sglang":
             gpus = ray.get_gpu_ids()
+            device = resolve_device(spec.sglang, bool(gpus))
+            base_gpu = int(gpus[0]) if gpus else 0
             self.server = launch_sglang(
-                spec.sglang, spec.model_path, spec.tp, port, spec.dtype, int(gpus[0]) if gpus else 0, log_path
+                spec.sglang, spec.model_path, spec.tp, port, spec.dtype, base_gpu, log_path, device
             )
         else:
             self.server = launch_embedded(spec.model_path, spec.embedded, port, spec.dtype, log_path=log_path)
@@ -139,6 +141,8 @@ class RolloutPool:
         self._running = asyncio.Event()  # cleared while paused
         self._changed = asyncio.Condition()  # an engine became healthy or was dropped
         self._health_task: asyncio.Task | None = None
+        self.router: Any = None  # launch.ServerProcess of sglang-router (rollout.router: sglang)
+        self.router_client: SGLangClient | None = None  # generation goes through it when set
 
     # ---- lifecycle ----
 
@@ -153,6 +157,8 @@ class RolloutPool:
         for engine, url in zip(self.engines, urls, strict=True):
             engine.url, engine.client, engine.healthy = url, self._client(url), True
             engine.progress_at = time.monotonic()
+        if self.cfg.router == "sglang":
+            await self._start_router(urls)
         self._running.set()
         if self.cfg.health_check_interval_s > 0:
             self._health_task = asyncio.create_task(self._health_loop())
@@ -173,6 +179,29 @@ class RolloutPool:
                 await engine.actor.stop.remote()
                 ray.kill(engine.actor)
         self.engines = []
+        if self.router_client is not None:
+            await self.router_client.close()
+            self.router_client = None
+        if self.router is not None:
+            self.router.stop()
+            self.router = None
+
+    async def _start_router(self, urls: list[str]) -> None:
+        """sglang-router in front of the engines: generation goes through it, control calls do not."""
+        from userrl_megatron.rollout.router import launch_router
+
+        log_path = self.log_dir / "router.log" if self.log_dir else None
+        self.router = await asyncio.to_thread(
+            launch_router, self.cfg.sglang, urls, _free_port(), _free_port(), self.cfg.router_policy, log_path
+        )
+        self.router_client = self._client(self.router.url)
+
+    async def _reroute(self, old_url: str, new_url: str) -> None:
+        """A restarted engine has a new URL: swap it in the router's worker list."""
+        from userrl_megatron.rollout.router import replace_worker
+
+        if self.router is not None:
+            await asyncio.to_thread(replace_worker, self.router.url, old_url, new_url)
 
     async def __aenter__(self) -> "RolloutPool":
         await self.start()
@@ -229,6 +258,15 @@ class RolloutPool:
         await self.wait_ready(timeout_s)
         if self.exhausted:
             raise EngineError("every engine of the rollout pool failed and was given up")
+
+    async def restart(self, urls: list[str], timeout_s: float) -> list[SGLangClient]:
+        """Restart the engines now at `urls` (e.g. they refused a weight update, so their weights may be corrupt)
+        and wait until every engine serves again or is given up; returns the restarted engines' clients."""
+        targets = [e for e in self.engines if e.url in urls and not e.dropped]
+        for engine in targets:
+            self._recover(engine, "it refused a weight update (its weights may be partly overwritten)")
+        await self.wait_ready(timeout_s)
+        return [e.client for e in targets if e.healthy and e.client is not None]
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Wait until every engine that is not given up is healthy (e.g. after restarts)."""
@@ -336,6 +374,8 @@ class RolloutPool:
                     url = await engine.actor.start.remote()
                 if engine.client is not None:
                     await engine.client.close()
+                if url != engine.url:
+                    await self._reroute(engine.url, url)
                 engine.url, engine.client, engine.epoch = url, self._client(url), engine.epoch + 1
                 engine.progress_at = time.monotonic()
                 if self.on_restart is not None:
@@ -376,6 +416,8 @@ class EngineSession:
         self.history: list[int] = []  # engine index that served each generate
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+        if self.pool.router_client is not None:
+            return await self._generate_routed(input_ids, sampling)
         failovers = 0
         while True:
             await self.pool._running.wait()
@@ -401,6 +443,17 @@ class EngineSession:
             engine.served += 1
             engine.restarts = 0  # it serves again: a later failure starts a fresh count of restarts
             self.history.append(engine.index)
+            return generation
+
+    async def _generate_routed(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+        """Through sglang-router (it picks the engine and retries); turns aborted by a pause are sent again."""
+        client = self.pool.router_client
+        assert client is not None
+        while True:
+            await self.pool._running.wait()
+            generation = await client.generate(input_ids, sampling)
+            if generation.finish_reason == "abort" and not self.pool._running.is_set():
+                continue
             return generation
 
 

@@ -4,15 +4,26 @@ The source rank of a pipeline stage joins a dedicated process group as rank 0 to
 (created once with `init_weights_update_group`), packs the stage's HF-named tensors into buckets of
 `sync.bucket_mb`, and for each bucket posts `update_weights_from_distributed` to every engine while it
 broadcasts the flat bucket. One bucket is in flight at a time. Engines are paused and flushed by the caller.
+
+Defences against what real SGLang 0.5.23 does (docs/engine.md, "Tested against SGLang"):
+- it accepts a tensor name its model does not have, reports success and loads nothing: before the first push
+  every name is looked up on every engine (`/get_weights_by_name`), and an unknown one fails the push;
+- it answers a refused update (no session, unknown group, wrong shape) with 400, possibly after overwriting part
+  of the weights, and a refused bucket's broadcast would then wait for the group timeout (30 min): the replies
+  are read while the broadcast runs and the push is abandoned at the first refusal (`WeightUpdateRefusedError`, naming
+  the engines; their weights must be considered corrupt);
+- a group name stays taken on the engine until destroyed: `close()` destroys it there too.
 """
 
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,6 +36,29 @@ from userrl_megatron.sync.group import destroy_custom_process_group, init_custom
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# SGLang 0.5.23's /get_weights_by_name turns the whole tensor into a Python list before truncating it (GBs for a
+# vocab-sized matrix of a real model): name checks and read-backs skip tensors above this size and look at a sample.
+READ_BACK_MAX_ELEMENTS = 2**24
+VOCAB_SIZED = ("embed_tokens", "lm_head", "word_embeddings", "output_layer")
+REFUSAL_GRACE_S = 30.0  # after a refusal, how long the other engines' replies to the same bucket are awaited
+CONTROL_TIMEOUT_S = 60.0  # deadline of the name checks and of the group teardown calls
+_ABANDONED: list[Any] = []  # groups with a broadcast nobody will finish: destroying them would block on it
+
+
+class WeightUpdateRefusedError(RuntimeError):
+    """One or more engines refused a weight update; their weights may be partly overwritten (SGLang loads tensor
+    by tensor), so those engines must not generate again before they hold a complete set of weights."""
+
+    def __init__(self, message: str, urls: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.urls = list(urls)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keeps `urls` across Ray's pickling
+        return (type(self), (str(self), self.urls))
+
+
+class UnknownWeightNameError(ValueError):
+    """A pushed tensor name the engine's model does not have (SGLang would accept it and load nothing)."""
 
 
 @dataclass
@@ -37,10 +71,11 @@ class EngineEndpoint:
 
 @dataclass
 class _InFlight:
-    """A bucket on its way: the broadcast's work handle and the engines' pending HTTP replies."""
+    """A bucket on its way: the broadcast's work handle and the engines' pending HTTP replies (engine order)."""
 
     work: Any
     replies: list[Future]
+    names: list[str]
 
 
 class _Packer:
@@ -146,6 +181,8 @@ class WeightSender:
         self._group: dist.ProcessGroup | None = None
         device = "cuda" if backend == "nccl" else "cpu"  # NCCL broadcasts device memory, gloo host memory
         self._buffers = (FlatBuffer(device), FlatBuffer(device))  # double-buffered flat buckets, reused
+        self._names_checked = False  # every name was found on every engine (done during the first push)
+        self._broken = False  # a broadcast was abandoned: the group can carry nothing more
 
     @property
     def world_size(self) -> int:
@@ -178,23 +215,43 @@ class WeightSender:
         bucket in flight)."""
         if self._group is None:
             raise RuntimeError("WeightSender.connect() must run before push()")
+        if self._broken:
+            raise RuntimeError(f"weight-sync group {self.group_name} was abandoned after a refusal; reconnect")
         clock, bucket_bytes = _Clock(), self.cfg.bucket_mb * 1024 * 1024
         self._all(lambda c: c.begin_weight_update())
         inflight: _InFlight | None = None
         packer = _Packer(self._buffers[0])
         sent = buckets = 0
+        failure: Exception | None = None
+        checked: set[str] = set()  # name patterns already looked up on the engines
         for name, tensor in clock.timed_iter(named_tensors, "export"):
-            if packer.entries and not packer.fits(tensor, bucket_bytes):
+            if failure is not None:
+                continue  # keep consuming the export: the stage's other ranks take part in its gathers
+            try:
+                if not self._names_checked and _worth_checking(name, tensor, checked):
+                    with clock("check_names"):
+                        self._check_name(name)
+                if packer.entries and not packer.fits(tensor, bucket_bytes):
+                    inflight = self._send(packer, version, inflight, clock)
+                    sent, buckets = sent + packer.nbytes, buckets + 1
+                    packer = _Packer(self._buffers[buckets % 2])
+                with clock("pack"):
+                    packer.add(name, tensor, bucket_bytes)
+            except (UnknownWeightNameError, WeightUpdateRefusedError) as e:
+                failure = e
+        try:
+            if failure is None and packer.entries:
                 inflight = self._send(packer, version, inflight, clock)
                 sent, buckets = sent + packer.nbytes, buckets + 1
-                packer = _Packer(self._buffers[buckets % 2])
-            with clock("pack"):
-                packer.add(name, tensor, bucket_bytes)
-        if packer.entries:
-            inflight = self._send(packer, version, inflight, clock)
-            sent, buckets = sent + packer.nbytes, buckets + 1
-        self._wait(inflight, clock)
+            if not isinstance(failure, WeightUpdateRefusedError):
+                self._wait(inflight, clock)  # the bucket already on its way must land (or be refused) first
+            if failure is not None:
+                raise failure
+        except (UnknownWeightNameError, WeightUpdateRefusedError):
+            self._end_sessions()
+            raise
         self._all(lambda c: c.end_weight_update())
+        self._names_checked = True
         seconds = clock.elapsed()
         return {
             "sync/bytes": float(sent),
@@ -223,23 +280,83 @@ class WeightSender:
             for c in self._clients
         ]
         work = dist.broadcast(packer.flat(), group=self._group, group_src=0, async_op=True)
-        return _InFlight(work, replies)
+        return _InFlight(work, replies, names)
 
-    @staticmethod
-    def _wait(inflight: "_InFlight | None", clock: "_Clock") -> None:
+    def _wait(self, inflight: "_InFlight | None", clock: "_Clock") -> None:
+        """Wait for the bucket's broadcast and the engines' replies; raise at the first refusal.
+
+        A refusal usually comes before the broadcast completes (the engine never joins it, and the broadcast
+        would wait for it until the group timeout), so the replies are watched while the broadcast runs."""
         if inflight is None:
             return
         with clock("broadcast"):
+            while not inflight.work.is_completed():
+                done, _ = wait_futures(inflight.replies, timeout=0.05, return_when=FIRST_EXCEPTION)
+                if any(f.exception() is not None for f in done):
+                    self._broken = True  # this broadcast may never finish
+                    _ABANDONED.append(self._group)
+                    self._raise_refusals(inflight, REFUSAL_GRACE_S)
+                if len(done) == len(inflight.replies):
+                    time.sleep(0.001)  # every engine answered: the local side of the broadcast is finishing
             inflight.work.wait()
         with clock("engine_load"):
-            for reply in inflight.replies:
-                reply.result()
+            wait_futures(inflight.replies, return_when=FIRST_EXCEPTION)
+            self._raise_refusals(inflight, REFUSAL_GRACE_S)
+
+    def _raise_refusals(self, inflight: "_InFlight", grace_s: float) -> None:
+        """Raise `WeightUpdateRefusedError` naming every engine that refused (waiting up to `grace_s` for the rest)."""
+        if not any(f.done() and f.exception() is not None for f in inflight.replies):
+            return
+        wait_futures(inflight.replies, timeout=grace_s)
+        refused = [
+            (engine.url, f.exception() if f.done() else TimeoutError(f"no answer within {grace_s:.0f}s"))
+            for engine, f in zip(self.engines, inflight.replies, strict=True)
+            if not f.done() or f.exception() is not None
+        ]
+        detail = "; ".join(f"{url}: {error}" for url, error in refused)
+        raise WeightUpdateRefusedError(
+            f"weight update refused by {len(refused)} of {len(self.engines)} engines (bucket of "
+            f"{len(inflight.names)} tensors starting at {inflight.names[0]}): {detail}",
+            [url for url, _ in refused],
+        )
+
+    def _check_name(self, name: str) -> None:
+        """Every engine must know `name`: SGLang would accept an unknown one, bump its version and load nothing."""
+        futures = [
+            self._loop.submit(asyncio.wait_for(c.get_weights_by_name(name, truncate_size=1), CONTROL_TIMEOUT_S))
+            for c in self._clients
+        ]
+        for engine, future in zip(self.engines, futures, strict=True):
+            try:
+                future.result()
+            except Exception as e:
+                raise UnknownWeightNameError(
+                    f"the engine at {engine.url} has no weight named {name!r} ({e}); the pushed names must be the "
+                    "engine model's Hugging Face parameter names"
+                ) from e
+
+    def _end_sessions(self) -> None:
+        """Close the weight-update sessions of a failed push (engines that are gone or refuse are skipped)."""
+        futures = [self._loop.submit(asyncio.wait_for(c.end_weight_update(), CONTROL_TIMEOUT_S)) for c in self._clients]
+        for future in futures:
+            with contextlib.suppress(Exception):
+                future.result()
 
     def close(self) -> None:
-        """Leave the group and stop the HTTP thread."""
+        """Leave the group (also on every engine, so its name can be used again) and stop the HTTP thread."""
         if self._group is not None:
-            destroy_custom_process_group(self._group)
+            teardown = [
+                self._loop.submit(asyncio.wait_for(c.destroy_weights_update_group(self.group_name), CONTROL_TIMEOUT_S))
+                for c in self._clients
+            ]
+            if not self._broken:
+                destroy_custom_process_group(self._group)
             self._group = None
+            for engine, future in zip(self.engines, teardown, strict=True):
+                try:
+                    future.result()
+                except Exception as e:  # a dead or restarted engine no longer has the group
+                    log.warning("weight-sync group %s on %s not destroyed: %s", self.group_name, engine.url, e)
         for client in self._clients:
             close = getattr(client, "close", None)
             if close is not None:
@@ -252,6 +369,32 @@ class WeightSender:
     def _all(self, fn: Callable[[Any], Awaitable[Any]]) -> None:
         for future in [self._loop.submit(fn(c)) for c in self._clients]:
             future.result()
+
+
+def name_pattern(name: str) -> str:
+    """`model.layers.17.mlp.up_proj.weight` -> `model.layers.N.mlp.up_proj.weight`."""
+    return re.sub(r"\.\d+\.", ".N.", name)
+
+
+def _worth_checking(name: str, tensor: torch.Tensor, checked: set[str]) -> bool:
+    """One lookup per name pattern (an export names every layer alike), small enough to read back cheaply; a
+    wrong name costs nothing to look up, a right one costs converting the tensor."""
+    pattern = name_pattern(name)
+    if pattern in checked or tensor.numel() > READ_BACK_MAX_ELEMENTS:
+        return False
+    checked.add(pattern)
+    return True
+
+
+def sample_names(names: Sequence[str]) -> list[str]:
+    """Tensors to read back after a sync: the first, middle and last of each name pattern, vocab-sized ones left
+    out (see READ_BACK_MAX_ELEMENTS)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        if not any(v in name for v in VOCAB_SIZED):
+            groups.setdefault(name_pattern(name), []).append(name)
+    picked = {g[i] for g in groups.values() for i in (0, len(g) // 2, -1)}
+    return [n for n in names if n in picked]
 
 
 async def _construct(factory: Callable[[str], Any], url: str) -> Any:

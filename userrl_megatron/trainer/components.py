@@ -13,8 +13,8 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from userrl_megatron.types import EpisodeGroup, Task
 
 log = logging.getLogger(__name__)
 SYNC_GROUP = "userrl_sync"
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # what colocated engines release while the actor trains
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Components:
     _generation: Any = field(default_factory=itertools.count)
     _stale: bool = False  # an engine was restarted: rebuild the groups before the next sync
     _pushing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight push at a time (sync or repair)
+    _released: set[str] = field(default_factory=set)  # engine memory tags released and not resumed yet
+    _verified: bool = False  # a sync of this run was verified (read back from the engines)
 
     async def rollout(self, tasks: list[Task], n: int, temperature: float | None = None) -> list[EpisodeGroup]:
         sampling = self.runner.sampling(temperature)
@@ -65,7 +68,7 @@ class Components:
         returns to the GPU."""
         if self.cfg.rollout.colocate:
             await self.pool.pause()  # also stops health probes: a released engine holds generation
-            await self._each_engine(lambda c: c.release_memory())
+            await self._release_memory(MEMORY_TAGS)
             if self.cfg.megatron.offload:
                 await asyncio.to_thread(self.actors.call, "onload")
 
@@ -75,7 +78,7 @@ class Components:
         if self.cfg.rollout.colocate:
             if self.cfg.megatron.offload:
                 await asyncio.to_thread(self.actors.call, "offload")
-            await self._each_engine(lambda c: c.resume_memory())
+            await self._resume_memory(MEMORY_TAGS)
             await self.pool.resume()
 
     async def sync_weights(self, version: int) -> dict[str, float]:
@@ -88,24 +91,55 @@ class Components:
         except Exception as e:
             self._check_engines()
             raise RunError(f"weight sync: the rollout engines could not be brought back ({e})") from e
+        colocated = self.cfg.rollout.colocate
+        refused = None
         async with self._pushing:
             if self._stale:
                 await self._reconnect()
-            colocated = self.cfg.rollout.colocate
             if not colocated:
                 await self.pool.pause()
+            if colocated:
+                await self._resume_memory(["weights"])
             try:
-                if colocated:
-                    await self._each_engine(lambda c: c.resume_memory(["weights"]))
                 metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
-                await self.pool.flush_cache()
-            finally:
-                if not colocated:
-                    await self.pool.resume()
-            self.version = version
-        if self.cfg.sync.verify:
+            except Exception as e:  # any other failure ends the run with the engines still paused
+                refused = getattr(getattr(e, "cause", e), "urls", None)
+                if not refused:
+                    raise
+        if refused:  # outside the lock: the restarts' repair hook pushes too
+            metrics = await self._replace_refusing(refused, version)
+        await self.pool.flush_cache()
+        if not colocated:
+            await self.pool.resume()
+        self.version = version
+        if self.cfg.sync.verify or not self._verified:  # the first sync of a run is always checked
             metrics |= await self._verify()
+            self._verified = True
         return metrics
+
+    async def _replace_refusing(self, urls: list[str], version: int) -> dict[str, float]:
+        """Engines that refused an update may hold partly overwritten weights (SGLang loads tensor by tensor):
+        restart them (the pool's recovery, which runs `repair`), then push this version to every engine again
+        over fresh groups, since the others may hold only part of it."""
+        log.error("weight sync: engines %s refused the update; restarting them and pushing again", urls)
+        await self.pool.restart(urls, self.cfg.rollout.sglang.startup_timeout_s)
+        async with self._pushing:
+            await self._reconnect()
+            return await asyncio.to_thread(self.actors.push_weights, self.groups, version)
+
+    async def _release_memory(self, tags: Sequence[str]) -> None:
+        """Release the tags not released yet; each release pairs with exactly one resume."""
+        todo = [t for t in tags if t not in self._released]
+        if todo:
+            await self._each_engine(lambda c: c.release_memory(todo))
+            self._released.update(todo)
+
+    async def _resume_memory(self, tags: Sequence[str]) -> None:
+        """Resume only released tags: SGLang 0.5.23's scheduler dies (KeyError) resuming a tag it holds."""
+        todo = [t for t in tags if t in self._released]
+        if todo:
+            await self._each_engine(lambda c: c.resume_memory(todo))
+            self._released.difference_update(todo)
 
     async def _each_engine(self, call: Any) -> None:
         await asyncio.gather(*(call(c) for c in self.pool.clients))
@@ -124,20 +158,21 @@ class Components:
         self.groups = await asyncio.to_thread(self.actors.connect_engines, engines, prefix)
 
     async def repair(self, index: int, client: Any) -> None:
-        """`on_restart` hook: give a restarted engine the current weights before it serves again."""
-        if not self.cfg.sync.enabled or self.version == 0:
-            self._stale = True  # it holds the initial weights, but at a new address: rebuild the sync groups
-            return
-        engine = [{"url": client.base_url, "tp_size": self.cfg.rollout.engine_tp}]
-        async with self._pushing:
-            name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
-            groups = await asyncio.to_thread(self.actors.connect_engines, engine, name)
-            try:
-                await asyncio.to_thread(self.actors.push_weights, groups, self.version)
-            finally:
-                await asyncio.to_thread(self.actors.disconnect_engines, groups)
-            self._stale = True
-        log.info("engine %d repaired with weight version %d", index, self.version)
+        """`on_restart` hook: give a restarted engine the current weights before it serves again, and (colocated)
+        release the memory the other engines have released, so that every release keeps pairing with one resume."""
+        self._stale = True  # the engine is at a new address: rebuild the sync groups before the next sync
+        if self.cfg.sync.enabled and self.version > 0:  # else it already holds the weights the others hold
+            engine = [{"url": client.base_url, "tp_size": self.cfg.rollout.engine_tp}]
+            async with self._pushing:
+                name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
+                groups = await asyncio.to_thread(self.actors.connect_engines, engine, name)
+                try:
+                    await asyncio.to_thread(self.actors.push_weights, groups, self.version)
+                finally:
+                    await asyncio.to_thread(self.actors.disconnect_engines, groups)
+            log.info("engine %d repaired with weight version %d", index, self.version)
+        if self._released:
+            await client.release_memory(sorted(self._released))
 
     async def _reconnect(self) -> None:
         await asyncio.to_thread(self.actors.disconnect_engines, self.groups)
@@ -149,11 +184,14 @@ class Components:
         self._stale = False
 
     async def _verify(self) -> dict[str, float]:
-        """Compare the first rows of every tensor on every engine with the trainer's export (a sampled checksum)."""
+        """Compare the first rows of sampled tensors on every engine with the trainer's export (a checksum)."""
+        from userrl_megatron.sync.sender import sample_names
+
         expected = await asyncio.to_thread(self.actors.weight_checksums, VERIFY_ROWS)
         worst = 0.0
         for client in self.pool.clients:
-            for name, value in expected.items():
+            for name in sample_names(list(expected)):  # SGLang's read-back converts whole tensors: a sample
+                value = expected[name]
                 rows = await client.get_weights_by_name(name, truncate_size=VERIFY_ROWS)
                 got = _nested_sum(rows)
                 worst = max(worst, abs(got - value) / max(1.0, abs(value)))
@@ -169,6 +207,15 @@ def _nested_sum(values: Any) -> float:
     if isinstance(values, list):
         return sum(_nested_sum(v) for v in values)
     return float(values)
+
+
+def _rollout_config(cfg: RootConfig) -> Any:
+    """The pool's config: colocated SGLang engines without weight sync must keep a CPU copy of their weights,
+    since nothing refills the weight memory they release while the actor trains."""
+    rollout = cfg.rollout
+    if rollout.colocate and not cfg.sync.enabled and not rollout.sglang.enable_weights_cpu_backup:
+        rollout = replace(rollout, sglang=replace(rollout.sglang, enable_weights_cpu_backup=True))
+    return rollout
 
 
 @contextlib.asynccontextmanager
@@ -213,7 +260,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
         env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
         actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
-        pool = RolloutPool(cfg.rollout, str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
+        pool = RolloutPool(_rollout_config(cfg), str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
         parts = Components(cfg, actors, pool, runner, TaskStream(train_tasks, cfg.run.seed), eval_tasks, user_sim)
         pool.on_restart = parts.repair
         await pool.start()

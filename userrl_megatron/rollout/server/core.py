@@ -290,6 +290,72 @@ class EngineCore:
 
         return await self._on_scheduler(update, needs_idle=True)
 
+    async def update_weights_from_tensor(
+        self,
+        named_tensors: list[tuple[str, torch.Tensor]],
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        weight_version: str | None = None,
+    ) -> tuple[bool, str]:
+        """Load tensors sent in the request itself (SGLang's colocated path); needs a weight-update session."""
+        if self._session is None:
+            return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
+        return await self._load(named_tensors, flush_cache, abort_all_requests, weight_version)
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        weight_version: str | None = None,
+    ) -> tuple[bool, str]:
+        """Load a safetensors checkpoint directory; on failure the previous weights are put back (as SGLang)."""
+        try:
+            named = await asyncio.to_thread(read_safetensors_dir, model_path)
+        except Exception as e:
+            return False, f"Failed to get weights iterator: {e}."
+        backup = {name: p.detach().to("cpu", copy=True) for name, p in self.model.model.named_parameters()}
+        ok, message = await self._load(named, flush_cache, abort_all_requests, weight_version)
+        if ok:
+            self.model_path = model_path
+            return True, "Succeeded to update model weights."
+
+        def restore() -> None:
+            with torch.no_grad():
+                for name, p in self.model.model.named_parameters():
+                    p.copy_(backup[name])
+
+        await self._on_scheduler(restore, needs_idle=True)
+        return False, f"Failed to update weights: {message}. Rolling back to original weights."
+
+    async def _load(
+        self,
+        named_tensors: list[tuple[str, torch.Tensor]],
+        flush_cache: bool,
+        abort_all_requests: bool,
+        weight_version: str | None,
+    ) -> tuple[bool, str]:
+        if abort_all_requests:
+            self.scheduler.abort(abort_all=True)
+
+        def load() -> tuple[bool, str]:
+            try:
+                self.model.load_weights(named_tensors)
+            except Exception as e:
+                return False, f"Failed to update parameter online: {e}"
+            if weight_version is not None:
+                self.scheduler.weight_version = weight_version
+            if flush_cache and not self._try_flush():
+                return False, "Weights were updated, but the cache was not flushed because requests are still running."
+            return True, "Succeeded to update parameter online."
+
+        return await self._on_scheduler(load, needs_idle=True)
+
+    def load(self) -> list[dict[str, Any]]:
+        """`/get_load`: one entry per data-parallel rank (the embedded engine has one)."""
+        running, waiting = self.scheduler.counts()
+        return [{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": 0}]
+
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> None:
         if abort_all_requests:
             self.scheduler.abort(abort_all=True)
@@ -312,6 +378,12 @@ class EngineCore:
         def release() -> None:
             if not self.scheduler.is_idle(ignore_waiting=self.scheduler.paused):
                 raise AssertionError("release_memory_occupation should be called only when server is idle.")
+            again = [t for t in tags if t in self._released]
+            if again:
+                raise ValueError(
+                    f"memory tags {again} are already released; resume them before releasing them again "
+                    "(SGLang 0.5.23 does not support releasing a tag twice)"
+                )
             if "kv_cache" in tags and self.scheduler.is_idle():
                 self.scheduler.release_kv()
             if "weights" in tags and self.model.device.type == "cuda":
@@ -326,6 +398,12 @@ class EngineCore:
         tags = _check_tags(tags)
 
         def resume() -> None:
+            held = [t for t in tags if t not in self._released]
+            if held:
+                raise ValueError(
+                    f"memory tags {held} are not released; resume only released tags (SGLang 0.5.23's scheduler "
+                    "dies with a KeyError on this call)"
+                )
             if "weights" in tags and "weights" in self._released and self.model.device.type == "cuda":
                 self.model.model.to(self.model.device)
             self._released.difference_update(tags)
@@ -381,6 +459,18 @@ class EngineCore:
             "version": "userrl-embedded",
             "frontend": "python",
         }
+
+
+def read_safetensors_dir(path: str) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor of the `*.safetensors` files in `path` (a Hugging Face checkpoint directory)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    return [item for f in files for item in load_file(str(f)).items()]
 
 
 def _check_tags(tags: list[str] | None) -> list[str]:

@@ -129,6 +129,9 @@ def build_app(core: EngineCore) -> web.Application:
     r.add_post("/end_weight_update", end_weight_update)
     r.add_post("/update_weights_from_distributed", update_weights_from_distributed)
     r.add_post("/update_weight_version", update_weight_version)
+    r.add_post("/update_weights_from_tensor", update_weights_from_tensor)
+    r.add_post("/update_weights_from_disk", update_weights_from_disk)
+    r.add_get("/get_load", get_load)
     add_openai_routes(app)
     return app
 
@@ -244,7 +247,7 @@ async def flush_cache(request: web.Request) -> web.Response:
 
 
 async def pause_generation(request: web.Request) -> web.Response:
-    body = fields(await read_json(request, required=False), {"mode": (str, "abort")})
+    body = fields(await read_json(request), {"mode": (str, "abort")})
     if body["mode"] not in PAUSE_MODES:
         raise BadRequestError(
             f"1 validation error:\n  body.mode: Input should be 'abort', 'retract' or 'in_place', got {body['mode']!r}"
@@ -254,7 +257,7 @@ async def pause_generation(request: web.Request) -> web.Response:
 
 
 async def continue_generation(request: web.Request) -> web.Response:
-    fields(await read_json(request, required=False), {"torch_empty_cache": (bool, True)})
+    fields(await read_json(request), {"torch_empty_cache": (bool, True)})
     await request.app[CORE_KEY].continue_generation()
     return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
@@ -283,12 +286,12 @@ async def destroy_weights_update_group(request: web.Request) -> web.Response:
 
 
 async def begin_weight_update(request: web.Request) -> web.Response:
-    body = fields(await read_json(request, required=False), {"selector": (str, "all")})
+    body = fields(await read_json(request), {"selector": (str, "all")})
     return success_message(*await request.app[CORE_KEY].begin_weight_update(body["selector"]))
 
 
 async def end_weight_update(request: web.Request) -> web.Response:
-    await read_json(request, required=False)
+    await read_json(request)
     return success_message(*await request.app[CORE_KEY].end_weight_update())
 
 
@@ -310,6 +313,78 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
     )
     body.pop("selector"), body.pop("torch_empty_cache")
     return success_message(*await request.app[CORE_KEY].update_weights_from_distributed(**body))
+
+
+async def update_weights_from_tensor(request: web.Request) -> web.Response:
+    """SGLang's colocated path. The embedded engine has one rank: one payload, base64 of a pickled
+    `[(name, tensor), ...]` (CPU tensors; SGLang's CUDA-IPC handles only work on one GPU node)."""
+    body = fields(
+        await read_json(request),
+        {
+            "serialized_named_tensors": (list, REQUIRED),
+            "load_format": (str, None),
+            "flush_cache": (bool, True),
+            "abort_all_requests": (bool, False),
+            "weight_version": (str, None),
+            "selector": (str, "all"),
+            "torch_empty_cache": (bool, False),
+        },
+    )
+    payloads = body["serialized_named_tensors"]
+    if body["load_format"] not in (None, "direct") or len(payloads) != 1:
+        return success_message(False, "the embedded server takes one payload (one rank) with load_format null")
+    try:
+        named = _unpickle_named_tensors(payloads[0])
+    except Exception as e:
+        return success_message(False, f"Failed to deserialize the named tensors: {e}")
+    core = request.app[CORE_KEY]
+    return success_message(
+        *await core.update_weights_from_tensor(
+            named, body["flush_cache"], body["abort_all_requests"], body["weight_version"]
+        )
+    )
+
+
+def _unpickle_named_tensors(payload: str) -> list[tuple[str, Any]]:
+    import base64
+    import pickle
+
+    import torch
+
+    named = pickle.loads(base64.b64decode(payload))  # an admin endpoint: SGLang unpickles its payloads too
+    if not isinstance(named, list) or not all(
+        isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], torch.Tensor) for p in named
+    ):
+        raise ValueError("expected a list of (name, tensor) pairs")
+    return named
+
+
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    body = fields(
+        await read_json(request),
+        {
+            "model_path": (str, REQUIRED),
+            "load_format": (str, None),
+            "abort_all_requests": (bool, False),
+            "weight_version": (str, None),
+            "flush_cache": (bool, True),
+            "is_async": (bool, False),
+            "torch_empty_cache": (bool, False),
+            "keep_pause": (bool, False),
+            "recapture_cuda_graph": (bool, False),
+            "token_step": (int, 0),
+            "manifest": (dict, None),
+        },
+    )
+    core = request.app[CORE_KEY]
+    ok, message = await core.update_weights_from_disk(
+        body["model_path"], body["flush_cache"], body["abort_all_requests"], body["weight_version"]
+    )
+    return success_message(ok, message, num_paused_requests=0)
+
+
+async def get_load(request: web.Request) -> web.Response:
+    return web.json_response(request.app[CORE_KEY].load())
 
 
 async def update_weight_version(request: web.Request) -> web.Response:
@@ -342,7 +417,7 @@ async def resume_memory_occupation(request: web.Request) -> web.Response:
 
 
 async def _memory(request: web.Request, operation: Callable) -> web.Response:
-    body = fields(await read_json(request, required=False), {"tags": (list, None)})
+    body = fields(await read_json(request), {"tags": (list, None)})
     try:
         await operation(body["tags"])
     except Exception as e:

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: `/v1/chat/completions` (plain and streamed) and `/v1/models`.
+"""OpenAI-compatible routes: `/v1/chat/completions` (plain and streamed), `/v1/completions` (plain) and `/v1/models`.
 
 This lets the embedded server act as the user simulator / judge and as an evaluation endpoint for the real
 `openai` client. As in SGLang without `--tool-call-parser`, tool calls are not parsed out of the reply; `tools`
@@ -26,6 +26,7 @@ def add_openai_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
 
 
 def _card(core: EngineCore) -> dict[str, Any]:
@@ -235,3 +236,111 @@ async def _stream_chat(
         core.abort_request(rid)
         raise
     return response
+
+
+def _completion_items(core: EngineCore, body: Any) -> list[GenerateItem]:
+    """One native request per prompt of a `/v1/completions` body (SGLang's defaults: max_tokens 16)."""
+    if not isinstance(body, dict) or body.get("prompt") in (None, "", []):
+        raise BadRequestError("1 validation error:\n  body.prompt: Field required")
+    if body.get("stream"):
+        raise ValueError("Streaming /v1/completions is not supported by the embedded server.")
+    if body.get("echo") or body.get("suffix"):
+        raise ValueError("echo and suffix are not supported by the embedded server.")
+    prompt = body["prompt"]
+    if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+        prompt = [prompt]
+    prompts: list[list[int]] = []
+    for p in prompt:
+        if isinstance(p, str):
+            if core.model.tokenizer is None:
+                raise ValueError("The model has no tokenizer; send the prompt as token ids.")
+            p = list(core.model.tokenizer.encode(p))
+        prompts.append(list(p))
+    max_tokens = body.get("max_tokens", 16)
+    if not isinstance(max_tokens, int) or max_tokens <= 0:
+        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+    sampling = {
+        "max_new_tokens": max_tokens,
+        "temperature": body.get("temperature", 1.0),
+        "top_p": body.get("top_p", 1.0),
+        "top_k": body.get("top_k", -1),
+        "min_p": body.get("min_p"),
+        "min_new_tokens": body.get("min_tokens"),
+        "stop": body.get("stop"),
+        "stop_token_ids": body.get("stop_token_ids"),
+        "ignore_eos": body.get("ignore_eos"),
+        "skip_special_tokens": body.get("skip_special_tokens"),
+        "frequency_penalty": body.get("frequency_penalty"),
+        "presence_penalty": body.get("presence_penalty"),
+        "repetition_penalty": body.get("repetition_penalty"),
+        "logit_bias": body.get("logit_bias"),
+        "sampling_seed": body.get("seed"),
+    }
+    return [
+        GenerateItem(
+            rid=f"cmpl-{uuid.uuid4().hex}",
+            input_ids=ids,
+            sampling={k: v for k, v in sampling.items() if v is not None},
+            return_logprob=body.get("logprobs") is not None,
+            logprob_start_len=-1,
+            top_logprobs_num=int(body.get("logprobs") or 0),
+            return_text_in_logprobs=False,
+        )
+        for ids in prompts
+    ]
+
+
+async def completions(request: web.Request) -> web.Response:
+    """OpenAI text completions: `n` samples per prompt, choices grouped by prompt (as SGLang orders them)."""
+    core = request.app[CORE_KEY]
+    body = await read_json(request)
+    try:
+        items = _completion_items(core, body)
+        n = int(body.get("n") or 1)
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}.")
+        pairs = [(item, make_request(core, item)) for item in items for _ in range(n)]
+    except ValueError as e:
+        return error_shape(str(e), kind="BadRequestError")
+    done = await asyncio.gather(*(core.generate(r) for _, r in pairs))
+    choices = []
+    for index, ((item, _), r) in enumerate(zip(pairs, done, strict=True)):
+        reason = r.finish_reason or {}
+        choice = {
+            "index": index,
+            "text": output_text(r, core.model),
+            "logprobs": _completion_logprobs(core, r) if item.return_logprob else None,
+            "finish_reason": FINISH.get(reason.get("type"), "stop"),
+            "matched_stop": reason.get("matched"),
+        }
+        if body.get("return_token_ids"):
+            choice |= {"token_ids": list(r.output_ids), "prompt_token_ids": list(r.input_ids)}
+        choices.append(choice)
+    prompt_tokens = sum(len(item.input_ids) for item in items)
+    return web.json_response(
+        {
+            "id": pairs[0][0].rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or core.served_model_name,
+            "choices": choices,
+            "usage": _usage(prompt_tokens, sum(len(r.output_ids) for r in done), done[0].cached_tokens),
+            "metadata": {"weight_version": done[0].weight_version},
+        }
+    )
+
+
+def _completion_logprobs(core: EngineCore, r: Request) -> dict[str, Any]:
+    """The legacy completions logprobs object: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens = [core.model.decode([t], skip_special_tokens=False) for t in r.output_ids]
+    offsets, position = [], 0
+    for token in tokens:
+        offsets.append(position)
+        position += len(token)
+    tops = [{core.model.decode([t], skip_special_tokens=False): lp for lp, t in top} for top in r.output_top_logprobs]
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(r.output_logprobs),
+        "top_logprobs": tops or None,
+        "text_offset": offsets,
+    }

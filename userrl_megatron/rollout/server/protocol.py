@@ -4,6 +4,7 @@ Messages are SGLang's own (its serde-style contract errors, `GenerateReqInput` c
 a real server's 400s handles ours.
 """
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -245,8 +246,13 @@ def generate_response(request: Request, item: GenerateItem, model: EngineModel, 
             ]
         meta["output_token_logprobs_length"] = len(request.output_logprobs)
     meta.update(reasoning_tokens=0, completion_tokens=len(request.output_ids), cached_tokens=request.cached_tokens)
+    # SGLang 0.5.23's extra fields: the weight-version spans of the output (one engine label here, set when the
+    # request finishes), no cache-tier details, no data-parallel rank.
+    meta["weight_versions"] = [{"version": request.weight_version, "start": 0, "end": len(request.output_ids)}]
+    meta.update(cached_tokens_details=None, dp_rank=None)
     if final:
         meta["e2e_latency"] = request.finished_at - request.created
+        meta["response_sent_to_client_ts"] = time.time()
     out: dict[str, Any] = {}
     if model.tokenizer is not None:
         out["text"] = output_text(request, model)

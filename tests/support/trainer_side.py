@@ -1,0 +1,73 @@
+"""The trainer side of weight sync for a Hugging Face state dict, shaped like what `Components` drives
+(`ActorGroup.connect_engines/push_weights/disconnect_engines/weight_checksums`) but with one process instead of
+Megatron ranks, and the pool's control surface over servers that are already running (no Ray). Both use the
+project's real `WeightSender` and `SGLangClient`, so the choreography under test is `Components`' own."""
+
+import asyncio
+from typing import Any
+
+import torch
+
+from tests.support.servers import free_port
+from userrl_megatron.config.schema import SyncConfig
+from userrl_megatron.rollout.engine import SGLangClient
+from userrl_megatron.sync.sender import EngineEndpoint, WeightSender
+
+
+class StateDictActors:
+    """`ActorGroup`'s weight-sync methods over `state` (name -> tensor), one pipeline stage."""
+
+    def __init__(self, state: dict[str, torch.Tensor], sync: SyncConfig) -> None:
+        self.state, self.sync = state, sync
+        self.senders: dict[str, WeightSender] = {}
+        self.pushes: list[int] = []  # versions pushed
+
+    def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str) -> list[str]:
+        name = f"{group_prefix}_pp0"
+        sender = WeightSender(self.sync, [EngineEndpoint(**e) for e in engines], name, "gloo")
+        sender.connect("127.0.0.1", free_port())
+        self.senders[name] = sender
+        return [name]
+
+    def push_weights(self, group_names: list[str], version: int) -> dict[str, float]:
+        self.pushes.append(version)
+        metrics: dict[str, float] = {}
+        for name in group_names:
+            metrics |= self.senders[name].push(list(self.state.items()), version)
+        return metrics
+
+    def disconnect_engines(self, group_names: list[str]) -> None:
+        for name in group_names:
+            self.senders.pop(name).close()
+
+    def weight_checksums(self, rows: int) -> dict[str, float]:
+        return {name: float(t[:rows].double().sum()) for name, t in self.state.items()}
+
+    def call(self, method: str, *args: Any) -> Any:
+        if method in ("offload", "onload"):
+            return None  # nothing to move: no Megatron state here
+        raise AttributeError(method)
+
+
+class ServerPool:
+    """What `Components` uses of `RolloutPool` (clients, urls, pause, resume, flush), over running servers."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = list(urls)
+        self.clients = [SGLangClient(url) for url in urls]
+        self.paused = False
+
+    async def pause(self, mode: str = "abort") -> None:
+        await asyncio.gather(*(c.pause(mode) for c in self.clients))
+        self.paused = True
+
+    async def resume(self) -> None:
+        await asyncio.gather(*(c.resume() for c in self.clients))
+        self.paused = False
+
+    async def flush_cache(self) -> None:
+        await asyncio.gather(*(c.flush_cache() for c in self.clients))
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.close()

@@ -1,0 +1,36 @@
+"""What the trainer's components derive from the run config before starting engines."""
+
+import pytest
+
+from userrl_megatron.config import load_config
+from userrl_megatron.config.schema import SGLangConfig
+from userrl_megatron.rollout.router import router_command
+from userrl_megatron.trainer.components import _rollout_config
+
+
+@pytest.mark.parametrize(
+    "colocate, sync, backup",
+    [("true", "false", True), ("true", "true", False), ("false", "false", False)],
+)
+def test_weights_backup_only_when_colocated_without_sync(colocate: str, sync: str, backup: bool) -> None:
+    # Nothing refills the weight memory a colocated engine releases unless a sync pushes weights into it.
+    cfg = load_config(overrides=[f"rollout.colocate={colocate}", f"sync.enabled={sync}"], check=False)
+    assert _rollout_config(cfg).sglang.enable_weights_cpu_backup is backup
+    assert cfg.rollout.sglang.enable_weights_cpu_backup is False  # the run's own config is left as it was
+
+
+def test_router_command() -> None:
+    command = router_command(SGLangConfig(python="py"), ["http://a:1", "http://b:2"], 30100, 29100, "cache_aware")
+    assert command == [
+        "py", "-m", "sglang_router.launch_router",
+        "--host", "127.0.0.1",
+        "--port", "30100",
+        "--worker-urls", "http://a:1", "http://b:2",
+        "--policy", "cache_aware",
+        "--prometheus-port", "29100",
+        "--log-level", "warn",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"^router policy must be one of round_robin, random, cache_aware, "):
+        router_command(SGLangConfig(), ["http://a:1"], 1, 2, "manual")
+    with pytest.raises(ValueError, match=r"^the router needs at least one worker$"):
+        router_command(SGLangConfig(), [], 1, 2)
