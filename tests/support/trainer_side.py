@@ -50,12 +50,18 @@ class StateDictActors:
 
 
 class ServerPool:
-    """What `Components` uses of `RolloutPool` (clients, urls, pause, resume, flush), over running servers."""
+    """What `Components` uses of `RolloutPool` (clients, urls, pause, resume, flush, repair), over running servers
+    that this pool does not own: `repair` checks that each answers, and cannot restart one."""
+
+    exhausted = False
 
     def __init__(self, urls: list[str]) -> None:
         self.urls = list(urls)
         self.clients = [SGLangClient(url) for url in urls]
         self.paused = False
+
+    async def repair(self, timeout_s: float) -> None:
+        await asyncio.gather(*(c.get_model_info() for c in self.clients))
 
     async def pause(self, mode: str = "abort") -> None:
         await asyncio.gather(*(c.pause(mode) for c in self.clients))
