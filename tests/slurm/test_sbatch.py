@@ -153,7 +153,7 @@ def test_cancelled_job_stops_ray_and_resubmission_resumes(model: Path, work: Pat
 
     second = _submit_train(work, jobs, args)
     assert wait_ended(second) == "COMPLETED", second.log()[-5000:]
-    assert f"resumed from {run / 'checkpoints'} at step {saved}" in second.log()
+    assert f"resumed from {run / 'checkpoints' / f'step_{saved}'} at step {saved}" in second.log()
     assert _steps(run) == list(range(1, steps + 1))  # every step logged exactly once
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{steps}"
     _assert_ray_gone(second, _ray_address(second))

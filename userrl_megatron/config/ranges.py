@@ -75,6 +75,7 @@ RANGES: dict[str, Rule] = {
     "rollout.embedded.startup_timeout_s": POSITIVE,
     "rollout.sglang.mem_fraction_static": OPEN_PROBABILITY,
     "rollout.sglang.startup_timeout_s": POSITIVE,
+    "rollout.sglang.max_total_tokens": NON_NEGATIVE,
     **{f"gyms.{gym}.max_steps": COUNT for gym in GYMS_WITH_STEP_LIMITS},
     "gyms.function.generator.seed": NON_NEGATIVE,
     "gyms.echo.seed": NON_NEGATIVE,

@@ -298,7 +298,14 @@ class WeightSender:
                     self._raise_refusals(inflight, REFUSAL_GRACE_S)
                 if len(done) == len(inflight.replies):
                     time.sleep(0.001)  # every engine answered: the local side of the broadcast is finishing
-            inflight.work.wait()
+            try:
+                inflight.work.wait()
+            except RuntimeError:  # a peer left the group: its refusal may still be on its way, and says why
+                self._broken = True
+                _ABANDONED.append(self._group)
+                wait_futures(inflight.replies, timeout=REFUSAL_GRACE_S, return_when=FIRST_EXCEPTION)
+                self._raise_refusals(inflight, REFUSAL_GRACE_S)
+                raise
         with clock("engine_load"):
             wait_futures(inflight.replies, return_when=FIRST_EXCEPTION)
             self._raise_refusals(inflight, REFUSAL_GRACE_S)
