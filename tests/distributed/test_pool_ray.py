@@ -1,6 +1,7 @@
 """The rollout pool on Ray with two real embedded engine servers (subprocesses), on placement-group bundles."""
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -16,25 +17,16 @@ from transformers import AutoModelForCausalLM
 
 from gyms.base import Gym, StepResult
 from tests.support.chatty import check_logprobs, function_task, make_chatty_model
-from userrl_megatron.config.schema import EmbeddedServerConfig, GymsConfig, MegatronConfig, RolloutConfig, RunConfig
+from userrl_megatron.config.schema import EmbeddedServerConfig, GymsConfig, MegatronConfig, RolloutConfig
 from userrl_megatron.rollout.chat import ChatTemplate
 from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
 from userrl_megatron.rollout.pool import EngineSession, RolloutPool
-from userrl_megatron.trainer.placement import create_placement, plan_bundles, start_ray
+from userrl_megatron.trainer.placement import create_placement, plan_bundles
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed
 
 DEADLINE_S = 120.0
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> object:
-    import ray
-
-    start_ray(RunConfig(), num_cpus=4)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +76,11 @@ async def server_state(url: str) -> dict:
         return (await response.json())["internal_states"][0]
 
 
-def test_routing_pause_and_health_checks(placement: object, chatty: Path, tmp_path: Path) -> None:
+def test_routing_pause_and_health_checks(
+    placement: object, chatty: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(RolloutPool, "heartbeat_s", 0.2)  # the servers take seconds to start: a few beats
+    caplog.set_level(logging.INFO, logger="userrl_megatron")
     cfg = pool_config(health_check_interval_s=0.5)
     chat = ChatTemplate.from_pretrained(chatty, "tags")
     prompt = chat.prompt_ids(function_task(0).prompt)
@@ -92,6 +88,7 @@ def test_routing_pause_and_health_checks(placement: object, chatty: Path, tmp_pa
 
     async def scenario() -> None:
         async with RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path) as pool:
+            assert "rollout pool: 0/2 embedded engines up, " in caplog.text  # a heartbeat while they start
             assert len(pool.urls) == 2 and len(set(pool.urls)) == 2
             assert pool.concurrency == 2 * cfg.max_concurrent_episodes
             a, b = pool.session("a"), pool.session("b")
@@ -122,8 +119,7 @@ def test_routing_pause_and_health_checks(placement: object, chatty: Path, tmp_pa
             assert [e.restarts for e in pool.engines] == [0, 0]
 
             # An engine that dies while idle is found by the periodic health check and restarted.
-            killed = await pool.engines[0].actor.pid.remote()
-            os.kill(killed, signal.SIGKILL)
+            killed = await pool.engines[0].actor.kill_server.remote()
             await until(lambda: pool.engines[0].restarts == 1 and pool.engines[0].healthy, "the restart")
             assert await pool.engines[0].actor.pid.remote() != killed
             assert await pool.check_health() == [True, True]

@@ -12,21 +12,10 @@ from transformers import AutoModelForCausalLM
 from tests.support.tiny_models import make_tiny_model
 from tests.support.trainer_side import StateDictActors
 from userrl_megatron.config import load_config
-from userrl_megatron.config.schema import RunConfig
 from userrl_megatron.rollout.pool import RolloutPool
 from userrl_megatron.trainer.components import Components
-from userrl_megatron.trainer.placement import start_ray
 
 pytestmark = pytest.mark.distributed
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Any:
-    import ray
-
-    start_ray(RunConfig(), num_cpus=2)
-    yield ray
-    ray.shutdown()
 
 
 def test_refusing_engine_is_restarted_and_synced(ray_cluster: Any, tmp_path: Path) -> None:

@@ -8,23 +8,13 @@ from typing import Any
 import pytest
 
 from tests.support.tiny_models import make_tiny_model
-from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, RunConfig
+from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig
 from userrl_megatron.rollout.pool import RolloutPool
 from userrl_megatron.rollout.router import list_workers
 from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON
-from userrl_megatron.trainer.placement import start_ray
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Any:
-    import ray
-
-    start_ray(RunConfig(), num_cpus=2)
-    yield ray
-    ray.shutdown()
 
 
 def test_pool_generates_through_the_router(ray_cluster: Any, tmp_path: Path) -> None:

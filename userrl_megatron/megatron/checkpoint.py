@@ -28,6 +28,7 @@ import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+from torch.distributed.checkpoint.api import CheckpointException
 
 from userrl_megatron.convert.arch import Architecture, padded_vocab_size
 from userrl_megatron.convert.hf_io import copy_metadata
@@ -87,9 +88,11 @@ def save_state(
 
     try:
         _write(tmp, chunks, metadata, hf_dir, optimizer, extra_json, rank)
-    except BaseException:
+    except BaseException as e:
         if rank == 0:  # what was written is useless; the previous checkpoint and `latest` are untouched
             shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, CheckpointException):  # torch's: a BaseException holding each failed rank's error
+            raise CheckpointWriteError(_first_failure(e)) from None
         raise
     if rank == 0:
         commit(tmp, path, pointer)
@@ -97,6 +100,16 @@ def save_state(
             prune(path.parent, keep_last)
     torch.distributed.barrier()
     return path
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint writer failed on some rank; the message names the first failure (e.g. no space left)."""
+
+
+def _first_failure(error: CheckpointException) -> str:
+    rank, (inner, _trace) = next(iter(error.failures.items()))
+    lines = str(inner).strip().splitlines()
+    return f"rank {rank}: {type(inner).__name__}: {lines[0] if lines else ''}"
 
 
 def _write(

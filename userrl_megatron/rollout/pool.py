@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +30,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, SGLangConfig
+from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
 from userrl_megatron.rollout.engine import EngineError, Generation, SGLangClient
 from userrl_megatron.types import SamplingParams
 
@@ -92,6 +95,13 @@ class EngineServer:
         """The server process id (-1 when none runs)."""
         return self.server.process.pid if self.server is not None else -1
 
+    def kill_server(self) -> int:
+        """SIGKILL the server process, as a crash would (fault drills), on the node it runs on; returns its pid."""
+        pid = self.pid()
+        if pid > 0:
+            os.kill(pid, signal.SIGKILL)
+        return pid
+
     def log_tail(self, lines: int = 40) -> str:
         return self.server.log_tail(lines) if self.server is not None else ""
 
@@ -121,6 +131,8 @@ class RolloutPool:
     each episode its engine handle (what `EpisodeRunner.run_groups` asks for).
     """
 
+    heartbeat_s = HEARTBEAT_S  # seconds between `rollout pool: N/M engines up` lines while the servers start
+
     def __init__(
         self,
         cfg: RolloutConfig,
@@ -149,8 +161,19 @@ class RolloutPool:
     async def start(self) -> None:
         """Create one actor per engine, start every server (in parallel), connect, start health checks."""
         self.engines = [Engine(i, self._new_actor(i)) for i in range(self.cfg.num_engines)]
+        up = [0]
+
+        async def start_one(engine: Engine) -> str:
+            url = await engine.actor.start.remote()
+            up[0] += 1
+            return url
+
+        def describe() -> str:
+            return f"rollout pool: {up[0]}/{len(self.engines)} {self.cfg.backend} engines up"
+
         try:
-            urls = await asyncio.gather(*(e.actor.start.remote() for e in self.engines))
+            async with heartbeat(describe, self.heartbeat_s):
+                urls = await asyncio.gather(*(start_one(e) for e in self.engines))
         except BaseException:
             await self.close()
             raise

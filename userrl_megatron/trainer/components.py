@@ -59,8 +59,7 @@ class Components:
 
     async def kill_engine(self, index: int) -> None:
         """Fault drill: kill engine `index`'s server process (the pool finds it dead and restarts it)."""
-        pid = await self.pool.engines[index].actor.pid.remote()
-        os.kill(pid, 9)
+        pid = await self.pool.engines[index].actor.kill_server.remote()
         log.warning("fault drill: killed engine %d's server (pid %d)", index, pid)
 
     async def enter_training(self) -> None:

@@ -245,17 +245,8 @@ def train(cfg: RootConfig) -> Path:
 
 
 def _root_cause(error: BaseException) -> str:
-    """The innermost error's type and first line: a Ray task error wraps the rank's own, and torch's
-    CheckpointException the failure of each rank."""
-    while True:
-        failures = getattr(error, "failures", None)
-        if isinstance(failures, dict) and failures:
-            inner = next(iter(failures.values()))
-            inner = inner[0] if isinstance(inner, tuple) else inner
-        else:
-            inner = getattr(error, "cause", None) or error.__cause__
-        if not isinstance(inner, BaseException) or inner is error:
-            break
+    """The innermost error's type and first line (a Ray task error wraps the rank's own)."""
+    while isinstance(inner := getattr(error, "cause", None) or error.__cause__, BaseException) and inner is not error:
         error = inner
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
