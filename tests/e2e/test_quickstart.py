@@ -16,6 +16,7 @@ STEPS = 3
 
 def test_quickstart_config_survives_a_skipped_update_and_an_engine_restart(tmp_path: Path) -> None:
     overrides = [f"run.output_dir={tmp_path}", f"run.total_steps={STEPS}", f"eval.every_steps={STEPS}"]
+    overrides.append("checkpoint.every_steps=1")  # step 1 (no update) is then checkpointed, as in a longer run
     overrides.append("run.faults=[skip_update@1,kill_engine@2]")
     command = train_command(["--config", "configs/quickstart.yaml", *overrides])
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800)
