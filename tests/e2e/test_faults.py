@@ -73,6 +73,8 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(model: Path, tm
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith(f"userrl: error: saving checkpoint {checkpoints / 'step_2'} failed (")
         assert last.endswith(f"{checkpoints / 'step_1'} is intact")
+        cause = last.split(" failed (", 1)[1].split(" MiB free there")[0]
+        assert cause.startswith("CheckpointWriteError: rank 0: "), cause  # the writer's own error, named
         free = float(last.split(" MiB free there")[0].rsplit(" ", 1)[1])
         assert free < size / 2**20  # the message says why: no room for another checkpoint
         assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_1"]  # nothing half-written

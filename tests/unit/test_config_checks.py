@@ -231,7 +231,8 @@ def test_rerunning_a_finished_run_only_prints_its_table(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from userrl_megatron.cli import main\n"
-        f"rc = main(['train', '--config', 'configs/quickstart.yaml', 'run.output_dir={tmp_path}'])\n"
+        f"rc = main(['train', '--config', 'configs/quickstart.yaml', 'run.output_dir={tmp_path}', "
+        "'run.total_steps=4'])\n"
         "print('RC', rc, 'RAY', 'ray' in sys.modules, 'TORCH', 'torch' in sys.modules)\n"
     )
     result = run_python(code)
