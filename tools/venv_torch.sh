@@ -1,7 +1,7 @@
 # Sourced by tools/install_venv.sh and tools/install_sglang_venv.sh: the steps both venvs share.
 # Defines PY and pip_install, installs torch unless the venv already has one, and pins that exact torch in
 # $VENV/constraints.txt so that no later install swaps it; `check_torch_kept` verifies that at the end.
-# Needs VENV and PYTHON set, and the venv created.
+# Needs VENV set and the venv created.
 PY="$VENV/bin/python"
 pip_install() { "$PY" -m pip install --disable-pip-version-check --no-input -q "$@"; }
 
