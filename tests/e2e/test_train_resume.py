@@ -27,6 +27,7 @@ def _overrides(model: Path, out: Path) -> list[str]:
         "gyms.echo.tasks_per_split=5",  # an epoch boundary falls inside the run
         "checkpoint.every_steps=1",
         "logging.rollout_dump_count=100",
+        "algo.mini_batches_per_step=2",  # two optimizer steps a step: the old log-probs are recomputed
     ]
 
 
@@ -57,6 +58,8 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path) -> None:
     steps = _steps(run)
     assert steps == list(range(1, STEPS + 1)), steps  # every step exactly once
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{STEPS}"
+    trained = [r for r in read_metrics(run / "metrics.jsonl") if "actor/loss" in r]
+    assert trained and all("timing/logprobs" in r for r in trained)
 
     # The resumed steps used the tasks an uninterrupted run would have used.
     cfg = load_config(overrides=overrides)

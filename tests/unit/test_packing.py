@@ -89,3 +89,16 @@ def test_to_rows_places_each_score_on_the_token_it_scores() -> None:
 
 def test_rows_tensor_right_pads() -> None:
     assert rows_tensor([[1.0], [2.0, 3.0]], 3).tolist() == [[1.0, 0.0, 0.0], [2.0, 3.0, 0.0]]
+
+
+@pytest.mark.parametrize(("loss_agg", "expected"), [("token-mean", 8.0), ("seq-mean-token-sum", 2.0)])
+def test_loss_normaliser_counts_each_row_once_across_context_parallel_ranks(loss_agg: str, expected: float) -> None:
+    """Megatron sums the per-rank counts over data- and context-parallel ranks: with CP=2 the total must be the
+    CP=1 normaliser (8 scored tokens, 2 rows), or the gradients come out halved."""
+    from userrl_megatron.megatron.actor import loss_count
+
+    seqs = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]
+    whole = packed_input(seqs)
+    halves = [packed_input(seqs, align=4, cp=2, cp_rank=r) for r in range(2)]
+    assert loss_count(loss_agg, 2, float(whole.scored.sum()), cp_rank=0) == expected
+    assert sum(loss_count(loss_agg, 2, float(h.scored.sum()), cp_rank=r) for r, h in enumerate(halves)) == expected

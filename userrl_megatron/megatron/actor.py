@@ -63,6 +63,15 @@ log = logging.getLogger(__name__)
 SEQUENCE_AGGREGATIONS = ("seq-mean-token-sum", "seq-mean-token-mean")
 
 
+def loss_count(loss_agg: str, rows: int, tokens: float, cp_rank: int) -> float:
+    """A micro-batch's share of the loss normaliser N, which Megatron sums over the data- and context-parallel
+    ranks: its trained tokens, or for the seq-mean aggregations its rows, counted on CP rank 0 only (every CP rank
+    holds a slice of the same rows; counting them on each would shrink the gradients by the CP size)."""
+    if loss_agg in SEQUENCE_AGGREGATIONS:
+        return float(rows) if cp_rank == 0 else 0.0
+    return tokens
+
+
 @dataclass
 class MicroBatch:
     """Episodes `rows` of the batch, as model input plus (for training) their per-token loss inputs."""
@@ -364,7 +373,7 @@ class MegatronActor:
             entropy=to_rows(entropy, mb.input, rows, width),
         )
         result = compute_policy_loss(inputs, self.algo, normalizer=1.0)
-        count = float(rows) if self.algo.loss_agg in SEQUENCE_AGGREGATIONS else float(result.num_tokens)
+        count = loss_count(self.algo.loss_agg, rows, float(result.num_tokens), self.layout.cp_rank)
         device = logits.device
         sums = {**result.token_sums, "actor/loss": result.loss.detach(), "tokens": result.num_tokens}
         sums["count"] = torch.tensor(count, dtype=torch.float32, device=device)

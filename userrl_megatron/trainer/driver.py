@@ -1,9 +1,10 @@
 """The RL loop: `train(cfg)` starts the components and runs `Trainer.fit`, whose body is one screen.
 
-One step: a batch of tasks -> rollout groups (n episodes per task) -> filters -> old (and reference) log-probs
--> advantages -> PPO/GRPO mini-batch updates -> weight sync to the engines -> metrics, rollout dump,
-checkpoint, evaluation. Relaunching the same command resumes from the run directory's `latest` checkpoint
-(model, optimizer, LR schedule, RNG, step, position in the task stream), or from the newest undamaged one.
+One step: a batch of tasks -> rollout groups (n episodes per task) -> filters -> old log-probs (when the update
+is off-policy) and reference log-probs (with a KL penalty) -> advantages -> PPO/GRPO mini-batch updates -> weight
+sync to the engines -> metrics, rollout dump, checkpoint, evaluation. Relaunching the same command resumes from
+the run directory's `latest` checkpoint (model, optimizer, LR schedule, RNG, step, position in the task stream),
+or from the newest undamaged one.
 
 What stops a run is a `RunError` (one line, exit 1, the last good checkpoint kept): no rollout engine left,
 `rollout.max_infra_failed_steps` steps in a row lost mostly to the infrastructure, a checkpoint that cannot be
@@ -77,8 +78,9 @@ class Trainer:
                 prepared = self.prepare(groups, step)
                 if prepared is not None:  # else no update, and no new weights to send
                     await parts.enter_training()
-                    with timers("logprobs"):
-                        await self.score(prepared.batch)
+                    if self.needs_scoring():
+                        with timers("logprobs"):
+                            await self.score(prepared.batch)
                     with timers("train"):
                         metrics |= await self.update(prepared.batch, step)
                     metrics |= prepared.metrics  # the actor reports the rollout/trainer mismatch/*
@@ -122,9 +124,18 @@ class Trainer:
             return None
         return prepare_batch(groups, self.cfg.algo)
 
+    def on_policy(self) -> bool:
+        """One optimizer step per RL step: the update starts from the weights that generated the rollout, so the
+        training forward's own log-probs are the old ones (ratio 1) and no separate scoring pass is needed."""
+        return self.cfg.algo.ppo_epochs == 1 and self.cfg.algo.mini_batches_per_step == 1
+
+    def needs_scoring(self) -> bool:
+        return not self.on_policy() or self.cfg.algo.kl_coef > 0
+
     async def score(self, batch: TrainBatch) -> None:
-        """Old log-probs (recomputed by the trainer, as PPO needs them) and reference log-probs for KL."""
-        batch.old_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_logprobs", batch)
+        """Old log-probs (recomputed by the trainer when the update is off-policy) and reference log-probs for KL."""
+        if not self.on_policy():
+            batch.old_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_logprobs", batch)
         if self.cfg.algo.kl_coef > 0:
             batch.ref_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_ref_logprobs", batch)
 
