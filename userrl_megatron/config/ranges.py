@@ -36,6 +36,9 @@ CHECKED_ELSEWHERE = (
 
 RANGES: dict[str, Rule] = {
     "run.total_steps": COUNT,
+    "plan.device_memory_gb": POSITIVE,
+    "plan.context_gb": NON_NEGATIVE,
+    "plan.engine_runtime_gb": NON_NEGATIVE,
     "run.seed": NON_NEGATIVE,
     "model.max_context_length": COUNT,
     "megatron.micro_batch_tokens": COUNT,

@@ -217,6 +217,13 @@ class EvalConfig:
 
 
 @dataclass
+class PlanConfig:
+    device_memory_gb: float = 80.0  # GiB of one GPU that `userrl plan` checks (H100 80GB: 79.6, H200: 140.4)
+    context_gb: float = 1.0  # GiB each process holds on a GPU whatever it does: CUDA context, NCCL, allocator
+    engine_runtime_gb: float = 3.0  # GiB an engine uses generating, beyond weights and KV: CUDA graphs, activations
+
+
+@dataclass
 class RootConfig:
     run: RunConfig = field(default_factory=RunConfig)  # run identity, seed, length, devices
     model: ModelConfig = field(default_factory=ModelConfig)  # policy model
@@ -229,3 +236,4 @@ class RootConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # checkpoints and resume
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # metrics backends and rollout dumps
     eval: EvalConfig = field(default_factory=EvalConfig)  # periodic evaluation
+    plan: PlanConfig = field(default_factory=PlanConfig)  # devices `userrl plan` checks the run against

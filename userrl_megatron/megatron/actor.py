@@ -223,9 +223,10 @@ class MegatronActor:
         cpu.enter_mode()
         return checkpoint.load(self, path)
 
-    def offload(self) -> None:
-        """Move parameters, gradients and optimizer state to host memory (GPU; a no-op on CPU)."""
-        optim.offload(self.chunks, self.optimizer)
+    def offload(self, weights: bool = True) -> None:
+        """Move optimizer state and gradients, and with `weights` the parameters, to host memory (GPU; a no-op on
+        CPU). Offloading what is already offloaded does nothing."""
+        optim.offload(self.chunks, self.optimizer, weights)
 
     def onload(self) -> None:
         """Bring them back before the next compute_logprobs / train_step."""

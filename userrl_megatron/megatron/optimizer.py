@@ -92,11 +92,12 @@ def current_lr(optimizer: MegatronOptimizer) -> float:
     return float(optimizer.param_groups[0]["lr"])
 
 
-def offload(chunks: list[DistributedDataParallel], optimizer: MegatronOptimizer) -> None:
-    """Move optimizer state, then parameters, to pinned host memory and free gradients (GPU only).
+def offload(chunks: list[DistributedDataParallel], optimizer: MegatronOptimizer, weights: bool = True) -> None:
+    """Move optimizer state, then (with `weights`) parameters, to pinned host memory and free gradients (GPU only).
 
     The optimizer goes first: for fp32 models its master shards are views of the parameter buffers.
-    Parameters live in DDP's buffers (and so move) only with the distributed optimizer.
+    Parameters live in DDP's buffers (and so move) only with the distributed optimizer. Every move skips what
+    is already on the host, so a second call (the parameters after the state) moves only the rest.
     """
     if not torch.cuda.is_available():
         log.debug("offload: nothing to do on CPU")
@@ -106,7 +107,7 @@ def offload(chunks: list[DistributedDataParallel], optimizer: MegatronOptimizer)
     optimizer.offload_to_cpu()
     for chunk in chunks:
         for buffer in chunk.buffers + chunk.expert_parallel_buffers:
-            buffer.offload_to_cpu(move_params=True, move_grads=True)
+            buffer.offload_to_cpu(move_params=weights, move_grads=True)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
 

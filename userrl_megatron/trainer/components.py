@@ -80,11 +80,25 @@ class Components:
             await self._resume_memory(MEMORY_TAGS)
             await self.pool.resume()
 
+    @contextlib.asynccontextmanager
+    async def actor_on_device(self) -> AsyncIterator[None]:
+        """Colocated: a checkpoint save or an HF export reads the actor's state, which is offloaded while the
+        engines hold their memory: the engines step aside for it, then take their memory back."""
+        if not self.cfg.rollout.colocate:
+            yield
+            return
+        await self.enter_training()
+        try:
+            yield
+        finally:
+            await self.enter_rollout()
+
     async def sync_weights(self, version: int) -> dict[str, float]:
         """Pause the engines, stream the weights to all of them, flush their caches, resume.
 
-        Colocated, the pool is already paused (enter_training): only the engines' weight memory comes back
-        here; their KV cache returns in enter_rollout, after the actor has moved out."""
+        Colocated, the pool is already paused (enter_training): with `megatron.offload` the actor's grads and
+        optimizer state leave first, then the engines' weight memory comes back; their KV cache returns in
+        enter_rollout, after the actor's weights have moved out too."""
         try:
             await self.pool.repair(self.cfg.rollout.engine_restart_timeout_s)  # dead engines come back first
         except Exception as e:
@@ -98,6 +112,8 @@ class Components:
             if not colocated:
                 await self.pool.pause()
             if colocated:
+                if self.cfg.megatron.offload:  # grads and optimizer state leave before the engines' weights return
+                    await asyncio.to_thread(self.actors.call, "offload", False)
                 await self._resume_memory(["weights"])
             try:
                 metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
@@ -217,6 +233,18 @@ def _rollout_config(cfg: RootConfig) -> Any:
     return rollout
 
 
+async def bring_up(parts: Components) -> None:
+    """Start-up once the actor ranks are built (with their weights, grads and optimizer on the devices): colocated
+    with `megatron.offload`, the actor steps aside first, since an engine sizes its KV cache once, from the memory
+    free when it starts; then the engines start and the weight-sync groups are made."""
+    cfg = parts.cfg
+    if cfg.rollout.colocate and cfg.megatron.offload:
+        await asyncio.to_thread(parts.actors.call, "offload")
+    await parts.pool.start()
+    if cfg.sync.enabled:
+        await parts.connect()
+
+
 @contextlib.asynccontextmanager
 async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Components]:
     """Start every part of the run; tear everything down on exit (also after an error)."""
@@ -262,9 +290,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
         pool = RolloutPool(_rollout_config(cfg), str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
         parts = Components(cfg, actors, pool, runner, TaskStream(train_tasks, cfg.run.seed), eval_tasks, user_sim)
         pool.on_restart = parts.repair
-        await pool.start()
-        if cfg.sync.enabled:
-            await parts.connect()
+        await bring_up(parts)
         yield parts
     finally:
         if pool is not None:

@@ -94,7 +94,8 @@ class Trainer:
             metrics = self.summarize(step, groups, metrics | timers.pop())
             if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 with timers("checkpoint"):
-                    self.save(step, metrics)
+                    async with parts.actor_on_device():
+                        self.save(step, metrics)
                 metrics |= timers.pop()
             self.tracker.log(metrics, step)  # after the checkpoint: a logged step is never trained twice
             self.progress.done(step)
@@ -177,7 +178,8 @@ class Trainer:
             self.best = score
             if step == 0:
                 return metrics  # the initial policy is the model the run started from: nothing to export
-            self.parts.actors.call("export_hf", str(self.run_dir / "hf" / "best"))
+            async with self.parts.actor_on_device():
+                self.parts.actors.call("export_hf", str(self.run_dir / "hf" / "best"))
             (self.run_dir / "best.json").write_text(json.dumps({"step": step, "eval/reward_mean": score}))
         return metrics
 

@@ -89,8 +89,8 @@ class MegatronWorker:
     def load(self, path: str) -> dict[str, Any]:
         return self.actor.load(path)
 
-    def offload(self) -> None:
-        self.actor.offload()
+    def offload(self, weights: bool = True) -> None:
+        self.actor.offload(weights)
 
     def onload(self) -> None:
         self.actor.onload()

@@ -1,0 +1,149 @@
+"""`userrl plan`: the memory arithmetic against hand-computed cases, and the trainer's choreography played on the
+ledger: every shipped config plans clean, and each ordering mistake the choreography once made is caught."""
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from userrl_megatron.cli import main
+from userrl_megatron.config import load_config
+from userrl_megatron.config.model_fit import PUBLISHED_SHAPES
+from userrl_megatron.config.schema import MegatronConfig
+from userrl_megatron.convert.arch import Architecture
+from userrl_megatron.plan import plan_problems, plan_run
+from userrl_megatron.plan.ledger import LedgerActors
+from userrl_megatron.plan.memory import GIB, actor_memory, engine_memory, layer_parameters, sglang_kv_pool
+from userrl_megatron.trainer import components
+
+REPO = Path(__file__).resolve().parents[2]
+LAYOUTS = {
+    path: REPO / "configs" / "model" / f"{path.name.split('-h')[0]}.yaml"
+    for path in (REPO / "configs" / "layout").glob("*.yaml")
+}
+EXAMPLES = sorted((REPO / "examples").glob("*/config.yaml"))
+
+
+def test_layer_and_shard_sizes_by_hand() -> None:
+    tiny = Architecture.from_hf_config({**_tiny_config(), "model_type": "llama"})  # no q/k/v bias
+    # attention 8 x (2x4 + 2x1x4) + 2x4 x 8 = 192, MLP 3 x 8 x 16 = 384, two norms 16
+    assert layer_parameters(tiny) == 592
+    m = actor_memory(tiny, MegatronConfig(tensor_model_parallel_size=2, micro_batch_tokens=64), "bfloat16", world=4)
+    # per TP rank: 4 layers x (576 / 2 + 16 norm) + embedding 32 x 8 / 2 + final norm 8 + output layer 128 = 1480
+    assert m.weights == 1480 * 2 and m.grads == 1480 * 4
+    assert m.optimizer == 1480 * 12 // 2  # Adam moments + fp32 master, over DP = 4 / TP2 = 2
+    # 64 tokens x (4h + 2q + 2kv + 3f = 104 values; the 4h = 32 norm values unsharded without SP) x 2 bytes
+    assert m.train_activations == 4 * 64 * ((104 - 32) // 2 + 32) * 2
+    assert m.forward_activations == 2 * 64 * 68 * 2
+    assert m.train_logits == 64 * 16 * 16 and m.forward_logits == 64 * 16 * 10
+    sp_full = MegatronConfig(
+        tensor_model_parallel_size=2, micro_batch_tokens=64, sequence_parallel=True, recompute="full"
+    )
+    # full recompute keeps each layer's input (64 x 8 / 2 values) and one layer's set (64 x 52 values)
+    assert actor_memory(tiny, sp_full, "bfloat16", world=4).train_activations == (4 * 64 * 4 + 64 * 52) * 2
+    pp2 = MegatronConfig(pipeline_model_parallel_size=2, use_distributed_optimizer=False, micro_batch_tokens=64)
+    # the last stage (2 layers, final norm, output layer) is the larger; 2 micro-batches in flight under 1F1B
+    assert actor_memory(tiny, pp2, "bfloat16", world=2).weights == (2 * 592 + 8 + 256) * 2
+    assert actor_memory(tiny, pp2, "bfloat16", world=2).train_activations == 2 * 2 * 64 * 104 * 2
+
+
+def _tiny_config() -> dict:
+    return {
+        "num_hidden_layers": 4,
+        "hidden_size": 8,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 4,
+        "intermediate_size": 16,
+        "vocab_size": 32,
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 64,
+    }
+
+
+def test_engine_sizes_match_published_qwen3_8b_figures() -> None:
+    arch = Architecture.from_hf_config(PUBLISHED_SHAPES["qwen3-8b"])
+    cfg = load_config(overrides=["rollout.backend=sglang"])
+    engine = engine_memory(arch, cfg.rollout, "bfloat16", cfg.plan)
+    assert round(arch.num_parameters / 1e9, 2) == 8.19  # Qwen3-8B: 8.2B parameters
+    assert engine.kv_token == 2 * 36 * 8 * 128 * 2 == 144 * 1024  # K and V, 36 layers, 8 KV heads of 128, bf16
+    assert engine.weights == arch.num_parameters * 2
+    # SGLang keeps (1 - mem_fraction_static) of the device outside its pool: 50 GiB free, 80 GiB, 0.5 -> 10 GiB
+    assert sglang_kv_pool(50 * GIB, 80 * GIB, 0.5) == 10 * GIB
+
+
+def _layout(path: Path, *overrides: str):
+    return load_config([str(LAYOUTS[path]), str(path)], list(overrides))
+
+
+@pytest.mark.parametrize("path", sorted(LAYOUTS), ids=lambda p: p.name)
+def test_every_layout_plans_clean(path: Path) -> None:
+    plan = plan_run(_layout(path))
+    assert plan_problems(plan) == []
+    assert [r.phase for r in plan.rows][:2] == ["start-up", "rollout"] and min(plan.kv_tokens) > 0
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, REPO / "configs" / "quickstart.yaml"], ids=lambda p: p.parent.name)
+def test_every_example_plans_clean(path: Path) -> None:
+    assert plan_problems(plan_run(load_config([str(path)]))) == []
+
+
+H100_8B = REPO / "configs" / "layout" / "qwen3-8b-h100x8.yaml"
+H100_32B = REPO / "configs" / "layout" / "qwen3-32b-h100x16.yaml"
+
+
+def test_engines_starting_beside_a_resident_actor_get_no_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def engines_first(parts: components.Components) -> None:  # the start-up order before the fix
+        await parts.pool.start()
+        await parts.connect()
+
+    monkeypatch.setattr(components, "bring_up", engines_first)
+    problems = plan_problems(plan_run(_layout(H100_8B)))
+    assert any("engine 0 starts with" in p and "no room for a KV cache" in p for p in problems), problems
+
+
+def test_sync_frees_grads_and_optimizer_before_engine_weights_return(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _layout(H100_32B, "plan.device_memory_gb=70")
+    assert plan_problems(plan_run(cfg)) == []
+    offload = LedgerActors._offload
+
+    def weights_only(self: LedgerActors, weights: bool = True) -> None:  # the sync before the fix frees nothing
+        if weights:
+            offload(self, weights)
+
+    monkeypatch.setattr(LedgerActors, "_offload", weights_only)
+    problems = plan_problems(plan_run(cfg))
+    assert problems and problems[0].startswith("weight sync: GPU 0 needs 78.8 GiB, 8.8 GiB more than"), problems
+
+
+def test_saves_and_exports_onload_the_actor(monkeypatch: pytest.MonkeyPatch) -> None:
+    @contextlib.asynccontextmanager
+    async def as_it_is(self: components.Components) -> AsyncIterator[None]:  # before the fix: no onload
+        yield
+
+    monkeypatch.setattr(components.Components, "actor_on_device", as_it_is)
+    problems = plan_problems(plan_run(_layout(H100_8B, "eval.every_steps=1")))
+    assert sorted(problems) == [
+        "a checkpoint save runs while the actor weights, actor grads, actor optimizer are offloaded (it would crash)",
+        "an HF export runs while the actor weights are offloaded (it would crash)",
+    ]
+
+
+def test_the_log_prob_pass_is_planned_only_when_it_runs() -> None:
+    quickstart = str(REPO / "configs" / "quickstart.yaml")
+    assert "log-probs" not in {r.phase for r in plan_run(load_config([quickstart])).rows}
+    assert "log-probs" in {r.phase for r in plan_run(load_config([quickstart], ["algo.ppo_epochs=2"])).rows}
+
+
+def test_cli_names_the_phase_and_the_shortfall(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--config", str(REPO / "configs" / "quickstart.yaml"), "plan.device_memory_gb=7"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "peak: 8.0 GiB on GPU 1 during start-up" in out
+    assert (
+        err.splitlines()[0]
+        == "userrl: error: start-up: GPU 1 needs 8.0 GiB, 1.0 GiB more than plan.device_memory_gb = 7"
+    )

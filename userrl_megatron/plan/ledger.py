@@ -1,0 +1,257 @@
+"""A memory ledger behind the trainer's own choreography: stand-ins for the actor group, the engine pool and the
+episode runner that book bytes per device instead of computing.
+
+`trainer.components` (start-up order, enter_training / enter_rollout, weight sync, repairs) and
+`trainer.driver.Trainer.fit` run unchanged on these parts, so the plan follows the order the trainer really
+uses: change that order and the plan changes with it. Each call books what it allocates or frees, then records
+the phase it belongs to with what every device holds at that moment (the phase's peak over the run).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from userrl_megatron.plan.memory import ActorMemory, EngineMemory, sglang_kv_pool
+from userrl_megatron.types import Episode, EpisodeGroup, SamplingParams, Task, Turn
+
+ACTOR_STATE = ("actor weights", "actor grads", "actor optimizer")
+ENGINE_TAGS = {"weights": "engine weights", "kv_cache": "engine KV cache", "cuda_graph": "engine runtime"}
+
+
+@dataclass
+class Ledger:
+    """What every device holds now, and each phase's peak: {phase: [(total, breakdown) per device]}."""
+
+    device_bytes: int
+    held: list[dict[str, int]]
+    peaks: dict[str, list[tuple[int, dict[str, int]]]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, devices: int, device_bytes: int) -> "Ledger":
+        return cls(device_bytes, [{} for _ in range(devices)])
+
+    def book(self, device: int, label: str, nbytes: int) -> None:
+        holding = self.held[device]
+        holding[label] = holding.get(label, 0) + nbytes
+        if holding[label] == 0:
+            del holding[label]
+
+    def free(self, device: int, label: str) -> int:
+        return self.held[device].pop(label, 0)
+
+    def record(self, phase: str, temporaries: dict[int, dict[str, int]] | None = None) -> None:
+        """The devices' holdings (plus this call's temporaries) as a candidate for `phase`'s peak."""
+        peaks = self.peaks.setdefault(phase, [(0, {}) for _ in self.held])
+        for device, holding in enumerate(self.held):
+            now = dict(holding)
+            for label, nbytes in (temporaries or {}).get(device, {}).items():
+                now[label] = now.get(label, 0) + nbytes
+            total = sum(now.values())
+            if total > peaks[device][0]:
+                peaks[device] = (total, now)
+
+    def complain(self, problem: str) -> None:
+        if problem not in self.problems:
+            self.problems.append(problem)
+
+
+class LedgerActors:
+    """The actor group (`trainer.workers.ActorGroup`): rank r on device `devices[r]`, every rank alike."""
+
+    def __init__(self, ledger: Ledger, memory: ActorMemory, devices: list[int], bucket_bytes: int) -> None:
+        self.ledger, self.memory, self.devices, self.bucket_bytes = ledger, memory, devices, bucket_bytes
+        self.offloaded: set[str] = set()
+        for device in devices:  # built with the HF weights loaded: everything on the device
+            for label, nbytes in self._state().items():
+                ledger.book(device, label, nbytes)
+        ledger.record("start-up")
+
+    def _state(self) -> dict[str, int]:
+        m = self.memory
+        return dict(zip(ACTOR_STATE, (m.weights, m.grads, m.optimizer), strict=True))
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self, f"_{method}")(*args)
+
+    def _offload(self, weights: bool = True) -> None:
+        labels = ACTOR_STATE if weights else ACTOR_STATE[1:]
+        for label in labels:
+            for device in self.devices:
+                self.ledger.free(device, label)
+        self.offloaded.update(labels)
+
+    def _onload(self) -> None:
+        state = self._state()
+        for label in sorted(self.offloaded):
+            for device in self.devices:
+                self.ledger.book(device, label, state[label])
+        self.offloaded.clear()
+
+    def _need(self, labels: tuple[str, ...], what: str) -> None:
+        missing = [label for label in labels if label in self.offloaded]
+        if missing:
+            self.ledger.complain(f"{what} runs while the {', '.join(missing)} are offloaded (it would crash)")
+
+    def _compute_logprobs(self, batch: Any) -> None:
+        self._need(ACTOR_STATE[:1], "a log-prob pass")
+        m = self.memory
+        self._temporary("log-probs", {"actor activations": m.forward_activations, "actor logits": m.forward_logits})
+
+    _compute_ref_logprobs = _compute_logprobs
+
+    def _train_step(self, batch: Any) -> dict[str, float]:
+        self._need(ACTOR_STATE, "a training step")
+        m = self.memory
+        self._temporary("training", {"actor activations": m.train_activations, "actor logits": m.train_logits})
+        return {"actor/loss": 0.0}
+
+    def _save(self, path: str, *args: Any) -> None:
+        self._need(ACTOR_STATE, "a checkpoint save")
+        self.ledger.record("checkpoint")
+
+    def _export_hf(self, path: str) -> None:
+        self._need(ACTOR_STATE[:1], "an HF export")
+        self._temporary("HF export", {"export buffer": self.bucket_bytes})
+
+    def _temporary(self, phase: str, temporaries: dict[str, int]) -> None:
+        self.ledger.record(phase, {device: temporaries for device in self.devices})
+
+    def push_weights(self, groups: list[str], version: int) -> dict[str, float]:
+        self._need(ACTOR_STATE[:1], "a weight sync")
+        self._temporary("weight sync", {"sync bucket": self.bucket_bytes})
+        return {}
+
+    def connect_engines(self, engines: list[dict[str, Any]], prefix: str) -> list[str]:
+        return [prefix]
+
+    def disconnect_engines(self, groups: list[str]) -> None:
+        return None
+
+    def weight_checksums(self, rows: int) -> dict[str, float]:
+        return {}
+
+    def shutdown(self) -> None:
+        return None
+
+
+class LedgerClient:
+    """One engine's HTTP client: memory release and resume, as SGLang's memory saver does them."""
+
+    def __init__(self, pool: "LedgerPool", index: int) -> None:
+        self.pool, self.index = pool, index
+        self.base_url = f"engine-{index}"
+        self.released: dict[str, int] = {}  # tag -> bytes per device
+
+    async def release_memory(self, tags: list[str]) -> None:
+        for tag in tags:
+            for device in self.pool.devices_of(self.index):
+                self.released[tag] = self.pool.ledger.free(device, ENGINE_TAGS[tag])
+
+    async def resume_memory(self, tags: list[str]) -> None:
+        for tag in tags:
+            nbytes = self.released.pop(tag, 0)
+            for device in self.pool.devices_of(self.index):
+                self.pool.ledger.book(device, ENGINE_TAGS[tag], nbytes)
+
+    async def get_weights_by_name(self, name: str, truncate_size: int = 0) -> list[float]:
+        return []
+
+    async def destroy_weights_update_group(self, name: str) -> None:
+        return None
+
+
+class LedgerPool:
+    """The engine pool (`rollout.pool.RolloutPool`): engine e on devices `devices[e]`."""
+
+    def __init__(self, ledger: Ledger, memory: EngineMemory, rollout: Any, devices: list[list[int]]) -> None:
+        self.ledger, self.memory, self.rollout, self.engine_devices = ledger, memory, rollout, devices
+        self.clients = [LedgerClient(self, e) for e in range(len(devices))]
+        self.urls = [c.base_url for c in self.clients]
+        self.kv_tokens: list[int] = []
+        self.exhausted, self.restarts_total, self.log_dir, self.on_restart = False, 0, None, None
+        self.concurrency = 1
+
+    def devices_of(self, engine: int) -> list[int]:
+        return self.engine_devices[engine]
+
+    async def start(self) -> None:
+        """Each engine loads its weights, then sizes its KV pool from what is free on its GPUs at that moment."""
+        m = self.memory
+        for engine, devices in enumerate(self.engine_devices):
+            for device in devices:
+                self.ledger.book(device, "engine weights", m.weights)
+            free = min(self.ledger.device_bytes - sum(self.ledger.held[d].values()) for d in devices)
+            kv = self._kv_bytes(free)
+            if kv <= 0:
+                self.ledger.complain(
+                    f"engine {engine} starts with {free / 2**30:.1f} GiB free after its weights on GPU {devices[0]}: "
+                    "no room for a KV cache"
+                )
+                kv = 0
+            self.kv_tokens.append(kv // m.kv_token)
+            for device in devices:
+                self.ledger.book(device, "engine KV cache", kv)
+                self.ledger.book(device, "engine runtime", m.runtime)
+        self.ledger.record("start-up")
+
+    def _kv_bytes(self, free: int) -> int:
+        if self.rollout.backend == "sglang":
+            return sglang_kv_pool(free, self.ledger.device_bytes, self.rollout.sglang.mem_fraction_static)
+        if self.rollout.sglang.max_total_tokens:
+            return self.rollout.sglang.max_total_tokens * self.memory.kv_token
+        embedded = self.rollout.embedded  # a running request's KV grows to its context; finished ones are cached
+        context = self.rollout.max_prompt_tokens + self.rollout.max_response_tokens
+        return (embedded.max_running_requests * context + embedded.prefix_cache_tokens) * self.memory.kv_token
+
+    async def pause(self, mode: str = "abort") -> None:
+        return None
+
+    async def resume(self) -> None:
+        return None
+
+    async def flush_cache(self) -> None:
+        return None
+
+    async def repair(self, timeout_s: float) -> None:
+        return None
+
+    async def restart(self, urls: list[str], timeout_s: float) -> list[LedgerClient]:
+        return self.clients
+
+    async def close(self) -> None:
+        return None
+
+    def session(self, episode_id: str = "") -> None:
+        return None
+
+
+class LedgerRunner:
+    """The episode runner: every rollout records the rollout phase and returns episodes of the longest length
+    the budgets allow (rewards alternate inside a group, so every group carries a signal)."""
+
+    def __init__(self, ledger: Ledger, tokens: int) -> None:
+        self.ledger, self.tokens = ledger, tokens
+        self.evaluations = 0
+
+    def sampling(self, temperature: float | None = None) -> SamplingParams | None:
+        return None if temperature is None else SamplingParams(temperature=temperature)
+
+    async def run_groups(
+        self, tasks: list[Task], n: int, engine_for: Any, sampling: SamplingParams | None, concurrency: int
+    ) -> list[EpisodeGroup]:
+        self.ledger.record("rollout" if sampling is None else "evaluation")
+        if sampling is not None:
+            self.evaluations += 1  # each evaluation scores a little higher: every one exports a new best
+        return [
+            EpisodeGroup(f"g{i}", task, [self._episode(task, f"g{i}", k) for k in range(n)])
+            for i, task in enumerate(tasks)
+        ]
+
+    def _episode(self, task: Task, group: str, k: int) -> Episode:
+        episode = Episode(task, group, finish_reason="done")
+        prompt = self.tokens // 2
+        episode.append([0] * prompt, trained=False)
+        episode.append([0] * (self.tokens - prompt), trained=True, turn=0)
+        reward = float(k % 2) + self.evaluations / 1000
+        episode.turns.append(Turn(0, prompt, self.tokens, "", reward=reward))
+        return episode

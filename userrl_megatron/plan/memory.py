@@ -1,0 +1,125 @@
+"""Bytes per device of what a run holds: the Megatron actor's state and temporaries, an engine's weights and KV.
+
+Pure arithmetic from the model's shape (`convert.arch.Architecture`) and the config sections; every number is a
+product of a count and a width that the docstrings name, so a plan can be checked by hand (docs/plan.md).
+"""
+
+from dataclasses import dataclass
+
+from userrl_megatron.config.schema import MegatronConfig, PlanConfig, RolloutConfig
+from userrl_megatron.convert.arch import Architecture
+
+GIB = 2**30
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+GRAD_BYTES = 4  # Megatron's grad buffers are fp32 (`grad_reduce_in_fp32`)
+ADAM_BYTES = 8  # exp_avg and exp_avg_sq, fp32
+MASTER_BYTES = 4  # fp32 master copy of 16-bit parameters
+# Bytes per (token x local vocabulary column) at the output: the model's 16-bit logits, their fp32 copy, the
+# softmax/entropy temporaries and, when training, the fp32 gradient of the logits (megatron/logits.py).
+LOGIT_BYTES_FORWARD = 10
+LOGIT_BYTES_TRAIN = 16
+
+
+def layer_parameters(arch: Architecture) -> int:
+    """Parameters of one transformer layer (attention, SwiGLU MLP, two norms)."""
+    h, d = arch.hidden_size, arch.head_dim
+    attn = h * (arch.num_heads * d + 2 * arch.num_kv_heads * d) + arch.num_heads * d * h
+    if arch.qkv_bias:
+        attn += arch.num_heads * d + 2 * arch.num_kv_heads * d
+    if arch.qk_norm:
+        attn += 2 * d
+    return attn + 3 * h * arch.ffn_hidden_size + 2 * h
+
+
+@dataclass(frozen=True)
+class ActorMemory:
+    """One Megatron rank's bytes, for the pipeline stage that holds the most (the first or the last)."""
+
+    weights: int  # parameters in the model dtype
+    grads: int  # fp32 grad buffers (whole stage shard: the distributed optimizer reduce-scatters into them)
+    optimizer: int  # Adam moments (+ fp32 master weights), divided over DP x CP with the distributed optimizer
+    train_activations: int  # stored for the backward of the micro-batches in flight, under the chosen recompute
+    forward_activations: int  # one layer's worth: a forward-only pass keeps nothing for a backward
+    train_logits: int  # output-layer temporaries of one micro-batch, training (last stage)
+    forward_logits: int  # the same for a log-prob pass
+
+    @property
+    def state(self) -> int:
+        return self.weights + self.grads + self.optimizer
+
+
+def actor_memory(arch: Architecture, cfg: MegatronConfig, dtype: str, world: int) -> ActorMemory:
+    """The worst rank of the layout `cfg` over `world` ranks (see the module docstring for the widths)."""
+    tp, pp, cp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.context_parallel_size
+    dp_cp = world // (tp * pp)  # the distributed optimizer shards over data- and context-parallel ranks
+    width = DTYPE_BYTES[dtype]
+    layers = -(-arch.num_layers // pp)
+    shard = (layer_parameters(arch) - 2 * arch.hidden_size) // tp + 2 * arch.hidden_size
+    embedding = arch.vocab_size * arch.hidden_size // tp
+    first = layers * shard + embedding
+    last = layers * shard + arch.hidden_size + (embedding if pp > 1 or not arch.tied_embeddings else 0)
+    params = max(first, last) if pp > 1 else first + last - layers * shard
+    master = 0 if width == 4 else MASTER_BYTES
+    optimizer = params * (ADAM_BYTES + master)
+    if cfg.use_distributed_optimizer:
+        optimizer = -(-optimizer // dp_cp)
+
+    tokens = -(-cfg.micro_batch_tokens // cp)
+    per_token, replicated = _layer_activation_widths(arch)
+    sharded_width = (per_token - replicated) // tp + (replicated // tp if cfg.sequence_parallel else replicated)
+    layer_bytes = tokens * sharded_width * width
+    if cfg.recompute == "full":  # each layer keeps its input; the one being recomputed holds its full set
+        layer_input = tokens * arch.hidden_size * width // (tp if cfg.sequence_parallel else 1)
+        per_micro_batch = layers * layer_input + layer_bytes
+    else:  # "selective" recomputes the attention scores, which flash attention never stores
+        per_micro_batch = layers * layer_bytes
+    vpp = cfg.virtual_pipeline_model_parallel_size
+    in_flight = pp if vpp == 1 else pp + (pp - 1) / vpp  # 1F1B; interleaving warms up (pp - 1) / vpp more
+    vocab_columns = -(-arch.vocab_size // tp)
+    return ActorMemory(
+        weights=params * width,
+        grads=params * GRAD_BYTES,
+        optimizer=optimizer,
+        train_activations=int(per_micro_batch * in_flight),
+        forward_activations=2 * layer_bytes,
+        train_logits=tokens * vocab_columns * LOGIT_BYTES_TRAIN,
+        forward_logits=tokens * vocab_columns * LOGIT_BYTES_FORWARD,
+    )
+
+
+def _layer_activation_widths(arch: Architecture) -> tuple[int, int]:
+    """Values per token one layer stores for its backward, and how many of them only sequence parallelism shards.
+
+    Attention: norm input and output (2h), q (heads x d), k and v (2 x kv heads x d), the attention output
+    (heads x d). MLP: norm input and output (2h), gate and up (2f), the SwiGLU product (f). The four h-wide norm
+    tensors are replicated across TP ranks unless sequence parallelism splits them along the sequence."""
+    h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    return 4 * h + 2 * q + 2 * kv + 3 * arch.ffn_hidden_size, 4 * h
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """One GPU of one rollout engine (SGLang's accounting)."""
+
+    weights: int  # the whole model in the serving dtype over the engine's TP ranks
+    kv_token: int  # KV-cache bytes per token on one GPU (K and V of every layer, this GPU's KV heads)
+    runtime: int  # CUDA graphs and decode activations while generating (`plan.engine_runtime_gb`)
+
+
+def engine_memory(arch: Architecture, rollout: RolloutConfig, dtype: str, plan: PlanConfig) -> EngineMemory:
+    """Weights and KV widths of one engine GPU at `rollout.engine_tp`."""
+    tp = rollout.engine_tp
+    width = DTYPE_BYTES[dtype]
+    kv_heads = max(1, arch.num_kv_heads // tp)  # SGLang replicates KV heads when TP exceeds their count
+    return EngineMemory(
+        weights=arch.num_parameters * width // tp,
+        kv_token=2 * arch.num_layers * kv_heads * arch.head_dim * width,
+        runtime=int(plan.engine_runtime_gb * GIB),
+    )
+
+
+def sglang_kv_pool(free_after_weights: int, device: int, mem_fraction_static: float) -> int:
+    """Bytes SGLang gives its KV pool at start: what is free once its weights are loaded, less the share of the
+    device it keeps for everything else, `(1 - mem_fraction_static) x device`. Memory another process holds at
+    that moment is not free: an actor still on the GPU shrinks the pool for the whole run."""
+    return free_after_weights - int(device * (1 - mem_fraction_static))

@@ -1,0 +1,155 @@
+"""`plan_run(cfg)`: the device memory of every phase of a run, found by playing the trainer's own choreography
+(`trainer.components.bring_up`, then two steps of `trainer.driver.Trainer.fit`, with a checkpoint, evaluations
+and the final export) on the ledger of `plan/ledger.py`. Nothing is started: no Ray, no model, no GPU.
+"""
+
+import asyncio
+import logging
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from userrl_megatron.config.model_fit import model_shape
+from userrl_megatron.config.schema import RootConfig
+from userrl_megatron.convert.arch import Architecture
+from userrl_megatron.errors import UserError
+from userrl_megatron.plan.ledger import Ledger, LedgerActors, LedgerPool, LedgerRunner
+from userrl_megatron.plan.memory import GIB, actor_memory, engine_memory
+from userrl_megatron.types import Task
+
+STEPS = 2  # the first step, and one in the steady state (offloads and releases already paired)
+
+
+@dataclass
+class PhaseRow:
+    """A phase's busiest GPU among the actor's or the engines' GPUs (one kind when colocated)."""
+
+    phase: str
+    kind: str  # "actor", "engine" or "shared"
+    device: int
+    used: int  # bytes
+    held: dict[str, int]  # what holds them
+
+
+@dataclass
+class MemoryPlan:
+    """Per phase and GPU kind, in the order the run reaches the phases; the engines' KV pools; ordering problems."""
+
+    device_bytes: int
+    devices: int
+    rows: list[PhaseRow]
+    kv_tokens: list[int]  # each engine's KV-cache size in tokens
+    kv_demand: int  # tokens the episodes in flight on one engine can reach
+    problems: list[str]
+
+    @property
+    def peak(self) -> PhaseRow:
+        return max(self.rows, key=lambda r: r.used)
+
+
+def plan_run(cfg: RootConfig) -> MemoryPlan:
+    """The memory plan of `cfg` on GPUs of `plan.device_memory_gb` (see the module docstring)."""
+    from userrl_megatron.trainer.placement import plan_bundles
+
+    config = model_shape(cfg.model.path)
+    if config is None:
+        raise UserError(
+            f"model.path = {cfg.model.path}: no config.json there and not a model whose shape is known here "
+            "(configs/model/): the plan needs the model's shape"
+        )
+    arch = Architecture.from_hf_config(config)
+    bundles = plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True)
+    ledger = Ledger.of(len(bundles.bundles), int(cfg.plan.device_memory_gb * GIB))
+    context = int(cfg.plan.context_gb * GIB)
+    engine_devices = [list(range(b, b + cfg.rollout.engine_tp)) for b in bundles.engine_bundles]
+    for device in sorted(set(bundles.actor_bundles)) + [d for ds in engine_devices for d in ds]:
+        ledger.book(device, "CUDA contexts", context)
+
+    bucket = cfg.sync.bucket_mb * 2**20
+    world = len(bundles.actor_bundles)
+    actors = LedgerActors(
+        ledger, actor_memory(arch, cfg.megatron, cfg.model.dtype, world), bundles.actor_bundles, bucket
+    )
+    pool = LedgerPool(ledger, engine_memory(arch, cfg.rollout, cfg.model.dtype, cfg.plan), cfg.rollout, engine_devices)
+    tokens = min(cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens, cfg.model.max_context_length)
+    runner = LedgerRunner(ledger, tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(_play(_short_run(cfg, tmp), actors, pool, runner))
+    actor_gpus, engine_gpus = set(bundles.actor_bundles), {d for ds in engine_devices for d in ds}
+    kinds = {"shared": actor_gpus} if actor_gpus == engine_gpus else {"actor": actor_gpus, "engine": engine_gpus}
+    rows = []
+    for phase, per_device in ledger.peaks.items():
+        for kind, gpus in kinds.items():
+            device = max(sorted(gpus), key=lambda d: per_device[d][0])
+            rows.append(PhaseRow(phase, kind, device, *per_device[device]))
+    episodes = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
+    in_flight = min(cfg.rollout.max_concurrent_episodes, -(-episodes // cfg.rollout.num_engines))
+    return MemoryPlan(ledger.device_bytes, len(ledger.held), rows, pool.kv_tokens, in_flight * tokens, ledger.problems)
+
+
+def _short_run(cfg: RootConfig, out: str) -> RootConfig:
+    """The run cut to two steps, each with a checkpoint and (when the run evaluates) an evaluation; quiet."""
+    return replace(
+        cfg,
+        run=replace(cfg.run, total_steps=STEPS, output_dir=out, name="plan"),
+        checkpoint=replace(cfg.checkpoint, every_steps=1, resume="disable"),
+        eval=replace(cfg.eval, every_steps=1 if cfg.eval.every_steps else 0),
+        logging=replace(cfg.logging, backends=[], rollout_dump_every=0),
+    )
+
+
+async def _play(cfg: RootConfig, actors: LedgerActors, pool: LedgerPool, runner: LedgerRunner) -> None:
+    from userrl_megatron.trainer.components import Components, bring_up
+    from userrl_megatron.trainer.driver import Trainer
+    from userrl_megatron.trainer.task_stream import TaskStream
+
+    tasks = [Task("plan", f"t{i}", []) for i in range(cfg.rollout.prompts_per_step)]
+    parts = Components(cfg, actors, pool, runner, TaskStream(tasks, cfg.run.seed), tasks[:1])
+    pool.on_restart = parts.repair
+    quiet = logging.getLogger("userrl_megatron")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # the driver's progress lines would describe a run that does not happen
+    try:
+        await bring_up(parts)
+        await Trainer(cfg, Path(cfg.run.output_dir) / cfg.run.name, parts).fit()
+    finally:
+        quiet.setLevel(level)
+
+
+def format_plan(plan: MemoryPlan, cfg: RootConfig) -> str:
+    """The per-phase table `userrl plan` prints."""
+    m, r = cfg.megatron, cfg.rollout
+    world = m.nnodes * m.devices_per_node
+    tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
+    lines = [
+        f"{plan.devices} GPUs of {plan.device_bytes / GIB:.1f} GiB (plan.device_memory_gb); actor TP{tp} PP{pp} "
+        f"CP{cp} DP{world // (tp * pp * cp)}, recompute {m.recompute}, offload {'on' if m.offload else 'off'}; "
+        f"{r.num_engines} {r.backend} engines TP{r.engine_tp}, {'colocated' if r.colocate else 'on their own GPUs'}",
+        f"{'phase':<12} {'GPUs':<7} {'GPU':>4} {'GiB':>6} {'free':>6}  held (GiB)",
+    ]
+    for row in plan.rows:
+        held = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(row.held.items(), key=lambda kv: -kv[1]) if v)
+        free = (plan.device_bytes - row.used) / GIB
+        lines.append(f"{row.phase:<12} {row.kind:<7} {row.device:>4} {row.used / GIB:>6.1f} {free:>6.1f}  {held}")
+    peak = plan.peak
+    lines.append(f"peak: {peak.used / GIB:.1f} GiB on GPU {peak.device} during {peak.phase}")
+    if plan.kv_tokens:
+        kv = min(plan.kv_tokens)
+        lines.append(
+            f"engine KV cache: {kv:,} tokens per engine; its episodes in flight reach {plan.kv_demand:,} at full "
+            f"length" + ("; requests beyond the cache wait" if kv < plan.kv_demand else "")
+        )
+    return "\n".join(lines)
+
+
+def plan_problems(plan: MemoryPlan) -> list[str]:
+    """One line per phase that does not fit, naming the shortfall, then the ledger's ordering problems."""
+    out = []
+    for row in plan.rows:
+        if row.used > plan.device_bytes:
+            out.append(
+                f"{row.phase}: GPU {row.device} needs {row.used / GIB:.1f} GiB, "
+                f"{(row.used - plan.device_bytes) / GIB:.1f} GiB more than plan.device_memory_gb = "
+                f"{plan.device_bytes / GIB:g}"
+            )
+    return out + plan.problems
