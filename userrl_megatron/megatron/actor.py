@@ -37,7 +37,7 @@ from userrl_megatron.convert.hf_io import HFWeights
 from userrl_megatron.convert.rules import Converter
 from userrl_megatron.megatron import checkpoint, cpu, parallel
 from userrl_megatron.megatron import optimizer as optim
-from userrl_megatron.megatron.export import export_hf, gather_hf_state_dict
+from userrl_megatron.megatron.export import export_hf, export_hf_dir
 from userrl_megatron.megatron.logits import vocab_parallel_logprobs
 from userrl_megatron.megatron.model import (
     DTYPES,
@@ -46,6 +46,7 @@ from userrl_megatron.megatron.model import (
     load_full_weights,
     use_transformer_engine,
 )
+from userrl_megatron.megatron.offload import STATE, WEIGHTS, Parking, actor_storages
 from userrl_megatron.megatron.packing import (
     ModelInput,
     balance,
@@ -111,8 +112,14 @@ class MegatronActor:
         self.scheduler = optim.build_scheduler(self.optimizer, megatron)
         config = get_model_config(self.chunks[0])
         config.finalize_model_grads_func = finalize_model_grads
+        if megatron.overlap_grad_reduce:  # only the last micro-batch's backward launches the bucket reductions
+            config.no_sync_func = [c.no_sync for c in self.chunks]
+            config.grad_sync_func = [c.start_grad_sync for c in self.chunks]
+            if len(self.chunks) == 1:
+                config.no_sync_func, config.grad_sync_func = config.no_sync_func[0], config.grad_sync_func[0]
         config.grad_scale_func = self.optimizer.scale_loss
         self.steps = 0  # optimizer steps taken
+        self.parking = Parking()  # what `offload` moved to host memory
 
     # ---- log-probs ----------------------------------------------------------------------------------
 
@@ -130,6 +137,7 @@ class MegatronActor:
         """Per-token log-probs of every episode (position 0 is 0.0: token t is scored given tokens < t),
         identical on every rank. With `with_entropy`, returns (log-probs, entropies) aligned the same way."""
         cpu.enter_mode()
+        self.parking.require("compute_logprobs", [WEIGHTS])
         self._check_tokens(batch)
         for chunk in self.chunks:
             chunk.eval()
@@ -145,6 +153,7 @@ class MegatronActor:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step on the whole batch; metrics (prefixed `actor/`) are identical on every rank."""
         cpu.enter_mode()
+        self.parking.require("train_step")
         self._check_tokens(batch)
         self._check_train_batch(batch)
         start = time.perf_counter()
@@ -195,12 +204,16 @@ class MegatronActor:
         rank must exhaust the iterator. Vocabulary padding is removed; a tied LM head is not yielded.
         """
         cpu.enter_mode()
+        self.parking.require("a weight export", [WEIGHTS])
         yield from export_hf(self._modules(), self.converter, self.layout)
 
-    def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The whole HF state dict (CPU tensors) on global rank 0; None on every other rank. Collective."""
+    def export_hf_dir(self, out_dir: str, max_shard_bytes: int = 2 * 1024**3) -> int:
+        """Write the model as an HF directory (safetensors, config, tokenizer): each pipeline stage writes its
+        own shards, no rank holds the whole model (`export.export_hf_dir`); returns the most bytes this rank held
+        at once. Collective."""
         cpu.enter_mode()
-        return gather_hf_state_dict(self._modules(), self.converter, self.layout)
+        self.parking.require("an HF export", [WEIGHTS])
+        return export_hf_dir(self._modules(), self.converter, self.layout, out_dir, self.hf_dir, None, max_shard_bytes)
 
     def _modules(self) -> list[torch.nn.Module]:
         return [c.module for c in self.chunks]
@@ -216,21 +229,23 @@ class MegatronActor:
     ) -> None:
         """Write a distributed checkpoint to `path` (collective); see `checkpoint.save`."""
         cpu.enter_mode()
+        self.parking.require("a checkpoint save", [WEIGHTS, STATE] if with_optimizer else [WEIGHTS])
         checkpoint.save(self, path, extra_state or {}, keep_last, with_optimizer)
 
     def load(self, path: str) -> dict[str, Any]:
         """Restore from a checkpoint directory (or a folder with a `latest` pointer); returns extra_state."""
         cpu.enter_mode()
+        self.parking.require("a checkpoint load")
         return checkpoint.load(self, path)
 
     def offload(self, weights: bool = True) -> None:
-        """Move optimizer state and gradients, and with `weights` the parameters, to host memory (GPU; a no-op on
-        CPU). Offloading what is already offloaded does nothing."""
-        optim.offload(self.chunks, self.optimizer, weights)
+        """Move optimizer state and gradients, and with `weights` the parameters, to host memory and free their
+        device storage (`offload.py`; on CPU too). Offloading what is already offloaded does nothing."""
+        self.parking.offload(actor_storages(self.chunks, self.optimizer, weights))
 
     def onload(self) -> None:
-        """Bring them back before the next compute_logprobs / train_step."""
-        optim.onload(self.chunks, self.optimizer)
+        """Bring everything back before the next compute_logprobs / train_step / save / export."""
+        self.parking.onload()
 
     # ---- internals ----------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Megatron DDP wrapping, the (distributed) AdamW optimizer, the LR schedule, and CPU offload between phases.
+"""Megatron DDP wrapping, the (distributed) AdamW optimizer and the LR schedule (offload: `offload.py`).
 
 Gradients are reduced in fp32 across data-parallel ranks; with `megatron.use_distributed_optimizer` the
 optimizer state is sharded across them (ZeRO-1). The LR schedule is Megatron's `OptimizerParamScheduler`:
@@ -25,7 +25,7 @@ def wrap_ddp(chunks: list[torch.nn.Module], cfg: MegatronConfig) -> list[Distrib
     """Wrap each model chunk in Megatron's DDP (contiguous fp32 gradient buffers)."""
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,  # one reduction after the last micro-batch (no bucket overlap)
+        overlap_grad_reduce=cfg.overlap_grad_reduce,  # buckets reduced while the backward goes on, or all at the end
         use_distributed_optimizer=cfg.use_distributed_optimizer,
     )
     dp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
@@ -90,34 +90,3 @@ def build_scheduler(optimizer: MegatronOptimizer, cfg: MegatronConfig) -> Optimi
 def current_lr(optimizer: MegatronOptimizer) -> float:
     """The learning rate of the first parameter group (all groups share the schedule)."""
     return float(optimizer.param_groups[0]["lr"])
-
-
-def offload(chunks: list[DistributedDataParallel], optimizer: MegatronOptimizer, weights: bool = True) -> None:
-    """Move optimizer state, then (with `weights`) parameters, to pinned host memory and free gradients (GPU only).
-
-    The optimizer goes first: for fp32 models its master shards are views of the parameter buffers.
-    Parameters live in DDP's buffers (and so move) only with the distributed optimizer. Every move skips what
-    is already on the host, so a second call (the parameters after the state) moves only the rest.
-    """
-    if not torch.cuda.is_available():
-        log.debug("offload: nothing to do on CPU")
-        return
-    if not chunks[0].ddp_config.use_distributed_optimizer:
-        log.warning("offload: parameters stay on the GPU without megatron.use_distributed_optimizer")
-    optimizer.offload_to_cpu()
-    for chunk in chunks:
-        for buffer in chunk.buffers + chunk.expert_parallel_buffers:
-            buffer.offload_to_cpu(move_params=weights, move_grads=True)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-
-
-def onload(chunks: list[DistributedDataParallel], optimizer: MegatronOptimizer) -> None:
-    """Undo `offload`: parameters back (gradients reallocated and zeroed), then optimizer state."""
-    if not torch.cuda.is_available():
-        return
-    for chunk in chunks:
-        for buffer in chunk.buffers + chunk.expert_parallel_buffers:
-            buffer.reload_from_cpu(move_params=True, move_grads=True)
-    optimizer.restore_from_cpu()
-    torch.cuda.synchronize()

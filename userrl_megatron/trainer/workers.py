@@ -96,14 +96,9 @@ class MegatronWorker:
         self.actor.onload()
 
     def export_hf(self, out_dir: str) -> str | None:
-        """Write the whole model as an HF directory (safetensors, config, tokenizer) from rank 0."""
-        from userrl_megatron.convert.hf_io import save_hf_dir
-
-        state = self.actor.gather_hf_state_dict()
-        if state is None:
-            return None
-        save_hf_dir(out_dir, state.items(), self.actor.hf_dir)
-        return out_dir
+        """Write the model as an HF directory (safetensors, config, tokenizer); each stage writes its shards."""
+        self.actor.export_hf_dir(out_dir)
+        return out_dir if self.rank == 0 else None
 
     # ---- weight sync ----
 
@@ -147,6 +142,7 @@ class MegatronWorker:
     # ---- reference weights ----
 
     def _snapshot(self) -> dict[str, Any]:
+        self.actor.parking.require("the reference-weights swap", ["weights"])
         return {name: p.detach().to("cpu", copy=True) for name, p in self._parameters()}
 
     def _restore(self, state: dict[str, Any]) -> None:
