@@ -1,26 +1,26 @@
-"""Log-probabilities and entropy from vocab-parallel logits, without gathering the vocabulary on one rank.
+"""Log-probabilities and entropy from vocab-parallel logits, in token chunks, without gathering the vocabulary.
 
-Each tensor-parallel rank holds the logits of its slice of the (padded) vocabulary. The log-partition
-function is a logsumexp of the per-rank logsumexps (one all-gather of a scalar per position), the target
-logit comes from the one rank that holds it (one all-reduce of a scalar per position), and the entropy
-needs one more all-reduce. Columns past the real vocabulary (Megatron's padding rows) are excluded, so the
-results equal the unpadded HF model's.
+Each tensor-parallel rank holds the logits of its slice of the (padded) vocabulary. Per position, the
+log-partition function is a logsumexp of the per-rank logsumexps (one all-gather of a scalar), the target logit
+comes from the one rank that holds it (one all-reduce), and the entropy's expected logit needs one more
+all-reduce. Columns past the real vocabulary (Megatron's padding) are excluded, so the results equal the
+unpadded HF model's.
 
-Gradients flow through Megatron's mappings: `gather_from_tensor_model_parallel_region` (all-gather
-forward, keep-own-slice backward) and `reduce_from_tensor_model_parallel_region` (all-reduce forward,
-identity backward); both are exact here because every TP rank computes the same loss from the gathered or
-reduced values. The fused `logsumexp` keeps the forward pass to one read of the logits.
+Memory: a [tokens, vocab / TP] fp32 copy of the logits, its softmax and, in training, its gradient were each as
+large as the logits: at a 150k vocabulary, 16 bytes per token and column, the largest temporaries of a step.
+Here the forward and the backward turn at most `CHUNK_ELEMENTS` logits at a time into fp32, and keep only a few
+numbers per position between them; the backward writes the gradient (in the logits' dtype) chunk by chunk. What
+remains is the logits themselves and their gradient. The backward is closed-form: d log p(t) / d x_j = 1[j = t]
+- p_j and d H / d x_j = p_j (E_p[x] - x_j), with the global log-partition and E_p[x] saved by the forward, so it
+needs no collective.
 """
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.tensor_parallel.mappings import (
-    gather_from_tensor_model_parallel_region,
-    reduce_from_tensor_model_parallel_region,
-)
 
 # Stands in for -inf on padding columns: its exp() is exactly 0, and 0 · it stays finite in the entropy.
 PAD_LOGIT = -1.0e30
+CHUNK_ELEMENTS = 1 << 24  # logits turned into fp32 at a time (64 MiB, a few such temporaries per chunk)
 
 
 def vocab_parallel_logprobs(
@@ -30,34 +30,92 @@ def vocab_parallel_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(label) and (optionally) the entropy at every position of `logits` [..., V/tp].
+    """log p(label) and (optionally) the entropy at every position of `logits` [..., V/tp], in fp32.
 
     `labels` [...] holds global token ids (negative ids are scored as token 0; callers mask them out).
     `vocab_size` is the real vocabulary: padded columns at or beyond it never receive probability.
-    `entropy_grad=False` computes the entropy outside the autograd graph (for metrics only).
+    `entropy_grad=False` makes the entropy a metric only (no gradient flows from it).
     """
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
-    logits = logits.float()
     width = logits.shape[-1]
-    start = tp_rank * width
+    start = parallel_state.get_tensor_model_parallel_rank() * width
     real = min(max(vocab_size - start, 0), width)
-    if real < width:
-        column = torch.arange(width, device=logits.device)
-        logits = logits.masked_fill(column >= real, PAD_LOGIT)
-
-    log_z = torch.logsumexp(logits, dim=-1)
-    if tp_size > 1:
-        log_z = torch.logsumexp(gather_from_tensor_model_parallel_region(log_z.unsqueeze(-1)), dim=-1)
-
-    local = labels.clamp(min=0) - start
+    flat_labels = labels.reshape(-1)
+    local = flat_labels.clamp(min=0) - start
     here = (local >= 0) & (local < width)
-    target = logits.gather(-1, local.clamp(0, width - 1).unsqueeze(-1)).squeeze(-1) * here
-    logprobs = reduce_from_tensor_model_parallel_region(target) - log_z
+    logprobs, entropy = _ChunkedLogprobs.apply(
+        logits.reshape(-1, width), local.clamp(0, width - 1), here, real, with_entropy, entropy_grad
+    )
+    return logprobs.view(labels.shape), entropy.view(labels.shape) if with_entropy else None
 
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            probs = torch.exp(logits - log_z.unsqueeze(-1))
-            entropy = log_z - reduce_from_tensor_model_parallel_region((probs * logits).sum(dim=-1))
-    return logprobs, entropy
+
+def _chunk(logits: torch.Tensor, begin: int, end: int, real: int) -> torch.Tensor:
+    """Rows [begin, end) as a fp32 copy (fp32 logits included: the padding is written into it), padding columns
+    at PAD_LOGIT."""
+    x = logits[begin:end].to(torch.float32, copy=True)
+    if real < x.shape[-1]:
+        x[:, real:] = PAD_LOGIT
+    return x
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """(log p(target), entropy) per row of [rows, V/tp] logits; see the module docstring."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        logits: torch.Tensor,
+        index: torch.Tensor,
+        here: torch.Tensor,
+        real: int,
+        with_entropy: bool,
+        entropy_grad: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, width = logits.shape
+        step = max(1, CHUNK_ELEMENTS // max(width, 1))
+        log_z = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        target = torch.empty_like(log_z)
+        expected = torch.zeros_like(log_z)  # E_p[x] under this rank's softmax, then globally
+        for begin in range(0, rows, step):
+            end = min(begin + step, rows)
+            x = _chunk(logits, begin, end, real)
+            log_z[begin:end] = torch.logsumexp(x, dim=-1)
+            target[begin:end] = x.gather(-1, index[begin:end, None]).squeeze(-1) * here[begin:end]
+            if with_entropy:
+                expected[begin:end] = (torch.exp(x - log_z[begin:end, None]) * x).sum(dim=-1)
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        if tp > 1:
+            group = parallel_state.get_tensor_model_parallel_group()
+            parts = [torch.empty_like(log_z) for _ in range(tp)]
+            torch.distributed.all_gather(parts, log_z, group=group)
+            local_z, log_z = log_z, torch.logsumexp(torch.stack(parts), dim=0)
+            torch.distributed.all_reduce(target, group=group)
+            if with_entropy:
+                expected = torch.exp(local_z - log_z) * expected
+                torch.distributed.all_reduce(expected, group=group)
+        ctx.save_for_backward(logits, index, here, log_z, expected)
+        ctx.real, ctx.step, ctx.entropy_grad = real, step, with_entropy and entropy_grad
+        entropy = log_z - expected if with_entropy else torch.zeros_like(log_z)
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return target - log_z, entropy
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor, None, None, None, None, None]:
+        logits, index, here, log_z, expected = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        rows = logits.shape[0]
+        if grad_logprobs is None:
+            grad_logprobs = torch.zeros_like(log_z)
+        for begin in range(0, rows, ctx.step):
+            end = min(begin + ctx.step, rows)
+            x = _chunk(logits, begin, end, ctx.real)
+            p = torch.exp(x - log_z[begin:end, None])
+            g_lp = grad_logprobs[begin:end, None]
+            g = -p * g_lp
+            g.scatter_add_(-1, index[begin:end, None], g_lp * here[begin:end, None])
+            if ctx.entropy_grad and grad_entropy is not None:
+                g += grad_entropy[begin:end, None] * p * (expected[begin:end, None] - x)
+            grad[begin:end] = g
+        return grad, None, None, None, None, None
