@@ -67,21 +67,22 @@ def _compare(actor, model: dict) -> dict:
     }
 
 
-def _export_matches(actor, model_dir: Path) -> bool | None:
-    """Rank 0: does the gathered HF state dict equal the original safetensors bit for bit?"""
+def _export_matches(actor, model_dir: Path, out: Path) -> bool | None:
+    """Rank 0: does the exported HF directory (each stage writing its own shards) equal the original bit for bit?"""
     import torch
 
     from userrl_megatron.convert.hf_io import HFWeights
 
-    state = actor.gather_hf_state_dict()
+    actor.export_hf_dir(str(out))
     stage = dict(actor.export_hf_weights())
     if actor.layout.is_stage_source:
         original = HFWeights(model_dir)
         assert all(torch.equal(t, original[n]) for n, t in stage.items()), "a stage exported a wrong tensor"
-    if state is None:
+    if actor.layout.rank != 0:
         return None
-    original = HFWeights(model_dir)
-    return state.keys() == set(original.keys()) and all(torch.equal(state[k], original[k]) for k in state)
+    original, exported = HFWeights(model_dir), HFWeights(out)
+    names = set(original.keys())
+    return set(exported.keys()) == names and all(torch.equal(exported[k], original[k]) for k in names)
 
 
 def _layouts_2(rank: int, world: int, port: int, models: dict) -> dict:
@@ -92,7 +93,8 @@ def _layouts_2(rank: int, world: int, port: int, models: dict) -> dict:
         for family, model in models.items():
             actor = build_actor(model["dir"], cfg)
             out[(name, family)] = _compare(actor, model)
-            out[(name, family, "export")] = _export_matches(actor, model["dir"])
+            export_dir = Path(model["dir"]).parent / f"export-{name}"
+            out[(name, family, "export")] = _export_matches(actor, model["dir"], export_dir)
     out["negative"] = _negative_controls(rank, world, port, models["qwen2"])
     return out
 
@@ -141,7 +143,7 @@ def _layouts_4(rank: int, world: int, port: int, models: dict) -> dict:
     for family, model in models.items():
         actor = build_actor(model["dir"], cfg)
         out[family] = _compare(actor, model)
-        out[(family, "export")] = _export_matches(actor, model["dir"])
+        out[(family, "export")] = _export_matches(actor, model["dir"], Path(model["dir"]).parent / "export-tp2pp2")
     return out
 
 
@@ -161,7 +163,7 @@ def _layouts_3(rank: int, world: int, port: int, model: dict, batches: list[Trai
         init_world(rank, world, port, cfg)
         actor = build_actor(model["dir"], cfg)
         out[name] = _compare(actor, model)
-        out[(name, "export")] = _export_matches(actor, model["dir"])
+        out[(name, "export")] = _export_matches(actor, model["dir"], Path(model["dir"]).parent / f"export-{name}")
         out[(name, "losses")] = [actor.train_step(b)["actor/loss"] for b in batches]
     return out
 

@@ -2,7 +2,8 @@
 
 `HFWeights` opens the safetensors files lazily, so each rank reads only the tensors it needs.
 `save_hf_dir` writes sharded safetensors with an index, plus every non-weight file of the source model
-(config, generation config, tokenizer files, chat template), so the result loads in `transformers`.
+(config, generation config, tokenizer files, chat template), so the result loads in `transformers`; `ShardWriter`
+and `publish` are its two halves, which a pipeline-parallel export runs on different ranks.
 """
 
 import json
@@ -82,37 +83,89 @@ def save_hf_dir(
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write an HF model directory atomically: safetensors shards (+ index when more than one), and the
-    non-weight files of `metadata_source`. `tensors` is a state dict or a stream of (name, tensor) pairs.
-    `dtype` casts floating tensors and is recorded in config.json."""
+    non-weight files of `metadata_source`. `tensors` is a state dict or a stream of (name, tensor) pairs; at
+    most one shard is held in memory. `dtype` casts floating tensors and is recorded in config.json."""
     if isinstance(tensors, Mapping):
         tensors = tensors.items()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    folder = staging_dir(out)
     try:
-        shards: list[dict[str, torch.Tensor]] = [{}]
-        size = 0
+        writer = ShardWriter(folder, "part", max_shard_bytes, dtype)
         for name, tensor in tensors:
-            if dtype is not None and tensor.is_floating_point():
-                tensor = tensor.to(dtype)
-            nbytes = tensor.numel() * tensor.element_size()
-            if shards[-1] and size + nbytes > max_shard_bytes:
-                shards.append({})
-                size = 0
-            shards[-1][name] = tensor.detach().to("cpu").contiguous()
-            size += nbytes
-        _write_shards(tmp, shards)
-        copy_metadata(metadata_source, tmp)
-        if dtype is not None:
-            _set_config_dtype(tmp / "config.json", dtype)
-        publish_permissions(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+            writer.add(name, tensor)
+        publish(folder, writer.close(), out, metadata_source, dtype)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
     return out
+
+
+class ShardWriter:
+    """Writes (name, tensor) pairs into safetensors files of at most `max_shard_bytes` as they come, so one shard
+    at most is held in memory (`peak_bytes` records how much that was). `close()` lists the files written."""
+
+    def __init__(self, folder: Path, prefix: str, max_shard_bytes: int, dtype: torch.dtype | None = None) -> None:
+        self.folder, self.prefix, self.max_shard_bytes, self.dtype = folder, prefix, max_shard_bytes, dtype
+        self.pending: dict[str, torch.Tensor] = {}
+        self.size = self.peak_bytes = 0
+        self.files: list[tuple[str, dict[str, int]]] = []  # (file, {tensor name: bytes})
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if self.dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(self.dtype)
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.pending and self.size + nbytes > self.max_shard_bytes:
+            self._flush()
+        self.pending[name] = tensor.detach().to("cpu").contiguous()
+        self.size += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.size)
+
+    def close(self) -> list[tuple[str, dict[str, int]]]:
+        if self.pending:
+            self._flush()
+        return self.files
+
+    def _flush(self) -> None:
+        file = f"{self.prefix}-{len(self.files) + 1:05d}.safetensors"
+        save_file(self.pending, self.folder / file, metadata={"format": "pt"})
+        self.files.append((file, {n: t.numel() * t.element_size() for n, t in self.pending.items()}))
+        self.pending, self.size = {}, 0
+
+
+def staging_dir(out: Path) -> Path:
+    """A fresh directory beside `out` to write an export into before it is published as `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+
+
+def publish(
+    folder: Path,
+    files: list[tuple[str, dict[str, int]]],
+    out: Path,
+    metadata_source: str | Path,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Finish an export written into `folder`: the shard `files` (in order) take their HF names (one file:
+    model.safetensors; several: model-k-of-n with an index), the metadata is copied, modes opened like any
+    model directory, and the folder atomically becomes `out`."""
+    if len(files) == 1:
+        os.replace(folder / files[0][0], folder / SINGLE_FILE)
+    else:
+        weight_map, total = {}, 0
+        for k, (file, sizes) in enumerate(files, start=1):
+            final = f"model-{k:05d}-of-{len(files):05d}.safetensors"
+            os.replace(folder / file, folder / final)
+            weight_map.update(dict.fromkeys(sizes, final))
+            total += sum(sizes.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    copy_metadata(metadata_source, folder)
+    if dtype is not None:
+        _set_config_dtype(folder / "config.json", dtype)
+    publish_permissions(folder)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(folder, out)
 
 
 def publish_permissions(folder: str | Path) -> None:
@@ -125,21 +178,6 @@ def publish_permissions(folder: str | Path) -> None:
     folder.chmod(0o777 & ~umask)
     for path in folder.rglob("*"):
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
-
-
-def _write_shards(folder: Path, shards: list[dict[str, torch.Tensor]]) -> None:
-    if len(shards) == 1:
-        save_file(shards[0], folder / SINGLE_FILE, metadata={"format": "pt"})
-        return
-    weight_map, total = {}, 0
-    for k, shard in enumerate(shards, start=1):
-        file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, folder / file, metadata={"format": "pt"})
-        for name, t in shard.items():
-            weight_map[name] = file
-            total += t.numel() * t.element_size()
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _set_config_dtype(config_file: Path, dtype: torch.dtype) -> None:

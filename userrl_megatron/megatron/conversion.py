@@ -13,8 +13,6 @@ Ranks are local processes: gloo on CPU, one GPU each (NCCL) when CUDA is availab
 import logging
 from pathlib import Path
 
-import torch
-
 from userrl_megatron.config.schema import MegatronConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.megatron.launch import run_local
@@ -104,10 +102,9 @@ def _mcore_to_hf_rank(
 
     cfg = _config(tp, pp)
     layout = parallel.initialize(cfg, rank=rank, world_size=world_size, master_port=port)
-    from userrl_megatron.convert.hf_io import save_hf_dir
     from userrl_megatron.convert.rules import Converter
     from userrl_megatron.megatron import checkpoint, checkpoint_files
-    from userrl_megatron.megatron.export import gather_hf_state_dict
+    from userrl_megatron.megatron.export import export_hf_dir
     from userrl_megatron.megatron.model import DTYPES, build_chunks, use_transformer_engine
 
     try:
@@ -116,10 +113,9 @@ def _mcore_to_hf_rank(
         use_te = use_transformer_engine(cfg.transformer_impl)
         chunks = build_chunks(arch, cfg, DTYPES[meta["dtype"]], use_te)
         checkpoint.load_model(ckpt, chunks, arch, layout.tp)
-        state = gather_hf_state_dict(chunks, Converter(arch, te_layout=use_te), layout)
-        if state is not None:
-            save_hf_dir(out_dir, state.items(), Path(ckpt) / checkpoint_files.HF_FILES, dtype=DTYPES[dtype])
-            log.info("wrote %s (%d tensors)", out_dir, len(state))
-        torch.distributed.barrier()
+        converter = Converter(arch, te_layout=use_te)
+        export_hf_dir(chunks, converter, layout, out_dir, Path(ckpt) / checkpoint_files.HF_FILES, DTYPES[dtype])
+        if rank == 0:
+            log.info("wrote %s", out_dir)
     finally:
         parallel.shutdown()

@@ -8,12 +8,15 @@ of its TP group take part in the gathers and yield nothing; ranks of other data-
 once.
 """
 
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 from megatron.core import parallel_state
 
+from userrl_megatron.convert.hf_io import ShardWriter, publish, staging_dir
 from userrl_megatron.convert.rules import Converter, Split
 from userrl_megatron.convert.sharding import unshard
 from userrl_megatron.megatron.model import named_global_parameters
@@ -87,19 +90,37 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def gather_hf_state_dict(
-    chunks: list[torch.nn.Module], converter: Converter, layout: Layout
-) -> dict[str, torch.Tensor] | None:
-    """The whole HF state dict (CPU tensors) on global rank 0, None on every other rank. Collective."""
-    local = {name: tensor.cpu() for name, tensor in export_hf(chunks, converter, layout)}
-    if not layout.is_stage_source:
-        return None
-    if layout.pp == 1:
-        return local
-    # Global rank 0's pipeline group is exactly the source ranks of every stage.
-    pp_group = parallel_state.get_pipeline_model_parallel_group()
-    stages: list[dict[str, torch.Tensor]] | None = [{} for _ in range(layout.pp)] if layout.pp_rank == 0 else None
-    torch.distributed.gather_object(local, stages, dst=torch.distributed.get_global_rank(pp_group, 0), group=pp_group)
-    if stages is None:
-        return None
-    return {name: tensor for stage in stages for name, tensor in stage.items()}
+def export_hf_dir(
+    chunks: list[torch.nn.Module],
+    converter: Converter,
+    layout: Layout,
+    out_dir: str | Path,
+    metadata_source: str | Path,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = 2 * 1024**3,
+) -> int:
+    """Write the model as an HF directory at `out_dir` (collective over every rank); returns the most bytes of
+    tensors this rank held for it at once. Each pipeline stage's source
+    rank streams its own tensors into its own safetensors shards, holding at most one shard; global rank 0 then
+    names the shards, writes the index and the metadata, and publishes the directory atomically. No rank ever
+    holds the whole model. The directory must be on a file system every stage's source rank can write."""
+    out = Path(out_dir)
+    first = torch.distributed.get_rank() == 0
+    staging = [str(staging_dir(out)) if first else None]
+    torch.distributed.broadcast_object_list(staging, src=0)
+    folder = Path(staging[0])
+    writer = ShardWriter(folder, f"stage{layout.pp_rank:03d}", max_shard_bytes, dtype)
+    for name, tensor in export_hf(chunks, converter, layout):
+        writer.add(name, tensor)
+    files = writer.close()  # [] on the ranks that are no stage's source
+    everyone: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, (layout.pp_rank, files))
+    if first:
+        try:
+            ordered = [f for _, stage_files in sorted(everyone, key=lambda e: e[0]) for f in stage_files]
+            publish(folder, ordered, out, metadata_source, dtype)
+        finally:
+            if folder.exists():
+                shutil.rmtree(folder)
+    torch.distributed.barrier()  # the directory is complete when any rank returns
+    return writer.peak_bytes
