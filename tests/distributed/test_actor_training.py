@@ -26,7 +26,15 @@ ALGOS = {
     "token_mean": AlgoConfig(kl_coef=0.1, entropy_coef=0.01, tis_cap=2.0, clip_high=0.28),
     "seq_mean_token_mean": AlgoConfig(loss_agg="seq-mean-token-mean"),
 }
-LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "dp2": {"use_distributed_optimizer": False}}
+LAYOUTS = {
+    "tp2": {"tp": 2},
+    "pp2": {"pp": 2},
+    "dp2": {"use_distributed_optimizer": False},
+    "dp2_overlap": {"use_distributed_optimizer": False, "overlap_grad_reduce": True},
+    # recompute changes what is stored, never the gradient
+    "tp2_selective": {"tp": 2, "recompute": "selective"},
+    "pp2_full_block": {"pp": 2, "recompute": "full", "recompute_num_layers": 1},
+}
 # fp32 flash attention (torch SDPA, on both sides) is accurate to ~1e-6 relative: identical inputs give
 # identical outputs (TP=1 agrees to 5e-8), but TP's differently ordered sums upstream move the gradients by
 # ~3e-5 of their scale. A normalisation or mapping error moves them by orders of magnitude more.
@@ -106,7 +114,8 @@ def test_optimizer_steps_equal_the_torch_reference_under_every_layout(model_dir:
     batches = [random_batch(250, LENGTHS, seed=s) for s in range(3)]
     # a tied, vocabulary-padded Llama under PP: the embedding's gradient is summed over both stages' copies
     tied = make_tiny_model("llama", tmp_path / "llama", seed=4, tie_word_embeddings=True, vocab_size=250)
-    runs = {name: (model_dir, layout) for name, layout in {**LAYOUTS, "dp2_distopt": {}}.items()}
+    extra = {"dp2_distopt": {}, "dp2_distopt_overlap": {"overlap_grad_reduce": True}}
+    runs = {name: (model_dir, layout) for name, layout in {**LAYOUTS, **extra}.items()}
     runs["tied_pp2"] = (tied, {"pp": 2})
     expected = {path: reference.train(path, batches, algo, megatron_config(**SCHEDULE)) for path in (model_dir, tied)}
     results = spawn(_steps, 2, runs, batches, algo)

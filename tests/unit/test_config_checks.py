@@ -23,6 +23,7 @@ from userrl_megatron.trainer.run_lock import RunLock
 
 REPO = Path(__file__).resolve().parents[2]
 TP2 = ["megatron.tensor_model_parallel_size=2", "megatron.devices_per_node=2"]
+PP2 = ["megatron.pipeline_model_parallel_size=2", "megatron.devices_per_node=2"]
 KEY = "sk-proj-Q3vX9kLm2Rt7Yw1Zp8Nc4Hb6Jd0Fg5Ts"
 
 
@@ -67,6 +68,21 @@ def test_interleaving_over_two_stages_is_refused_as_the_actor_refuses_it() -> No
             "megatron.devices_per_node=3",
         ]
     )
+
+
+def test_recompute_choices_are_checked_against_the_model() -> None:
+    # SmolLM2-135M has 30 layers: 15 per stage at PP=2
+    assert problems(["megatron.recompute=full", "megatron.recompute_num_layers=16", *PP2]) == [
+        "megatron.recompute_num_layers = 16 exceeds the 15 layers of a pipeline stage (per virtual chunk) "
+        "(model.path = smollm2-135m-instruct)"
+    ]
+    load_config(overrides=["megatron.recompute=full", "megatron.recompute_num_layers=15", *PP2])
+    assert problems(["megatron.recompute=selective", "megatron.recompute_modules=[mlp,attention]"]) == [
+        "megatron.recompute_modules: ['attention'] not among ['mlp', 'layernorm', 'core_attn']"
+    ]
+    assert problems(
+        ["run.device=cpu", "megatron.recompute=selective", "megatron.recompute_modules=[mlp,layernorm]"]
+    ) == ['megatron.recompute_modules: "layernorm" needs the Transformer Engine layer spec (CUDA)']
 
 
 def test_model_shape_comes_from_the_directory_config(tmp_path: Path) -> None:

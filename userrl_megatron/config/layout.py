@@ -8,6 +8,10 @@ with the same words.
 from userrl_megatron.config.schema import MegatronConfig
 from userrl_megatron.convert.arch import Architecture
 
+# Submodules whose activations `megatron.recompute: selective` can recompute in the backward (dense models).
+# "core_attn" saves nothing under flash attention, which never stores the attention scores.
+RECOMPUTE_MODULES = ("mlp", "layernorm", "core_attn")
+
 
 def layout_problems(cfg: MegatronConfig, world_size: int, on_gpu: bool | None) -> list[str]:
     """What stops `cfg`'s parallel sizes from tiling `world_size` actor ranks.
@@ -42,6 +46,14 @@ def layout_problems(cfg: MegatronConfig, world_size: int, on_gpu: bool | None) -
         )
     if cfg.expert_model_parallel_size > 1:
         problems.append("megatron.expert_model_parallel_size > 1 needs an MoE model; only dense models are supported")
+    unknown = sorted(set(cfg.recompute_modules) - set(RECOMPUTE_MODULES))
+    if unknown:
+        problems.append(f"megatron.recompute_modules: {unknown} not among {list(RECOMPUTE_MODULES)}")
+    no_te = on_gpu is False or cfg.transformer_impl == "local"
+    if cfg.recompute == "selective" and "layernorm" in cfg.recompute_modules and no_te:
+        # Megatron-core 0.19's CheckpointWithoutOutput, which recomputes the norms, reads Transformer Engine's
+        # FP8 state whatever the precision
+        problems.append('megatron.recompute_modules: "layernorm" needs the Transformer Engine layer spec (CUDA)')
     if cfg.sequence_parallel and tp < 2:
         problems.append("megatron.sequence_parallel needs tensor_model_parallel_size >= 2")
     if on_gpu is False:
@@ -83,5 +95,11 @@ def model_layout_problems(cfg: MegatronConfig, arch: Architecture) -> list[str]:
         problems.append(
             f"pipeline_model_parallel_size x virtual_pipeline_model_parallel_size = {pp} x {vpp} must divide the "
             f"model's {arch.num_layers} layers"
+        )
+    chunk = arch.num_layers // (pp * vpp)
+    if cfg.recompute == "full" and cfg.recompute_num_layers > chunk:
+        problems.append(
+            f"megatron.recompute_num_layers = {cfg.recompute_num_layers} exceeds the {chunk} layers of a pipeline "
+            "stage (per virtual chunk)"
         )
     return problems

@@ -50,8 +50,13 @@ class MegatronConfig:
     devices_per_node: int = 1  # actor ranks per node (GPUs, or processes on CPU)
     transformer_impl: str = "auto"  # "auto" (Transformer Engine when present), "transformer_engine" or "local"
     use_distributed_optimizer: bool = True  # shard optimizer state across data-parallel ranks (ZeRO-1)
+    overlap_grad_reduce: bool = False  # reduce gradient buckets during the last micro-batch's backward (same result)
     micro_batch_tokens: int = 4096  # token budget of one micro-batch (episodes are packed up to this)
-    recompute: str = "none"  # activation recompute: "none", "selective" or "full"
+    recompute: str = "none"  # activation recompute in the backward: "none", "selective" (modules) or "full" (layers)
+    recompute_modules: list[str] = field(
+        default_factory=lambda: ["mlp"]
+    )  # selective: recomputed (+ "layernorm" with TE)
+    recompute_num_layers: int = 0  # full: layers per pipeline stage recomputed, the rest kept (0 = every layer)
     offload: bool = False  # move params, grads and optimizer state to CPU while the engines generate (GPU)
     lr: float = 1.0e-6  # peak learning rate
     min_lr: float = 0.0  # floor of the cosine schedule

@@ -35,11 +35,22 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LAYER_PREFIX = "decoder.layers."
-RECOMPUTE = {  # megatron.recompute -> activation-recompute settings of TransformerConfig
-    "none": {},
-    "selective": {"recompute_granularity": "selective"},
-    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
-}
+
+
+def recompute_settings(cfg: MegatronConfig) -> dict[str, object]:
+    """`megatron.recompute` as TransformerConfig fields: selective recomputes `recompute_modules` (under flash
+    attention "mlp" and "layernorm" are what free memory); full recomputes whole layers, every one ("uniform",
+    one at a time) or the first `recompute_num_layers` of each stage ("block"), keeping the others."""
+    if cfg.recompute == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": list(cfg.recompute_modules)}
+    if cfg.recompute == "full":
+        n = cfg.recompute_num_layers
+        return {
+            "recompute_granularity": "full",
+            "recompute_method": "block" if n else "uniform",
+            "recompute_num_layers": n or 1,
+        }
+    return {}
 
 
 def use_transformer_engine(impl: str) -> bool:
@@ -94,9 +105,9 @@ def transformer_config(
         bias_dropout_fusion=use_te,
         masked_softmax_fusion=use_te,
         apply_rope_fusion=use_te,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=use_te,  # TE's GEMMs accumulate weight grads into the fp32 main_grad
         deallocate_pipeline_outputs=on_gpu,
-        **RECOMPUTE[cfg.recompute],
+        **recompute_settings(cfg),
     )
 
 
