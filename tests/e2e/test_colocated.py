@@ -1,6 +1,7 @@
 """Colocated mode end to end on CPU: around every update the engines pause and release their memory, the
 actor onloads, the weights go to the engines' resumed weight memory, then the actor offloads and the engines
-take their KV cache back. (Actor offload moves nothing on CPU; the engine's release and hold are real.)
+take their KV cache back. Actor offload frees the actor's storage on CPU too (megatron/offload.py), and the
+engine's release and hold are real, so a phase that used offloaded state would fail here.
 The run also has a KL penalty to the initial policy, whose weights each rank swaps in for the reference pass."""
 
 from pathlib import Path
@@ -21,7 +22,7 @@ def test_colocated_run_syncs_verified_weights(tmp_path: Path) -> None:
         "rollout.health_check_interval_s=0.2",  # a probe of a held engine would hang: the pool must be paused
         "sync.verify=true",
         "algo.kl_coef=0.05",
-        "checkpoint.every_steps=0",
+        "checkpoint.every_steps=2",  # a save mid-run: the engines step aside and the actor onloads for it
     ]
     records = train([*tiny_run(model, tmp_path, "colocated", 3), *extra], timeout_s=600)
     assert [r["step"] for r in records] == [1, 2, 3]

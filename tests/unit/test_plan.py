@@ -2,6 +2,7 @@
 ledger: every shipped config plans clean, and each ordering mistake the choreography once made is caught."""
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +15,14 @@ from userrl_megatron.config.schema import MegatronConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.plan import plan_problems, plan_run
 from userrl_megatron.plan.ledger import LedgerActors
-from userrl_megatron.plan.memory import GIB, actor_memory, engine_memory, layer_parameters, sglang_kv_pool
+from userrl_megatron.plan.memory import (
+    GIB,
+    LOGIT_CHUNK_BYTES,
+    actor_memory,
+    engine_memory,
+    layer_parameters,
+    sglang_kv_pool,
+)
 from userrl_megatron.trainer import components
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +34,8 @@ EXAMPLES = sorted((REPO / "examples").glob("*/config.yaml"))
 
 
 def test_layer_and_shard_sizes_by_hand() -> None:
+    from userrl_megatron.megatron.logits import CHUNK_ELEMENTS
+
     tiny = Architecture.from_hf_config({**_tiny_config(), "model_type": "llama"})  # no q/k/v bias
     # attention 8 x (2x4 + 2x1x4) + 2x4 x 8 = 192, MLP 3 x 8 x 16 = 384, two norms 16
     assert layer_parameters(tiny) == 592
@@ -36,12 +46,25 @@ def test_layer_and_shard_sizes_by_hand() -> None:
     # 64 tokens x (4h + 2q + 2kv + 3f = 104 values; the 4h = 32 norm values unsharded without SP) x 2 bytes
     assert m.train_activations == 4 * 64 * ((104 - 32) // 2 + 32) * 2
     assert m.forward_activations == 2 * 64 * 68 * 2
-    assert m.train_logits == 64 * 16 * 16 and m.forward_logits == 64 * 16 * 10
+    # the logits (64 tokens x 16 local columns x 2 bytes), in training their gradient too, and one fp32 chunk
+    assert m.train_logits == 2 * 64 * 16 * 2 + LOGIT_CHUNK_BYTES and m.forward_logits == 64 * 16 * 2 + LOGIT_CHUNK_BYTES
+    assert LOGIT_CHUNK_BYTES == 3 * 4 * CHUNK_ELEMENTS  # the chunk megatron/logits.py works in
     sp_full = MegatronConfig(
         tensor_model_parallel_size=2, micro_batch_tokens=64, sequence_parallel=True, recompute="full"
     )
     # full recompute keeps each layer's input (64 x 8 / 2 values) and one layer's set (64 x 52 values)
     assert actor_memory(tiny, sp_full, "bfloat16", world=4).train_activations == (4 * 64 * 4 + 64 * 52) * 2
+    selective = MegatronConfig(
+        tensor_model_parallel_size=2,
+        micro_batch_tokens=64,
+        recompute="selective",
+        recompute_modules=["mlp", "layernorm"],
+    )
+    # "mlp" and "layernorm" recomputed: 2h norm inputs (unsharded) + 2q + 2kv = 40 values, 24 of them over TP2
+    assert actor_memory(tiny, selective, "bfloat16", world=4).train_activations == 4 * 64 * (24 // 2 + 16) * 2
+    block = dataclasses.replace(sp_full, recompute_num_layers=1)
+    # the first layer of the stage keeps only its input, the other three everything, plus the recomputed one
+    assert actor_memory(tiny, block, "bfloat16", world=4).train_activations == (64 * 4 + 3 * 64 * 52 + 64 * 52) * 2
     pp2 = MegatronConfig(pipeline_model_parallel_size=2, use_distributed_optimizer=False, micro_batch_tokens=64)
     # the last stage (2 layers, final norm, output layer) is the larger; 2 micro-batches in flight under 1F1B
     assert actor_memory(tiny, pp2, "bfloat16", world=2).weights == (2 * 592 + 8 + 256) * 2

@@ -14,10 +14,10 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 GRAD_BYTES = 4  # Megatron's grad buffers are fp32 (`grad_reduce_in_fp32`)
 ADAM_BYTES = 8  # exp_avg and exp_avg_sq, fp32
 MASTER_BYTES = 4  # fp32 master copy of 16-bit parameters
-# Bytes per (token x local vocabulary column) at the output: the model's 16-bit logits, their fp32 copy, the
-# softmax/entropy temporaries and, when training, the fp32 gradient of the logits (megatron/logits.py).
-LOGIT_BYTES_FORWARD = 10
-LOGIT_BYTES_TRAIN = 16
+# megatron/logits.py turns at most this many logits into fp32 at a time (x, its softmax, its gradient: 3 copies);
+# what stays is the logits and, in training, their gradient, both in the model dtype.
+LOGIT_CHUNK_ELEMENTS = 1 << 24
+LOGIT_CHUNK_BYTES = 3 * 4 * LOGIT_CHUNK_ELEMENTS
 
 
 def layer_parameters(arch: Architecture) -> int:
@@ -40,8 +40,8 @@ class ActorMemory:
     optimizer: int  # Adam moments (+ fp32 master weights), divided over DP x CP with the distributed optimizer
     train_activations: int  # stored for the backward of the micro-batches in flight, under the chosen recompute
     forward_activations: int  # one layer's worth: a forward-only pass keeps nothing for a backward
-    train_logits: int  # output-layer temporaries of one micro-batch, training (last stage)
-    forward_logits: int  # the same for a log-prob pass
+    train_logits: int  # the logits of one micro-batch, their gradient and one chunk's fp32 temporaries (last stage)
+    forward_logits: int  # the logits and one chunk's temporaries, for a log-prob pass
 
     @property
     def state(self) -> int:
@@ -65,14 +65,21 @@ def actor_memory(arch: Architecture, cfg: MegatronConfig, dtype: str, world: int
         optimizer = -(-optimizer // dp_cp)
 
     tokens = -(-cfg.micro_batch_tokens // cp)
-    per_token, replicated = _layer_activation_widths(arch)
-    sharded_width = (per_token - replicated) // tp + (replicated // tp if cfg.sequence_parallel else replicated)
-    layer_bytes = tokens * sharded_width * width
-    if cfg.recompute == "full":  # each layer keeps its input; the one being recomputed holds its full set
+
+    def layer_bytes(recomputed: tuple[str, ...]) -> int:
+        per_token, replicated = _layer_activation_widths(arch, recomputed)
+        sharded = (per_token - replicated) // tp + (replicated // tp if cfg.sequence_parallel else replicated)
+        return tokens * sharded * width
+
+    full_layer = layer_bytes(())
+    if cfg.recompute == "full":  # recomputed layers keep their input; the one being recomputed holds its full set
+        recomputed = cfg.recompute_num_layers or layers
         layer_input = tokens * arch.hidden_size * width // (tp if cfg.sequence_parallel else 1)
-        per_micro_batch = layers * layer_input + layer_bytes
-    else:  # "selective" recomputes the attention scores, which flash attention never stores
-        per_micro_batch = layers * layer_bytes
+        per_micro_batch = recomputed * layer_input + (layers - recomputed) * full_layer + full_layer
+    elif cfg.recompute == "selective":
+        per_micro_batch = layers * layer_bytes(tuple(cfg.recompute_modules))
+    else:
+        per_micro_batch = layers * full_layer
     vpp = cfg.virtual_pipeline_model_parallel_size
     in_flight = pp if vpp == 1 else pp + (pp - 1) / vpp  # 1F1B; interleaving warms up (pp - 1) / vpp more
     vocab_columns = -(-arch.vocab_size // tp)
@@ -81,20 +88,24 @@ def actor_memory(arch: Architecture, cfg: MegatronConfig, dtype: str, world: int
         grads=params * GRAD_BYTES,
         optimizer=optimizer,
         train_activations=int(per_micro_batch * in_flight),
-        forward_activations=2 * layer_bytes,
-        train_logits=tokens * vocab_columns * LOGIT_BYTES_TRAIN,
-        forward_logits=tokens * vocab_columns * LOGIT_BYTES_FORWARD,
+        forward_activations=2 * full_layer,
+        train_logits=2 * tokens * vocab_columns * width + LOGIT_CHUNK_BYTES,
+        forward_logits=tokens * vocab_columns * width + LOGIT_CHUNK_BYTES,
     )
 
 
-def _layer_activation_widths(arch: Architecture) -> tuple[int, int]:
+def _layer_activation_widths(arch: Architecture, recomputed: tuple[str, ...] = ()) -> tuple[int, int]:
     """Values per token one layer stores for its backward, and how many of them only sequence parallelism shards.
 
     Attention: norm input and output (2h), q (heads x d), k and v (2 x kv heads x d), the attention output
-    (heads x d). MLP: norm input and output (2h), gate and up (2f), the SwiGLU product (f). The four h-wide norm
-    tensors are replicated across TP ranks unless sequence parallelism splits them along the sequence."""
+    (heads x d). MLP: norm input and output (2h), gate and up (2f), the SwiGLU product (f). The h-wide norm
+    tensors are replicated across TP ranks unless sequence parallelism splits them along the sequence.
+    Selective recompute of "mlp" drops gate, up and product; of "layernorm" the two norm outputs; "core_attn"
+    drops nothing, since flash attention never stores the attention scores."""
     h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-    return 4 * h + 2 * q + 2 * kv + 3 * arch.ffn_hidden_size, 4 * h
+    mlp = 0 if "mlp" in recomputed else 3 * arch.ffn_hidden_size
+    norms = 2 * h if "layernorm" in recomputed else 4 * h
+    return norms + 2 * q + 2 * kv + mlp, norms
 
 
 @dataclass(frozen=True)

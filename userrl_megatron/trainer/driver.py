@@ -60,10 +60,10 @@ class Trainer:
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
         cfg, parts = self.cfg, self.parts
-        step = self.resume()
-        if step > 0 and cfg.sync.enabled:
-            await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
-        await parts.enter_rollout()  # colocated: the actor steps aside while the engines generate
+        async with parts.actor_on_device():  # colocated: the actor holds the GPUs for this, then steps aside
+            step = self.resume()
+            if step > 0 and cfg.sync.enabled:
+                await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
         if step == 0 and cfg.eval.before_training and 0 not in self._logged_steps():
             self.tracker.log(await self.evaluate(0), 0)  # the initial policy's score: the "before" of the run
         while step < cfg.run.total_steps:
