@@ -53,11 +53,9 @@ class MegatronConfig:
     overlap_grad_reduce: bool = False  # reduce gradient buckets during the last micro-batch's backward (same result)
     micro_batch_tokens: int = 4096  # token budget of one micro-batch (episodes are packed up to this)
     recompute: str = "none"  # activation recompute in the backward: "none", "selective" (modules) or "full" (layers)
-    recompute_modules: list[str] = field(
-        default_factory=lambda: ["mlp"]
-    )  # selective: recomputed (+ "layernorm" with TE)
+    recompute_modules: list[str] = field(default_factory=lambda: ["mlp"])  # selective: "mlp", "layernorm" (TE)
     recompute_num_layers: int = 0  # full: layers per pipeline stage recomputed, the rest kept (0 = every layer)
-    offload: bool = False  # move params, grads and optimizer state to CPU while the engines generate (GPU)
+    offload: bool = False  # move params, grads and optimizer state off the device while the engines generate
     lr: float = 1.0e-6  # peak learning rate
     min_lr: float = 0.0  # floor of the cosine schedule
     lr_schedule: str = "constant"  # "constant", "linear" or "cosine" (after warmup)
