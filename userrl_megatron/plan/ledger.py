@@ -130,9 +130,6 @@ class LedgerActors:
     def weight_checksums(self, rows: int) -> dict[str, float]:
         return {}
 
-    def shutdown(self) -> None:
-        return None
-
 
 class LedgerClient:
     """One engine's HTTP client: memory release and resume, as SGLang's memory saver does them."""
@@ -217,9 +214,6 @@ class LedgerPool:
 
     async def restart(self, urls: list[str], timeout_s: float) -> list[LedgerClient]:
         return self.clients
-
-    async def close(self) -> None:
-        return None
 
     def session(self, episode_id: str = "") -> None:
         return None

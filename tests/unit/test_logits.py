@@ -1,0 +1,34 @@
+"""The chunked vocab-parallel log-probs (megatron/logits.py) against plain torch, with chunks small enough that
+every pass crosses chunk boundaries: values, entropy and gradients, padded vocabulary columns included."""
+
+import pytest
+import torch
+
+from userrl_megatron.megatron import logits as chunked
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_logprobs_equal_log_softmax(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    vocab, width = 50, 56  # 6 padded columns, as Megatron pads the vocabulary
+    monkeypatch.setattr(chunked.parallel_state, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(chunked.parallel_state, "get_tensor_model_parallel_world_size", lambda: 1)
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 4 * width)  # 4 rows a chunk: 21 rows make 6 chunks
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, width, generator=gen).to(dtype).requires_grad_()
+    labels = torch.randint(0, vocab, (3, 7), generator=gen)
+
+    logprobs, entropy = chunked.vocab_parallel_logprobs(logits, labels, vocab, with_entropy=True)
+    (0.7 * logprobs.sum() + 0.3 * entropy.sum()).backward()
+    grad, logits.grad = logits.grad.clone(), None
+
+    reference = torch.log_softmax(logits.float()[..., :vocab], dim=-1)
+    want_logprobs = reference.gather(-1, labels[..., None]).squeeze(-1)
+    want_entropy = -(reference.exp() * reference).sum(-1)
+    (0.7 * want_logprobs.sum() + 0.3 * want_entropy.sum()).backward()
+
+    assert (logprobs - want_logprobs).abs().max() <= 2e-6
+    assert (entropy - want_entropy).abs().max() <= 2e-6
+    assert (grad.float() - logits.grad.float()).abs().max() <= 1e-6
+    assert grad[..., vocab:].abs().max() == 0  # padding columns get no gradient
+    metric_only = chunked.vocab_parallel_logprobs(logits, labels, vocab, with_entropy=True, entropy_grad=False)[1]
+    assert not metric_only.requires_grad
