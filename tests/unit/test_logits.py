@@ -4,11 +4,12 @@ every pass crosses chunk boundaries: values, entropy and gradients, padded vocab
 import pytest
 import torch
 
-from userrl_megatron.megatron import logits as chunked
-
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_logprobs_equal_log_softmax(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    # imported here: importing megatron.core at collection changes how this process pickles tensors for servers
+    from userrl_megatron.megatron import logits as chunked
+
     vocab, width = 50, 56  # 6 padded columns, as Megatron pads the vocabulary
     monkeypatch.setattr(chunked.parallel_state, "get_tensor_model_parallel_rank", lambda: 0)
     monkeypatch.setattr(chunked.parallel_state, "get_tensor_model_parallel_world_size", lambda: 1)
