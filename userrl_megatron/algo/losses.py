@@ -163,3 +163,17 @@ def ppo_clip_loss(inputs: LossInputs, cfg: AlgoConfig, normalizer: float | None 
         if inputs.rollout_logprobs is not None:
             sums.update(mismatch_sums(inputs.old_logprobs, inputs.rollout_logprobs, mask))
     return LossOutput(loss=loss, token_sums={k: v.detach() for k, v in sums.items()}, num_tokens=mask.sum().detach())
+
+
+@register_policy_loss("sft_nll")
+def sft_nll_loss(inputs: LossInputs, cfg: AlgoConfig, normalizer: float | None = None) -> LossOutput:
+    """Supervised fine-tuning: the negative log-likelihood of the masked (assistant) tokens, aggregated by
+    `cfg.loss_agg` (`userrl sft` uses token-mean: Σ NLL / trained tokens of the whole batch). Advantages and
+    old log-probs are ignored."""
+    mask = inputs.mask.to(inputs.logprobs.dtype)
+    nll = -inputs.logprobs
+    loss = aggregate(nll, mask, cfg.loss_agg, normalizer)
+    sums = {"sft/nll": (nll.detach() * mask).sum()}
+    if inputs.entropy is not None:
+        sums["actor/entropy"] = (inputs.entropy.detach() * mask).sum()
+    return LossOutput(loss=loss, token_sums=sums, num_tokens=mask.sum().detach())
