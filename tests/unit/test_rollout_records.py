@@ -47,6 +47,7 @@ def test_dump_round_trip(tmp_path: Path) -> None:
         "weight_version": 0,
         "duration_s": 1.5,
         "prompt": [{"role": "user", "content": "go"}],
+        "tools": [],
         "turns": [
             {
                 "index": i,

@@ -29,6 +29,7 @@ def episode_record(episode: Episode, step: int | None = None) -> dict[str, Any]:
         "weight_version": episode.weight_version,
         "duration_s": meta.get("duration_s"),
         "prompt": [m.to_dict() for m in episode.task.prompt],
+        "tools": episode.task.tools,
         "turns": [
             {
                 "index": turn.index,
@@ -44,6 +45,8 @@ def episode_record(episode: Episode, step: int | None = None) -> dict[str, Any]:
             for turn in episode.turns
         ],
     }
+    if "messages" in meta:  # the conversation as the policy saw it (roles included): `userrl data sft-from-rollouts`
+        record["messages"] = meta["messages"]
     for key in ("error", "close_error"):
         if key in meta:
             record[key] = meta[key]

@@ -166,6 +166,31 @@ class ChatTemplate:
             f"{', '.join(m.role for m in messages)} messages follow it; it cannot be applied in token space"
         )
 
+    # ---- assistant messages written by someone else (SFT data) -----------------------------------------------
+
+    def assistant_text(self, message: Message, tools: list[dict[str, Any]] | None = None) -> str:
+        """The text a policy would generate for an OpenAI-style assistant `message` in this tool format: its
+        content, with its `tool_calls` written out. tags: one `[choice] content` action line per call (what the
+        gym receives from a Hermes call). hermes: the calls as the template writes them after the content
+        (Qwen3: `\n<tool_call>\n{json}\n</tool_call>`), or Hermes blocks when the template ignores them."""
+        calls = message.tool_calls or []
+        if not calls:
+            return message.content
+        parsed = [_openai_call(call) for call in calls]
+        if self.tool_format == "tags":
+            lines = [tool_call_to_action(name, arguments, tools) for name, arguments in parsed]
+            return "\n".join([message.content, *lines] if message.content else lines)
+        probe = [*_PROBE, Message("assistant", _MARKER, tool_calls=calls), Message("user", "U")]
+        text = self.render(probe, tools, generation=False)
+        at = text.find(_MARKER) + len(_MARKER)
+        written = text[at : text.find(self._turn_suffix(tools), at)]
+        if OPEN_CALL not in written:  # the template ignores tool calls: Hermes blocks, as Qwen writes them
+            blocks = [
+                json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) for name, arguments in parsed
+            ]
+            written = "".join(f"\n{OPEN_CALL}\n{block}\n{CLOSE_CALL}" for block in blocks)
+        return message.content + written if message.content else written.lstrip("\n")
+
     # ---- replies -> gym actions ------------------------------------------------------------------------------
 
     def actions(self, reply: str, tools: list[dict[str, Any]]) -> list[str]:
@@ -181,6 +206,22 @@ class ChatTemplate:
 
 
 OPEN_CALL, CLOSE_CALL = "<tool_call>", "</tool_call>"
+
+
+def _openai_call(call: dict[str, Any]) -> tuple[str, dict[str, Any] | str]:
+    """(name, arguments) of an OpenAI tool call `{"type": "function", "function": {"name", "arguments"}}`."""
+    function = call.get("function", call)
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ToolCallError(f'a tool call needs "function": {{"name": ..., "arguments": ...}}, got {call!r:.200}')
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as e:
+            raise ToolCallError(f"tool call {function['name']!r}: arguments are not valid JSON ({e})") from e
+    if not isinstance(arguments, dict):
+        raise ToolCallError(f"tool call {function['name']!r}: arguments must be a JSON object")
+    return function["name"], arguments
 
 
 def parse_hermes_tool_calls(text: str) -> list[ToolCall]:
