@@ -73,8 +73,47 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chat(args: argparse.Namespace) -> tuple[object, object]:
+    """The config and the policy's chat template (model.path, model.tool_format): SFT rows are written for it."""
+    from userrl_megatron.config import load_config
+    from userrl_megatron.model_store import resolve_model
+    from userrl_megatron.rollout.chat import ChatTemplate
+
+    cfg = load_config(args.config, args.overrides)
+    return cfg, ChatTemplate.from_pretrained(resolve_model(cfg.model.path), cfg.model.tool_format)
+
+
+def _sft_from_rollouts(args: argparse.Namespace) -> int:
+    from userrl_megatron.sft.from_rollouts import dump_files, select, summary
+    from userrl_megatron.sft.rows import write_rows
+
+    _, chat = _chat(args)
+    selection = select(args.run_dir, chat, args.min_reward, args.best_per_group)
+    for rejection in selection.rejected:
+        print(f"rejected {rejection}", file=sys.stderr)
+    out = write_rows(Path(args.out).expanduser(), selection.rows)
+    print(f"{summary(selection, dump_files(args.run_dir))}; written to {out}")
+    return 0 if selection.rows else 1
+
+
+def _sft_expert(args: argparse.Namespace) -> int:
+    from userrl_megatron.sft.experts import expert_rows
+    from userrl_megatron.sft.rows import write_rows
+
+    cfg, chat = _chat(args)
+    try:
+        rows = expert_rows(args.source, args.split, cfg.gyms, cfg.rollout, chat, args.tasks)
+    except ValueError as e:
+        from userrl_megatron.errors import UserError
+
+        raise UserError(str(e)) from e
+    out = write_rows(Path(args.out).expanduser(), rows)
+    print(f"{len(rows)} solved expert episodes of {args.source} ({args.split}) written to {out}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `data fetch`, `data verify`, `data build` and `data list`."""
+    """Add `data fetch`, `data verify`, `data build`, `data list`, `data sft-from-rollouts` and `data sft-expert`."""
     data = sub.add_parser("data", help="fetch and verify the public data, build task rows")
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
@@ -100,3 +139,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.set_defaults(handler=_build)
 
     actions.add_parser("list", help="the task sources gyms.train / gyms.test accept").set_defaults(handler=_list)
+
+    rft = actions.add_parser(
+        "sft-from-rollouts", help="SFT rows (jsonl) from a run's rollout dumps: rejection-sampling fine-tuning data"
+    )
+    rft.add_argument("run_dir", metavar="RUN_DIR", help="run directory (its rollouts/step_N.jsonl) or one dump file")
+    add_config_args(rft)
+    rft.add_argument("--min-reward", type=float, default=1.0, help="keep episodes whose reward is at least this")
+    rft.add_argument("--best-per-group", action="store_true", help="keep only the best kept episode of each group")
+    rft.add_argument("--out", required=True, metavar="FILE", help="output .jsonl file")
+    rft.set_defaults(handler=_sft_from_rollouts)
+
+    expert = actions.add_parser("sft-expert", help="SFT rows (jsonl) of a scripted expert's solved episodes")
+    add_config_args(expert)
+    expert.add_argument("--source", default="function-procedural", help="task source with an expert (FunctionGym)")
+    expert.add_argument("--split", default="train", choices=("train", "test"), help="split of the source")
+    expert.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
+    expert.add_argument("--out", required=True, metavar="FILE", help="output .jsonl file")
+    expert.set_defaults(handler=_sft_expert)

@@ -19,6 +19,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "megatron.transformer_impl": ("auto", "transformer_engine", "local"),
     "megatron.recompute": ("none", "selective", "full"),
     "megatron.lr_schedule": ("constant", "linear", "cosine"),
+    "sft.lr_schedule": ("constant", "linear", "cosine"),
     "rollout.backend": ("embedded", "sglang"),
     "rollout.sglang.device": ("auto", "cpu", "cuda"),
     "rollout.router": ("none", "sglang"),

@@ -126,6 +126,16 @@ RANGES: dict[str, Rule] = {
     "eval.max_tasks": NON_NEGATIVE,
     "eval.n_samples_per_prompt": COUNT,
     "eval.temperature": NON_NEGATIVE,
+    "sft.expert_tasks": NON_NEGATIVE,
+    "sft.epochs": COUNT,
+    "sft.batch_tokens": COUNT,
+    "sft.max_tokens": NON_NEGATIVE,
+    "sft.lr": POSITIVE,
+    "sft.min_lr": NON_NEGATIVE,
+    "sft.warmup_ratio": PROBABILITY,
+    "sft.grad_clip": NON_NEGATIVE,
+    "sft.val_every_steps": NON_NEGATIVE,
+    "sft.save_every_steps": NON_NEGATIVE,
 }
 
 

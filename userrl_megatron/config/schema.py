@@ -219,6 +219,26 @@ class EvalConfig:
     before_training: bool = False  # also evaluate the initial policy (logged as step 0) for a before/after score
 
 
+EXPERT_FUNCTION = "expert:function-procedural"  # scripted FunctionGym expert episodes (userrl_megatron/sft/experts.py)
+
+
+@dataclass
+class SFTConfig:
+    train_files: list[str] = field(default_factory=lambda: [EXPERT_FUNCTION])  # .jsonl / .parquet, or expert:<source>
+    val_files: list[str] = field(default_factory=list)  # rows of the validation loss (same forms; expert: test split)
+    expert_tasks: int = 0  # tasks an expert:<source> entry plays (0 = every task of its split)
+    epochs: int = 1  # passes over the training rows
+    batch_tokens: int = 8192  # tokens per optimizer step: whole conversations packed up to this budget
+    max_tokens: int = 0  # longest conversation kept (longer rows are rejected); 0 = model.max_context_length
+    lr: float = 1.0e-5  # peak learning rate (replaces megatron.lr)
+    min_lr: float = 0.0  # floor of the linear / cosine decay, reached one step after the last
+    lr_schedule: str = "cosine"  # after warm-up: "constant", "linear" or "cosine" decay towards min_lr
+    warmup_ratio: float = 0.1  # fraction of the optimizer steps of linear warm-up from 0 (UserRL: 0.1)
+    grad_clip: float = 1.0  # clip the global gradient norm to this value (0 disables; replaces megatron.grad_clip)
+    val_every_steps: int = 0  # validation loss every k optimizer steps (0 = only after the last step)
+    save_every_steps: int = 0  # checkpoint every k optimizer steps (0 = only at the end)
+
+
 @dataclass
 class PlanConfig:
     device_memory_gb: float = 80.0  # GiB of one GPU that `userrl plan` checks (H100 80GB: 79.6, H200: 140.4)
@@ -240,3 +260,4 @@ class RootConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # metrics backends and rollout dumps
     eval: EvalConfig = field(default_factory=EvalConfig)  # periodic evaluation
     plan: PlanConfig = field(default_factory=PlanConfig)  # devices `userrl plan` checks the run against
+    sft: SFTConfig = field(default_factory=SFTConfig)  # supervised fine-tuning (`userrl sft`)

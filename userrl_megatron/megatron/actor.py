@@ -238,6 +238,14 @@ class MegatronActor:
         self.parking.require("a checkpoint load")
         return checkpoint.load(self, path)
 
+    def load_weights(self, path: str) -> None:
+        """Load only the model weights of a checkpoint (an SFT run's, as the start of RL): the optimizer state,
+        LR schedule and step count stay as they are (fresh); the fp32 master weights follow the loaded ones."""
+        cpu.enter_mode()
+        self.parking.require("a checkpoint load")
+        checkpoint.load_model(path, self._modules(), self.arch, self.layout.tp)
+        self.optimizer.reload_model_params()
+
     def offload(self, weights: bool = True) -> None:
         """Move optimizer state and gradients, and with `weights` the parameters, to host memory and free their
         device storage (`offload.py`; on CPU too). Offloading what is already offloaded does nothing."""

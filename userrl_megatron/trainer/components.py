@@ -43,6 +43,7 @@ class Components:
     _pushing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight push at a time (sync or repair)
     _released: set[str] = field(default_factory=set)  # engine memory tags released and not resumed yet
     _verified: bool = False  # a sync of this run was verified (read back from the engines)
+    _synced: bool = False  # a sync happened: the engines hold the actor's weights, not the HF ones
 
     async def rollout(self, tasks: list[Task], n: int, temperature: float | None = None) -> list[EpisodeGroup]:
         sampling = self.runner.sampling(temperature)
@@ -127,6 +128,7 @@ class Components:
         if not colocated:
             await self.pool.resume()
         self.version = version
+        self._synced = True
         if self.cfg.sync.verify or not self._verified:  # the first sync of a run is always checked
             metrics |= await self._verify()
             self._verified = True
@@ -176,7 +178,7 @@ class Components:
         """`on_restart` hook: give a restarted engine the current weights before it serves again, and (colocated)
         release the memory the other engines have released, so that every release keeps pairing with one resume."""
         self._stale = True  # the engine is at a new address: rebuild the sync groups before the next sync
-        if self.cfg.sync.enabled and self.version > 0:  # else it already holds the weights the others hold
+        if self.cfg.sync.enabled and self._synced:  # else it already holds the weights the others hold
             engine = [{"url": client.base_url, "tp_size": self.cfg.rollout.engine_tp}]
             async with self._pushing:
                 name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"

@@ -20,7 +20,13 @@ from pathlib import Path
 
 from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.errors import RunError
-from userrl_megatron.megatron.checkpoint_files import checkpoints_newest_first, find_damage
+from userrl_megatron.megatron.checkpoint_files import (
+    EXTRA_FILE,
+    CheckpointError,
+    checkpoints_newest_first,
+    find_damage,
+    resolve,
+)
 from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.observability.progress import StepProgress
@@ -56,13 +62,14 @@ class Trainer:
         self.best = float("-inf")
         self.progress = StepProgress(cfg.run.total_steps)  # `step N/total  elapsed  ETA` after each step
         self.infra_failed_steps = 0  # steps in a row lost mostly to the infrastructure
+        self.started_from: Path | None = None  # the SFT checkpoint whose weights step 0 started from
 
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
         cfg, parts = self.cfg, self.parts
         async with parts.actor_on_device():  # colocated: the actor holds the GPUs for this, then steps aside
             step = self.resume()
-            if step > 0 and cfg.sync.enabled:
+            if (step > 0 or self.started_from) and cfg.sync.enabled:
                 await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
         if step == 0 and cfg.eval.before_training and 0 not in self._logged_steps():
             self.tracker.log(await self.evaluate(0), 0)  # the initial policy's score: the "before" of the run
@@ -199,6 +206,11 @@ class Trainer:
         source = self.cfg.checkpoint.resume
         if source == "disable":
             return 0
+        if source != "auto" and is_sft_checkpoint(source):
+            if not checkpoints_newest_first(self.run_dir / "checkpoints"):
+                return self.start_from(Path(source))
+            source = "auto"  # the run has its own checkpoints since it started from the SFT weights
+            log.info("checkpoint.resume names an SFT checkpoint, but the run has its own: resuming from those")
         if source == "auto":
             candidates = checkpoints_newest_first(self.run_dir / "checkpoints")
         else:
@@ -228,6 +240,17 @@ class Trainer:
         log.info("resumed from %s at step %d", path, step)
         return step
 
+    def start_from(self, path: Path) -> int:
+        """Step 0 from the weights of an SFT checkpoint (`userrl sft`): its model only; the RL optimizer, schedule
+        and task stream start fresh."""
+        damage = find_damage(resolve(path))
+        if damage is not None:
+            raise RunError(f"checkpoint.resume = {path}: the SFT checkpoint is damaged ({damage})")
+        self.parts.actors.call("load_weights", str(resolve(path)))
+        self.started_from = resolve(path)
+        log.info("starting RL from the weights of SFT checkpoint %s", self.started_from)
+        return 0
+
     def _logged_steps(self) -> set[int]:
         path = self.run_dir / "metrics.jsonl"
         return {r["step"] for r in read_metrics(path)} if path.is_file() else set()
@@ -255,6 +278,15 @@ def train(cfg: RootConfig) -> Path:
         save_config(cfg, run_dir / "config.yaml")
         asyncio.run(main())
     return run_dir
+
+
+def is_sft_checkpoint(path: str | Path) -> bool:
+    """Whether `path` (a checkpoint, or a folder with a `latest` pointer) was written by `userrl sft`."""
+    try:
+        extra = resolve(path) / EXTRA_FILE
+        return json.loads(extra.read_text()).get("kind") == "sft"
+    except (CheckpointError, OSError, ValueError, AttributeError):
+        return False
 
 
 def _root_cause(error: BaseException) -> str:

@@ -89,6 +89,9 @@ class MegatronWorker:
     def load(self, path: str) -> dict[str, Any]:
         return self.actor.load(path)
 
+    def load_weights(self, path: str) -> None:
+        self.actor.load_weights(path)
+
     def offload(self, weights: bool = True) -> None:
         self.actor.offload(weights)
 

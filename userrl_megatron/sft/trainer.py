@@ -1,0 +1,317 @@
+"""`userrl sft`: supervised fine-tuning of the Megatron actor on multi-turn conversations.
+
+The same actor ranks as RL (Ray workers, any TP/PP/DP/CP layout), the loss `sft_nll`: the token NLL of the
+assistant tokens, divided by the number of assistant tokens of the whole optimizer step (all micro-batches and
+data-parallel ranks). Samples are tokenised by the rollout chat code (`sft/tokens.py`); each step packs whole
+conversations up to `sft.batch_tokens` (`sft/batches.py`). The LR schedule is the actor's own (Megatron's
+scheduler): linear warm-up over `sft.warmup_ratio` of the steps, then `sft.lr_schedule` down to `sft.min_lr` at
+the end of the run. Checkpoints have the RL format and `latest` pointer; their extra state says `"kind": "sft"`, so
+`userrl train checkpoint.resume=<sft checkpoint>` starts RL from its weights (step 0, fresh optimizer), and
+relaunching `userrl sft` resumes at the step after the newest checkpoint, on the same samples.
+"""
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from userrl_megatron.config import AlgoConfig, RootConfig, save_config
+from userrl_megatron.errors import RunError, UserError
+from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage, resolve
+from userrl_megatron.observability import Timers, Tracker
+from userrl_megatron.observability.progress import StepProgress
+from userrl_megatron.rollout.chat import ChatTemplate
+from userrl_megatron.sft.batches import fingerprint, schedule, train_batch
+from userrl_megatron.sft.experts import EXPERT_PREFIX, expert_rows
+from userrl_megatron.sft.rows import Rejection, RowError, read_rows
+from userrl_megatron.sft.tokens import Sample, tokenize_row
+from userrl_megatron.trainer.run_lock import RunLock
+
+log = logging.getLogger(__name__)
+
+SFT_ALGO = AlgoConfig(policy_loss="sft_nll", loss_agg="token-mean", kl_coef=0.0, entropy_coef=0.0)
+CONSOLE_KEYS = ("sft/nll", "val/loss", "actor/grad_norm", "actor/lr", "sft/epoch", "actor/tokens_per_s")
+KIND = "sft"  # extra_state["kind"] of an SFT checkpoint
+SHOWN_REJECTIONS = 10  # rejections printed to the console; all of them go to rejected_rows.jsonl
+
+
+@dataclass
+class Dataset:
+    """Tokenised samples of one split and the rows left out."""
+
+    samples: list[Sample] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s) for s in self.samples)
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(sum(s.loss_mask) for s in self.samples)
+
+
+def token_limit(cfg: RootConfig) -> tuple[int, str]:
+    """The longest sample that can be trained on, and the option that sets it."""
+    limits = [
+        (
+            cfg.sft.max_tokens or cfg.model.max_context_length,
+            "sft.max_tokens" if cfg.sft.max_tokens else "model.max_context_length",
+        ),
+        (cfg.sft.batch_tokens, "sft.batch_tokens"),
+        (cfg.megatron.micro_batch_tokens, "megatron.micro_batch_tokens"),
+    ]
+    return min(limits)
+
+
+def load_dataset(cfg: RootConfig, chat: ChatTemplate, entries: list[str], split: str) -> Dataset:
+    """Read, check and tokenise every entry of `sft.train_files` / `sft.val_files` (`split`: the expert's split)."""
+    data = Dataset()
+    limit, option = token_limit(cfg)
+    for entry in entries:
+        if entry.startswith(EXPERT_PREFIX):
+            source = entry.removeprefix(EXPERT_PREFIX)
+            try:
+                rows = expert_rows(source, split, cfg.gyms, cfg.rollout, chat, cfg.sft.expert_tasks)
+            except ValueError as e:
+                raise UserError(f"sft data {entry}: {e}") from e
+            rejected: list[Rejection] = []
+        else:
+            rows, rejected = read_rows(Path(entry).expanduser())
+        data.rejected += rejected
+        for row in rows:
+            try:
+                sample = tokenize_row(chat, row, limit)
+            except RowError as e:
+                reason = str(e) + (f" ({option})" if "more than the limit" in str(e) else "")
+                data.rejected.append(Rejection(row.source, reason))
+                continue
+            data.samples.append(sample)
+    return data
+
+
+def report_rejections(data: Dataset, name: str, run_dir: Path) -> None:
+    """Print and log how many rows were rejected, the first few reasons, and write all of them to a file."""
+    if not data.rejected:
+        return
+    path = run_dir / f"rejected_{name}_rows.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for r in data.rejected:
+            f.write(json.dumps({"row": r.source, "reason": r.reason}, ensure_ascii=False) + "\n")
+    log.warning("sft %s data: %d row(s) rejected (all reasons in %s)", name, len(data.rejected), path)
+    for r in data.rejected[:SHOWN_REJECTIONS]:
+        log.warning("  rejected %s", r)
+    if len(data.rejected) > SHOWN_REJECTIONS:
+        log.warning("  ... and %d more", len(data.rejected) - SHOWN_REJECTIONS)
+
+
+def sft_megatron(cfg: RootConfig, total_steps: int) -> Any:
+    """The actor's optimizer settings for SFT: `sft.lr`, warm-up over `sft.warmup_ratio` of the steps, then decay
+    towards `sft.min_lr`, reached one step after the last (the last step still learns), `sft.grad_clip`."""
+    warmup = round(cfg.sft.warmup_ratio * total_steps)
+    return replace(
+        cfg.megatron,
+        lr=cfg.sft.lr,
+        min_lr=cfg.sft.min_lr,
+        lr_schedule=cfg.sft.lr_schedule,
+        lr_warmup_steps=warmup,
+        lr_decay_steps=max(total_steps + 1, warmup + 1),  # min_lr one step after the last: no step at min_lr
+        grad_clip=cfg.sft.grad_clip,
+    )
+
+
+class SFTTrainer:
+    """The SFT loop over the actor ranks of `actors` (a trainer.workers.ActorGroup)."""
+
+    def __init__(self, cfg: RootConfig, run_dir: Path, actors: Any, train: Dataset, val: Dataset) -> None:
+        self.cfg, self.run_dir, self.actors = cfg, run_dir, actors
+        self.train, self.val = train, val
+        lengths = [len(s) for s in train.samples]
+        self.plan = schedule(lengths, cfg.sft.batch_tokens, cfg.run.seed, cfg.sft.epochs)
+        self.steps_per_epoch = [sum(1 for e, _ in self.plan if e == k) for k in range(cfg.sft.epochs)]
+        self.fingerprint = fingerprint([(s.token_ids, s.loss_mask) for s in train.samples])
+        self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=CONSOLE_KEYS)
+        self.progress = StepProgress(len(self.plan))
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.plan)
+
+    def fit(self, stop_after: int | None = None) -> int:
+        """Train to the last step (or stop after step `stop_after`, as an interruption would); returns the step."""
+        cfg = self.cfg.sft
+        step = self.resume()
+        if step == self.total_steps and self.exported(step):
+            log.info("%s already finished at step %d: nothing to train", self.run_dir, step)
+            self.tracker.close()
+            return step
+        last = self.total_steps if stop_after is None else min(stop_after, self.total_steps)
+        if step == 0:  # the data, and the initial model's validation loss
+            start = {"data/train_samples": float(len(self.train.samples)), "data/total_steps": float(self.total_steps)}
+            start |= {"data/rejected_rows": float(len(self.train.rejected))}
+            start |= {"data/val_rejected_rows": float(len(self.val.rejected))}
+            if cfg.val_every_steps and self.val.samples:
+                start |= self.validate()
+            self.tracker.log(start, 0)
+        saved = step
+        while step < last:
+            step += 1
+            timers = Timers()
+            with timers("step"):
+                epoch, indices = self.plan[step - 1]
+                samples = [self.train.samples[i] for i in indices]
+                batch = train_batch([s.token_ids for s in samples], [s.loss_mask for s in samples])
+                metrics = self.actors.call("train_step", batch)
+                done_in_epoch = step - sum(self.steps_per_epoch[:epoch])
+                metrics["sft/epoch"] = epoch + done_in_epoch / self.steps_per_epoch[epoch]
+                metrics["sft/samples"] = float(len(samples))
+                if cfg.val_every_steps and step % cfg.val_every_steps == 0 and self.val.samples:
+                    with timers("val"):
+                        metrics |= self.validate()
+            metrics |= timers.pop()
+            if cfg.save_every_steps and step % cfg.save_every_steps == 0:
+                self.save(step, metrics)
+                saved = step
+            self.tracker.log(metrics, step)
+            self.progress.done(step)
+        if step == self.total_steps and step > 0:
+            self.finish(step, saved, validated=bool(cfg.val_every_steps) and step % cfg.val_every_steps == 0)
+        self.tracker.close()
+        return step
+
+    def exported(self, step: int) -> bool:
+        """The run's final HF export is written (or none is wanted)."""
+        return not self.cfg.checkpoint.save_hf or (self.run_dir / "hf" / f"step_{step}" / "config.json").is_file()
+
+    def validate(self) -> dict[str, float]:
+        """Token NLL of the validation samples' assistant tokens under the current weights (no update)."""
+        nll = tokens = 0.0
+        for _, indices in schedule([len(s) for s in self.val.samples], self.cfg.sft.batch_tokens, 0, 1):
+            samples = [self.val.samples[i] for i in indices]
+            batch = train_batch([s.token_ids for s in samples], [s.loss_mask for s in samples])
+            logprobs = self.actors.call("compute_logprobs", batch)
+            for lp, mask in zip(logprobs, batch.loss_mask, strict=True):
+                nll -= sum(v for v, m in zip(lp, mask, strict=True) if m)
+                tokens += sum(mask)
+        return {"val/loss": nll / max(tokens, 1.0), "val/tokens": tokens}
+
+    def save(self, step: int, record: dict[str, float] | None = None) -> None:
+        """A checkpoint of the actor (RL's format) with the SFT position; a failed write stops the run."""
+        state = {
+            "kind": KIND,
+            "step": step,
+            "total_steps": self.total_steps,
+            "data": self.fingerprint,
+            "record": record or {},
+        }
+        path = self.run_dir / "checkpoints" / f"step_{step}"
+        ckpt = self.cfg.checkpoint
+        try:
+            self.actors.call("save", str(path), state, ckpt.keep_last, ckpt.save_optimizer)
+        except Exception as e:
+            raise RunError(f"saving checkpoint {path} failed: {e}") from e
+
+    def finish(self, step: int, saved: int, validated: bool) -> None:
+        """After the last step: the validation loss (unless just measured), the checkpoint, the HF export."""
+        if self.val.samples and not validated:
+            self.tracker.log(self.validate(), step)
+        if saved != step:
+            self.save(step)
+        if self.cfg.checkpoint.save_hf:
+            out = self.run_dir / "hf" / f"step_{step}"
+            self.actors.call("export_hf", str(out))
+            log.info("HF export: %s", out)
+
+    def resume(self) -> int:
+        """The step to continue after: the run's newest intact checkpoint (`checkpoint.resume: auto`), a named SFT
+        checkpoint, or 0. A named non-SFT checkpoint (an RL run's, a converted one) gives only its weights."""
+        source = self.cfg.checkpoint.resume
+        if source == "disable":
+            return 0
+        root = self.run_dir / "checkpoints" if source == "auto" else Path(source)
+        candidates = checkpoints_newest_first(root) or ([] if source == "auto" else [root])
+        path = next((p for p in candidates if find_damage(p) is None), None)
+        if path is None:
+            if source != "auto":
+                raise RunError(f"checkpoint.resume = {source}: {find_damage(Path(source))}")
+            return 0
+        extra = checkpoint_extra(path)
+        if extra.get("kind") != KIND:
+            self.actors.call("load_weights", str(path))
+            log.info("starting SFT from the weights of %s", path)
+            return 0
+        if extra.get("data") != self.fingerprint or extra.get("total_steps") != self.total_steps:
+            raise RunError(
+                f"checkpoint {path} was trained on other data or another schedule (sft files, epochs, batch_tokens, "
+                "run.seed): use a new run.name, or checkpoint.resume=disable to start over"
+            )
+        self.actors.call("load", str(path))
+        step = int(extra["step"])
+        self.tracker.rewind(step)
+        log.info("resumed from %s at step %d", path, step)
+        return step
+
+
+def checkpoint_extra(path: str | Path) -> dict[str, Any]:
+    """The extra state of a checkpoint (or of the one a `latest` pointer names); {} if it has none."""
+    file = resolve(path) / EXTRA_FILE
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
+    """Run (or resume) the SFT run `cfg` describes; returns its run directory."""
+    import ray
+    import torch
+
+    from userrl_megatron.model_store import resolve_model
+    from userrl_megatron.trainer.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
+
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    with RunLock(run_dir):
+        save_config(cfg, run_dir / "config.yaml")
+        started = time.perf_counter()
+        chat = ChatTemplate.from_pretrained(resolve_model(cfg.model.path), cfg.model.tool_format)
+        train = load_dataset(cfg, chat, cfg.sft.train_files, "train")
+        val = load_dataset(cfg, chat, cfg.sft.val_files, "test")
+        for name, data in (("train", train), ("val", val)):
+            report_rejections(data, name, run_dir)
+        if not train.samples:
+            raise UserError(
+                f"sft.train_files {cfg.sft.train_files}: no row left to train on ({len(train.rejected)} rejected)"
+            )
+        log.info(
+            "sft data: %d train samples (%d tokens, %d trained), %d val samples; %d + %d rows rejected (%.1f s)",
+            len(train.samples),
+            train.tokens,
+            train.trained_tokens,
+            len(val.samples),
+            len(train.rejected),
+            len(val.rejected),
+            time.perf_counter() - started,
+        )
+        total = len(schedule([len(s) for s in train.samples], cfg.sft.batch_tokens, cfg.run.seed, cfg.sft.epochs))
+        use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
+        plan = plan_bundles(cfg.megatron, replace(cfg.rollout, num_engines=0, colocate=False), use_gpu)
+        started_ray = not ray.is_initialized()
+        start_ray(cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, len(plan.bundles)))
+        placement = create_placement(plan)
+        actors = None
+        try:
+            spec = WorkerSpec(cfg.model, sft_megatron(cfg, total), SFT_ALGO, cfg.sync, cfg.run.seed)
+            env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
+            actors = ActorGroup(placement, spec, env)
+            SFTTrainer(cfg, run_dir, actors, train, val).fit(stop_after)
+        finally:
+            if actors is not None:
+                actors.shutdown()
+            from ray.util import remove_placement_group
+
+            remove_placement_group(placement.group)
+            if started_ray:
+                ray.shutdown()
+    return run_dir
