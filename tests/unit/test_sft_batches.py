@@ -1,5 +1,7 @@
 """The SFT schedule: seeded per-epoch shuffles packed into whole-conversation batches under a token budget."""
 
+import itertools
+
 import pytest
 
 from userrl_megatron.config import load_config
@@ -15,13 +17,13 @@ def test_batches_pack_whole_samples_in_the_shuffled_order() -> None:
     assert sorted(order) == list(range(6))  # every sample once per epoch
     for batch in batches:
         assert sum(lengths[i] for i in batch) <= 600
-    for batch, after in zip(batches, batches[1:], strict=False):  # a batch closes only when the next one does not fit
+    for batch, after in itertools.pairwise(batches):  # a batch closes only when the next one does not fit
         assert sum(lengths[i] for i in batch) + lengths[after[0]] > 600
     assert batches == epoch_batches(lengths, 600, seed=1, epoch=0)  # a resumed run recomputes the same plan
     assert order != [i for b in epoch_batches(lengths, 600, seed=1, epoch=1) for i in b]  # another epoch, another order
     plan = schedule(lengths, 600, seed=1, epochs=2)
     assert [e for e, _ in plan] == [0] * len(batches) + [1] * len(epoch_batches(lengths, 600, 1, 1))
-    with pytest.raises(ValueError, match="sample 2 has 500 tokens, more than sft.batch_tokens = 400"):
+    with pytest.raises(ValueError, match=r"sample 2 has 500 tokens, more than sft\.batch_tokens = 400"):
         epoch_batches(lengths, 400, seed=1, epoch=0)
 
 

@@ -231,3 +231,25 @@ def test_rows_from_rollout_dumps(tmp_path: Path, qwen3: ChatTemplate) -> None:
     ]
     with pytest.raises(UserError, match=r"no rollouts/step_N\.jsonl dumps"):
         select(tmp_path / "rollouts", qwen3)
+
+
+def test_sft_command_with_no_valid_row_names_the_rejections(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from userrl_megatron.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": []}\n[1]\n')
+    code = main(
+        ["sft", f"run.output_dir={tmp_path}", "run.name=sft", f"sft.train_files=[{bad}]", "logging.backends=[]"]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"userrl: error: sft.train_files ['{bad}']: no row left to train on (2 rejected)" in err
+    rejected = (tmp_path / "sft" / "rejected_train_rows.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in rejected] == [
+        {"row": f"{bad}:1", "reason": "messages is empty"},
+        {"row": f"{bad}:2", "reason": "a row must be a JSON object, got list"},
+    ]
+    assert "sft train data: 2 row(s) rejected" in caplog.text  # on the console and in run.log outside pytest
+    assert f"rejected {bad}:1: messages is empty" in caplog.text

@@ -127,6 +127,7 @@ RANGES: dict[str, Rule] = {
     "eval.n_samples_per_prompt": COUNT,
     "eval.temperature": NON_NEGATIVE,
     "sft.expert_tasks": NON_NEGATIVE,
+    "sft.val_max_rows": NON_NEGATIVE,
     "sft.epochs": COUNT,
     "sft.batch_tokens": COUNT,
     "sft.max_tokens": NON_NEGATIVE,

@@ -227,6 +227,7 @@ class SFTConfig:
     train_files: list[str] = field(default_factory=lambda: [EXPERT_FUNCTION])  # .jsonl / .parquet, or expert:<source>
     val_files: list[str] = field(default_factory=list)  # rows of the validation loss (same forms; expert: test split)
     expert_tasks: int = 0  # tasks an expert:<source> entry plays (0 = every task of its split)
+    val_max_rows: int = 0  # validation samples kept: the first N of val_files (0 = all)
     epochs: int = 1  # passes over the training rows
     batch_tokens: int = 8192  # tokens per optimizer step: whole conversations packed up to this budget
     max_tokens: int = 0  # longest conversation kept (longer rows are rejected); 0 = model.max_context_length
@@ -235,7 +236,7 @@ class SFTConfig:
     lr_schedule: str = "cosine"  # after warm-up: "constant", "linear" or "cosine" decay towards min_lr
     warmup_ratio: float = 0.1  # fraction of the optimizer steps of linear warm-up from 0 (UserRL: 0.1)
     grad_clip: float = 1.0  # clip the global gradient norm to this value (0 disables; replaces megatron.grad_clip)
-    val_every_steps: int = 0  # validation loss every k optimizer steps (0 = only after the last step)
+    val_every_steps: int = 0  # validation loss every k optimizer steps (always before the first and after the last)
     save_every_steps: int = 0  # checkpoint every k optimizer steps (0 = only at the end)
 
 

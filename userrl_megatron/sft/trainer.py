@@ -154,7 +154,7 @@ class SFTTrainer:
             start = {"data/train_samples": float(len(self.train.samples)), "data/total_steps": float(self.total_steps)}
             start |= {"data/rejected_rows": float(len(self.train.rejected))}
             start |= {"data/val_rejected_rows": float(len(self.val.rejected))}
-            if cfg.val_every_steps and self.val.samples:
+            if self.val.samples:
                 start |= self.validate()
             self.tracker.log(start, 0)
         saved = step
@@ -278,6 +278,8 @@ def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
         chat = ChatTemplate.from_pretrained(resolve_model(cfg.model.path), cfg.model.tool_format)
         train = load_dataset(cfg, chat, cfg.sft.train_files, "train")
         val = load_dataset(cfg, chat, cfg.sft.val_files, "test")
+        if cfg.sft.val_max_rows:
+            val.samples = val.samples[: cfg.sft.val_max_rows]
         for name, data in (("train", train), ("val", val)):
             report_rejections(data, name, run_dir)
         if not train.samples:
