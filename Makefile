@@ -10,7 +10,7 @@ ARGS ?=
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: install sglang test test-fast lint format quickstart clean
+.PHONY: install sglang test test-fast lint format quickstart sft-quickstart clean
 
 $(STAMP): setup.py requirements/runtime.txt requirements/dev.txt requirements/models.txt tools/install_venv.sh tools/venv_torch.sh
 	bash tools/install_venv.sh $(VENV)
@@ -42,6 +42,13 @@ test-fast: lint $(SGLANG_STAMP)
 
 quickstart: $(STAMP)
 	$(PY) -m userrl_megatron train --config configs/quickstart.yaml $(ARGS)
+
+# SFT on expert FunctionGym episodes, then GRPO from the SFT checkpoint, then GRPO from the base model to compare.
+sft-quickstart: $(STAMP)
+	$(PY) -m userrl_megatron sft --config configs/sft_quickstart.yaml $(ARGS)
+	$(PY) -m userrl_megatron train --config configs/sft_quickstart.yaml run.name=sft_quickstart_grpo \
+		checkpoint.resume=runs/sft_quickstart/checkpoints $(ARGS)
+	$(PY) -m userrl_megatron train --config configs/sft_quickstart.yaml run.name=sft_quickstart_base_grpo $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) runs .pytest_cache .ruff_cache

@@ -1,6 +1,7 @@
 """`userrl sft` end to end on a tiny model (Ray, the Megatron actor on gloo): an interrupted run resumes at the
 exact step and ends with the same weights as an uninterrupted one; `userrl train` starts from its checkpoint."""
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,8 @@ def test_rl_starts_from_the_sft_checkpoint(ray_cluster: Any, model: Path, tmp_pa
     for k in exported:
         assert torch.allclose(exported[k], sft_weights[k], atol=1e-8), k
     assert any(not torch.allclose(sft_weights[k], base[k], atol=1e-4) for k in sft_weights)
+
+    # relaunched with more steps, the run resumes from its own checkpoint, not from the SFT one again
+    train(replace(rl, run=replace(rl.run, total_steps=2)))
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_2"

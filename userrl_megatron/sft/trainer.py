@@ -21,7 +21,7 @@ from typing import Any
 from userrl_megatron.config import AlgoConfig, RootConfig, save_config
 from userrl_megatron.errors import RunError, UserError
 from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage, resolve
-from userrl_megatron.observability import Timers, Tracker
+from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.chat import ChatTemplate
 from userrl_megatron.sft.batches import fingerprint, schedule, train_batch
@@ -145,6 +145,8 @@ class SFTTrainer:
         """Train to the last step (or stop after step `stop_after`, as an interruption would); returns the step."""
         cfg = self.cfg.sft
         step = self.resume()
+        if step == 0:
+            self.tracker.rewind(-1)  # an earlier attempt without a checkpoint: its lines go, its steps run again
         if step == self.total_steps and self.exported(step):
             log.info("%s already finished at step %d: nothing to train", self.run_dir, step)
             self.tracker.close()
@@ -252,6 +254,9 @@ class SFTTrainer:
         self.actors.call("load", str(path))
         step = int(extra["step"])
         self.tracker.rewind(step)
+        logged = {r["step"] for r in read_metrics(self.run_dir / "metrics.jsonl")}
+        if extra.get("record") and step not in logged:
+            self.tracker.log(extra["record"], step)  # interrupted between its checkpoint and its log line
         log.info("resumed from %s at step %d", path, step)
         return step
 
