@@ -20,19 +20,14 @@ from pathlib import Path
 
 from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.errors import RunError
-from userrl_megatron.megatron.checkpoint_files import (
-    EXTRA_FILE,
-    CheckpointError,
-    checkpoints_newest_first,
-    find_damage,
-    resolve,
-)
+from userrl_megatron.megatron.checkpoint_files import checkpoints_newest_first, find_damage, resolve
 from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.summary import is_infra_failure, rollout_metrics
 from userrl_megatron.trainer.batch import Prepared, mini_batches, prepare_batch
 from userrl_megatron.trainer.components import Components, start_components
+from userrl_megatron.trainer.preflight import is_sft_checkpoint
 from userrl_megatron.trainer.run_lock import RunLock
 from userrl_megatron.types import EpisodeGroup, TrainBatch
 
@@ -278,15 +273,6 @@ def train(cfg: RootConfig) -> Path:
         save_config(cfg, run_dir / "config.yaml")
         asyncio.run(main())
     return run_dir
-
-
-def is_sft_checkpoint(path: str | Path) -> bool:
-    """Whether `path` (a checkpoint, or a folder with a `latest` pointer) was written by `userrl sft`."""
-    try:
-        extra = resolve(path) / EXTRA_FILE
-        return json.loads(extra.read_text()).get("kind") == "sft"
-    except (CheckpointError, OSError, ValueError, AttributeError):
-        return False
 
 
 def _root_cause(error: BaseException) -> str:

@@ -41,8 +41,8 @@ def check_before_start(cfg: RootConfig, on_gpu: bool) -> None:
 def finished_step(cfg: RootConfig) -> int | None:
     """The step of the run's latest checkpoint when it is at (or past) `run.total_steps` and its HF export is
     written (when `checkpoint.save_hf`); None when there is training (or exporting) left to do."""
-    if cfg.checkpoint.resume != "auto":
-        return None
+    if cfg.checkpoint.resume != "auto" and not is_sft_checkpoint(cfg.checkpoint.resume):
+        return None  # an SFT checkpoint is only the starting point: the run's own checkpoints say where it is
     run_dir = run_directory(cfg)
     step = _checkpoint_step(run_dir / "checkpoints")
     if step is None or step < cfg.run.total_steps:
@@ -52,6 +52,24 @@ def finished_step(cfg: RootConfig) -> int | None:
     if step not in _logged_steps(run_dir / "metrics.jsonl"):
         return None  # killed between the checkpoint and its log line: the driver re-logs it
     return step
+
+
+def is_sft_checkpoint(path: str | Path) -> bool:
+    """Whether `path` (a checkpoint, or a folder with a `latest` pointer) was written by `userrl sft`."""
+    path = Path(path)
+    for ckpt in (path, path / _read(path / LATEST)):
+        try:
+            return json.loads((ckpt / EXTRA_FILE).read_text()).get("kind") == "sft"
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
 
 def _logged_steps(path: Path) -> set[int]:
