@@ -243,6 +243,7 @@ class Trainer:
             raise RunError(f"checkpoint.resume = {path}: the SFT checkpoint is damaged ({damage})")
         self.parts.actors.call("load_weights", str(resolve(path)))
         self.started_from = resolve(path)
+        self.tracker.rewind(0)  # an earlier attempt that saved no checkpoint: its steps run again
         log.info("starting RL from the weights of SFT checkpoint %s", self.started_from)
         return 0
 
