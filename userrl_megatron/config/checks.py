@@ -19,6 +19,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "megatron.transformer_impl": ("auto", "transformer_engine", "local"),
     "megatron.recompute": ("none", "selective", "full"),
     "megatron.lr_schedule": ("constant", "linear", "cosine"),
+    "checkpoint.optimizer_format": ("dp_reshardable", "fully_reshardable"),
     "rollout.backend": ("embedded", "sglang"),
     "rollout.sglang.device": ("auto", "cpu", "cuda"),
     "rollout.router": ("none", "sglang"),

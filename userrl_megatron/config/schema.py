@@ -195,6 +195,9 @@ class CheckpointConfig:
     every_steps: int = 0  # save every k steps (0 = only at the end)
     keep_last: int = 2  # checkpoints kept; older ones are deleted after a successful save
     save_optimizer: bool = True  # save Adam's state too (3x the fp32 weights); off: a resume restarts its moments
+    optimizer_format: str = "dp_reshardable"  # "dp_reshardable" (no gathering) or "fully_reshardable" (any layout)
+    load_optimizer: bool = True  # resume Adam's state when the checkpoint has it (false: the weights only)
+    async_save: bool = False  # stage tensors in host memory, write the files on a thread while training goes on
     save_hf: bool = True  # also export Hugging Face safetensors at the end of training
     resume: str = "auto"  # "auto" (from the run's latest checkpoint), "disable", or a checkpoint directory
 

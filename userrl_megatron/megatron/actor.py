@@ -37,6 +37,7 @@ from userrl_megatron.convert.hf_io import HFWeights
 from userrl_megatron.convert.rules import Converter
 from userrl_megatron.megatron import checkpoint, cpu, parallel
 from userrl_megatron.megatron import optimizer as optim
+from userrl_megatron.megatron.checkpoint_writer import CheckpointWriter
 from userrl_megatron.megatron.export import export_hf, export_hf_dir
 from userrl_megatron.megatron.logits import vocab_parallel_logprobs
 from userrl_megatron.megatron.model import (
@@ -93,6 +94,7 @@ class MegatronActor:
         self.cfg, self.algo = megatron, algo
         self.layout = parallel.current_layout()
         self.device = parallel.device()
+        self.checkpoint_writer = CheckpointWriter(self.device)
         self.hf_dir = resolve_model(model.path)
         self.arch = Architecture.from_hf_dir(self.hf_dir)
         parallel.check_model_layout(megatron, self.arch)
@@ -226,17 +228,30 @@ class MegatronActor:
         extra_state: dict[str, Any] | None = None,
         keep_last: int | None = None,
         with_optimizer: bool = True,
+        optimizer_format: str = "dp_reshardable",
+        background: bool = False,
     ) -> None:
-        """Write a distributed checkpoint to `path` (collective); see `checkpoint.save`."""
+        """Write a distributed checkpoint to `path` (collective); see `checkpoint.save`. In the `background`,
+        it returns once the tensors are copied to host memory; `finish_save` commits it."""
         cpu.enter_mode()
         self.parking.require("a checkpoint save", [WEIGHTS, STATE] if with_optimizer else [WEIGHTS])
-        checkpoint.save(self, path, extra_state or {}, keep_last, with_optimizer)
+        checkpoint.save(self, path, extra_state or {}, keep_last, with_optimizer, optimizer_format, background)
 
-    def load(self, path: str) -> dict[str, Any]:
+    def finish_save(self, wait: bool) -> bool:
+        """Commit a background save whose files every rank has written (all of it if `wait`); True when no
+        save is left pending. Collective."""
+        cpu.enter_mode()
+        if wait:
+            self.checkpoint_writer.wait()
+            return True
+        return self.checkpoint_writer.poll()
+
+    def load(self, path: str, with_optimizer: bool = True) -> dict[str, Any]:
         """Restore from a checkpoint directory (or a folder with a `latest` pointer); returns extra_state."""
         cpu.enter_mode()
         self.parking.require("a checkpoint load")
-        return checkpoint.load(self, path)
+        self.checkpoint_writer.wait()
+        return checkpoint.load(self, path, with_optimizer)
 
     def offload(self, weights: bool = True) -> None:
         """Move optimizer state and gradients, and with `weights` the parameters, to host memory and free their

@@ -12,15 +12,17 @@ written or no checkpoint that can be read.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.errors import RunError
-from userrl_megatron.megatron.checkpoint_files import checkpoints_newest_first, find_damage
+from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage
 from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.observability.progress import StepProgress
@@ -56,6 +58,7 @@ class Trainer:
         self.best = float("-inf")
         self.progress = StepProgress(cfg.run.total_steps)  # `step N/total  elapsed  ETA` after each step
         self.infra_failed_steps = 0  # steps in a row lost mostly to the infrastructure
+        self.saving: Path | None = None  # a checkpoint being written in the background
 
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
@@ -93,10 +96,11 @@ class Trainer:
                         metrics |= await self.evaluate(step)
             metrics = self.summarize(step, groups, metrics | timers.pop())
             if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                with timers("checkpoint"):
+                with timers("checkpoint"):  # with async_save: until the tensors are copied to host memory
                     async with parts.actor_on_device():
                         self.save(step, metrics)
                 metrics |= timers.pop()
+            self.commit_saves(wait=False)
             self.tracker.log(metrics, step)  # after the checkpoint: a logged step is never trained twice
             self.progress.done(step)
         await self.finish(step)
@@ -154,15 +158,32 @@ class Trainer:
 
     def save(self, step: int, record: dict[str, float] | None = None) -> None:
         """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them).
-        A failed write leaves the previous checkpoint and `latest` as they were, and stops the run."""
+        With `checkpoint.async_save` the files are written while the run goes on (`commit_saves`). A failed
+        write leaves the previous checkpoint and `latest` as they were, and stops the run."""
         state = {"step": step, "tasks": self.parts.tasks.state(), "best": self.best, "record": record or {}}
         path = self.run_dir / "checkpoints" / f"step_{step}"
         ckpt = self.cfg.checkpoint
+        with self._checkpoint_failure(path):
+            self.parts.actors.call("save", str(path), state, ckpt, ckpt.async_save)
+        self.saving = path
+
+    def commit_saves(self, wait: bool) -> None:
+        """Commit the background save once every rank has written its files (`wait`: block until then)."""
+        if self.saving is not None:
+            with self._checkpoint_failure(self.saving):
+                if self.parts.actors.call("finish_save", wait):
+                    self.saving = None
+
+    @contextlib.contextmanager
+    def _checkpoint_failure(self, path: Path) -> Iterator[None]:
         try:
-            self.parts.actors.call("save", str(path), state, ckpt.keep_last, ckpt.save_optimizer)
+            yield
         except Exception as e:
+            self.saving = None
             kept = checkpoints_newest_first(path.parent)
             intact = f"{kept[0]} is intact" if kept else "no earlier checkpoint exists"
+            # Steps logged while a background save was written run again after a resume: their lines go now.
+            self.tracker.rewind(json.loads((kept[0] / EXTRA_FILE).read_text()).get("step", 0) if kept else 0)
             free = shutil.disk_usage(path.parent).free / 2**20  # the writers often lose ENOSPC's message
             raise RunError(
                 f"saving checkpoint {path} failed ({_root_cause(e)}; {free:.1f} MiB free there); {intact}"
@@ -218,7 +239,7 @@ class Trainer:
             log.error("checkpoint %s is damaged (%s): resuming from %s instead", path, damage, older)
         else:
             return 0
-        state = self.parts.actors.call("load", str(path))
+        state = self.parts.actors.call("load", str(path), self.cfg.checkpoint.load_optimizer)
         self.parts.tasks.restore(state["tasks"])
         self.best = state.get("best", float("-inf"))
         step = int(state["step"])
@@ -238,6 +259,7 @@ class Trainer:
         every = self.cfg.checkpoint.every_steps
         if step > 0 and not (every and step % every == 0):
             self.save(step)  # its metrics are already logged
+        self.commit_saves(wait=True)
         if self.cfg.checkpoint.save_hf and step > 0:
             self.parts.actors.call("export_hf", str(self.run_dir / "hf" / f"step_{step}"))
         self.tracker.close()
