@@ -58,9 +58,9 @@ def test_offload_frees_storage_and_onload_restores_it_exactly(tmp_path: Path) ->
         assert all(full[kind] > 0 for kind in ("weights", "optimizer state", "grads")), full
         assert r["state_out"] == {"weights": full["weights"], "optimizer state": 0, "grads": 0}
         assert r["logprobs_state_out"] == r["before"]
-        assert r["train_state_out"] == "train_step: the actor's grads, optimizer state are offloaded; onload first"
+        assert r["train_state_out"] == "a training step: the actor's grads, optimizer state are offloaded; onload first"
         assert r["all_out"] == {"weights": 0, "optimizer state": 0, "grads": 0}
-        assert r["logprobs_all_out"] == "compute_logprobs: the actor's weights are offloaded; onload first"
+        assert r["logprobs_all_out"] == "a log-prob pass: the actor's weights are offloaded; onload first"
         assert r["save_all_out"].startswith("a checkpoint save: the actor's optimizer state, weights are offloaded")
         assert r["after"] == r["before"]  # bit-identical
         assert r["stepped"][0] == r["stepped"][1]  # Adam's moments came back: the same step as an actor left alone

@@ -47,7 +47,7 @@ from userrl_megatron.megatron.model import (
     load_full_weights,
     use_transformer_engine,
 )
-from userrl_megatron.megatron.offload import STATE, WEIGHTS, Parking, actor_storages
+from userrl_megatron.megatron.offload import Parking, actor_storages
 from userrl_megatron.megatron.packing import (
     ModelInput,
     balance,
@@ -139,7 +139,7 @@ class MegatronActor:
         """Per-token log-probs of every episode (position 0 is 0.0: token t is scored given tokens < t),
         identical on every rank. With `with_entropy`, returns (log-probs, entropies) aligned the same way."""
         cpu.enter_mode()
-        self.parking.require("compute_logprobs", [WEIGHTS])
+        self.parking.require("a log-prob pass")
         self._check_tokens(batch)
         for chunk in self.chunks:
             chunk.eval()
@@ -155,7 +155,7 @@ class MegatronActor:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step on the whole batch; metrics (prefixed `actor/`) are identical on every rank."""
         cpu.enter_mode()
-        self.parking.require("train_step")
+        self.parking.require("a training step")
         self._check_tokens(batch)
         self._check_train_batch(batch)
         start = time.perf_counter()
@@ -206,7 +206,7 @@ class MegatronActor:
         rank must exhaust the iterator. Vocabulary padding is removed; a tied LM head is not yielded.
         """
         cpu.enter_mode()
-        self.parking.require("a weight export", [WEIGHTS])
+        self.parking.require("a weight export")
         yield from export_hf(self._modules(), self.converter, self.layout)
 
     def export_hf_dir(self, out_dir: str, max_shard_bytes: int = 2 * 1024**3) -> int:
@@ -214,7 +214,7 @@ class MegatronActor:
         own shards, no rank holds the whole model (`export.export_hf_dir`); returns the most bytes this rank held
         at once. Collective."""
         cpu.enter_mode()
-        self.parking.require("an HF export", [WEIGHTS])
+        self.parking.require("an HF export")
         return export_hf_dir(self._modules(), self.converter, self.layout, out_dir, self.hf_dir, None, max_shard_bytes)
 
     def _modules(self) -> list[torch.nn.Module]:
@@ -234,7 +234,7 @@ class MegatronActor:
         """Write a distributed checkpoint to `path` (collective); see `checkpoint.save`. In the `background`,
         it returns once the tensors are copied to host memory; `finish_save` commits it."""
         cpu.enter_mode()
-        self.parking.require("a checkpoint save", [WEIGHTS, STATE] if with_optimizer else [WEIGHTS])
+        self.parking.require("a checkpoint save" if with_optimizer else "a model-only checkpoint save")
         checkpoint.save(self, path, extra_state or {}, keep_last, with_optimizer, optimizer_format, background)
 
     def finish_save(self, wait: bool) -> bool:

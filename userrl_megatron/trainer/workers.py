@@ -73,7 +73,7 @@ class MegatronWorker:
         """Log-probs under the initial weights: swap them in, score, swap the trained weights back."""
         if self.reference is None:
             raise RuntimeError("reference log-probs need algo.kl_coef > 0 at start-up")
-        self.actor.parking.require("the reference-weights swap", ["weights"])
+        self.actor.parking.require("the reference-weights swap")
         with self.reference.swapped_in(self._parameters()):
             out = self.actor.compute_logprobs(batch)
         return out if self.rank == 0 else None
