@@ -47,7 +47,7 @@ from userrl_megatron.megatron.model import (
     load_full_weights,
     use_transformer_engine,
 )
-from userrl_megatron.megatron.offload import Parking, actor_storages
+from userrl_megatron.megatron.offload import GRADS, STATE, WEIGHTS, Parking, actor_storages
 from userrl_megatron.megatron.packing import (
     ModelInput,
     balance,
@@ -258,9 +258,14 @@ class MegatronActor:
         device storage (`offload.py`; on CPU too). Offloading what is already offloaded does nothing."""
         self.parking.offload(actor_storages(self.chunks, self.optimizer, weights))
 
-    def onload(self) -> None:
-        """Bring everything back before the next compute_logprobs / train_step / save / export."""
-        self.parking.onload()
+    def onload(self, weights_only: bool = False) -> None:
+        """Bring everything back before the next compute_logprobs / train_step / save / export (`weights_only`:
+        the weights alone, e.g. to push them to an engine restarted while the rest stays offloaded)."""
+        self.parking.onload([WEIGHTS] if weights_only else [WEIGHTS, STATE, GRADS])
+
+    def offloaded(self) -> list[str]:
+        """What is offloaded now (`offload.WEIGHTS`, `STATE`, `GRADS`)."""
+        return sorted(self.parking.kinds)
 
     # ---- internals ----------------------------------------------------------------------------------
 

@@ -69,15 +69,17 @@ class Parking:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def onload(self) -> None:
-        """Give every parked storage its bytes back: copied from host, or zeroed for grads."""
-        for key, (kind, storage, nbytes) in self.parked.items():
+    def onload(self, kinds: Iterable[str] = (WEIGHTS, STATE, GRADS)) -> None:
+        """Give the parked storages of `kinds` their bytes back: copied from host, or zeroed for grads."""
+        for key, (kind, storage, nbytes) in list(self.parked.items()):
+            if kind not in kinds:
+                continue
             storage.resize_(nbytes)
             if kind == GRADS:
                 storage.fill_(0)
             else:
                 storage.copy_(self.host[key], non_blocking=True)
-        self.parked.clear()
+            del self.parked[key]
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 

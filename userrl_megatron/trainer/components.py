@@ -179,12 +179,19 @@ class Components:
         if self.cfg.sync.enabled and self.version > 0:  # else it already holds the weights the others hold
             engine = [{"url": client.base_url, "tp_size": self.cfg.rollout.engine_tp}]
             async with self._pushing:
+                # Restarted during a colocated rollout, the actor is offloaded: its weights alone come back for
+                # the push (the plan's rollout phase leaves room for them), then leave again.
+                parked = "weights" in await asyncio.to_thread(self.actors.call, "offloaded")
+                if parked:
+                    await asyncio.to_thread(self.actors.call, "onload", True)
                 name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
                 groups = await asyncio.to_thread(self.actors.connect_engines, engine, name)
                 try:
                     await asyncio.to_thread(self.actors.push_weights, groups, self.version)
                 finally:
                     await asyncio.to_thread(self.actors.disconnect_engines, groups)
+                    if parked:
+                        await asyncio.to_thread(self.actors.call, "offload")
             log.info("engine %d repaired with weight version %d", index, self.version)
         if self._released:
             await client.release_memory(sorted(self._released))

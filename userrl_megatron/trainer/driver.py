@@ -74,6 +74,8 @@ class Trainer:
             timers, metrics = Timers(), {}
             with timers("step"):
                 with timers("rollout"):
+                    if f"kill_engine_in_rollout@{step}" in cfg.run.faults:
+                        await parts.kill_engine(0)
                     tasks = parts.tasks.next(cfg.rollout.prompts_per_step)
                     groups = await parts.rollout(tasks, cfg.rollout.n_samples_per_prompt)
                 if f"kill_engine@{step}" in cfg.run.faults:

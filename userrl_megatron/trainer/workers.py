@@ -96,8 +96,11 @@ class MegatronWorker:
     def offload(self, weights: bool = True) -> None:
         self.actor.offload(weights)
 
-    def onload(self) -> None:
-        self.actor.onload()
+    def onload(self, weights_only: bool = False) -> None:
+        self.actor.onload(weights_only)
+
+    def offloaded(self) -> list[str]:
+        return self.actor.offloaded()
 
     def export_hf(self, out_dir: str) -> str | None:
         """Write the model as an HF directory (safetensors, config, tokenizer); each stage writes its shards."""
