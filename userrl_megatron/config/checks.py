@@ -57,7 +57,10 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
     drills = r"(skip_update|kill_engine|kill_engine_in_rollout)@[1-9][0-9]*"
     bad_faults = [f for f in cfg.run.faults if not re.fullmatch(drills, f)]
     if bad_faults:
-        problems.append(f"run.faults: {bad_faults} are not of the form skip_update@STEP, kill_engine@STEP or kill_engine_in_rollout@STEP")
+        problems.append(
+            f"run.faults: {bad_faults} are not of the form skip_update@STEP, kill_engine@STEP or "
+            "kill_engine_in_rollout@STEP"
+        )
     if problems:
         raise ConfigError(problems)
 

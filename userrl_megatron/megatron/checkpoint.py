@@ -4,15 +4,18 @@ Layout of one checkpoint directory:
 
     <dir>/                        Megatron dist-checkpoint (torch_dist): model and optimizer, resharded on load
     <dir>/userrl_checkpoint.json  format, optimizer steps, LR-scheduler state, the layout and model it was saved
-                                  with, what it contains ("model", "optimizer")
+                                  with, what it contains ("model", "optimizer"), the optimizer format and the
+                                  layer spec
     <dir>/extra_state.json        the caller's state (e.g. the data iterator's position), JSON
     <dir>/rng/rank_XXXXX.pt       per-rank RNG states (restored only into the same layout)
     <dir>/hf/                     the HF model's non-weight files (config, tokenizer), for HF export
 
 Saving is atomic: everything is written to `.<name>.incomplete` beside the target, renamed into place, and
 only then is `<parent>/latest` moved to point at it (write-then-rename as well). `keep_last` then deletes
-the oldest sibling checkpoints. Loading accepts a checkpoint directory or a folder with a `latest` pointer,
-and works under any TP/PP/DP layout whose padded vocabulary matches (see `convert.arch.padded_vocab_size`).
+the oldest sibling checkpoints; in the background (`checkpoint_writer.py`) that commit waits until every
+rank's files are written. Loading accepts a checkpoint directory or a folder with a `latest` pointer; the model
+loads under any TP/PP/DP layout whose padded vocabulary matches (see `convert.arch.padded_vocab_size`), the
+optimizer state under any layout when saved "fully_reshardable", under any DP size when "dp_reshardable".
 The directory must be on a filesystem every rank sees.
 """
 
@@ -63,10 +66,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Megatron's distributed-optimizer formats: "dp_reshardable" saves and loads each rank's own buffers, with no
-# gathering, and reshards over DP only; "fully_reshardable" gathers per-parameter state and reshards over
-# TP, PP and DP (for conversions and resuming in another layout).
-OPTIMIZER_FORMATS = ("dp_reshardable", "fully_reshardable")
 # The norms' sharded keys under the two layer specs: Megatron-core 0.19's local spec already saves the
 # Transformer Engine names; other writers (older Megatron, `--transformer-impl local`) may not.
 _TE_TO_LOCAL = {
@@ -100,6 +99,8 @@ def save_state(
     """Atomically write a checkpoint of `chunks` (unwrapped) and, if given, `optimizer`. Collective.
 
     `pointer`: move `<parent>/latest` to it (a training run's checkpoints; not a standalone conversion).
+    `optimizer_format`: Megatron's "dp_reshardable" (each rank writes and reads its own buffers, no gathering;
+    reshards over DP only) or "fully_reshardable" (gathered per parameter; reshards over TP, PP and DP).
     `background`: return once the tensors are staged in host memory; `writer` writes the files on a thread and
     commits the checkpoint when polled (`CheckpointWriter.poll`/`wait`, on every rank)."""
     extra_json = json.dumps(extra_state or {}, indent=2)  # fails here, before writing, if not JSON-able
