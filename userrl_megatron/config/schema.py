@@ -213,13 +213,34 @@ class LoggingConfig:
     rollout_dump_count: int = 16  # episodes written per dump
 
 
+# UserRL's evaluation-time gym settings (eval/eval.py build_env; spec §8), applied by `userrl eval`.
+EVAL_GYMS = (
+    "travel.search_correct_reward=0.2",
+    "travel.preference_correct_reward=0.6",
+    "travel.one_choice_per_aspect=true",
+    "turtle.success_threshold=1.0",
+    "search.judge=llm",
+)
+
+
 @dataclass
 class EvalConfig:
     every_steps: int = 0  # evaluate on the test mixture every k steps (0 disables)
-    max_tasks: int = 32  # tasks per evaluation (0 = all)
-    n_samples_per_prompt: int = 1  # episodes per task (pass@k / avg@k)
+    max_tasks: int = 32  # tasks per evaluation: the first N of each gyms.test source (0 = all)
+    n_samples_per_prompt: int = 1  # episodes per task (pass@k / avg@k; `userrl eval --samples`)
     temperature: float = 0.0  # sampling temperature of evaluation episodes
     before_training: bool = False  # also evaluate the initial policy (logged as step 0) for a before/after score
+    max_turns: int = 0  # assistant turns per episode in `userrl eval` (0 = rollout.max_turns; UserRL's protocol: 16)
+    reward_in_feedback: bool = False  # `userrl eval` appends "Reward: x" to gym feedback (UserRL's eval.py does not)
+    gym_settings: list[str] = field(default_factory=lambda: list(EVAL_GYMS))  # gyms.* overrides of `userrl eval`
+    out_dir: str = ""  # output directory of `userrl eval` (empty = <run.output_dir>/<run.name>/eval)
+    max_concurrent_episodes: int = 0  # episodes in flight in `userrl eval` (0 = the rollout pool's concurrency)
+    retries: int = 2  # `userrl eval` plays an episode again this many times after an engine or simulator failure
+    endpoint: str = ""  # OpenAI-compatible chat endpoint as the policy (e.g. http://host:8000/v1); empty = model.path
+    api_model: str = ""  # model name sent to `endpoint`
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the endpoint's API key ("none": no auth)
+    api_tool_choice: str = "auto"  # tool_choice sent to `endpoint`: "auto" or "required"
+    engine_url: str = ""  # an already-running engine (native /generate API) as the policy; model.path is its tokenizer
 
 
 @dataclass

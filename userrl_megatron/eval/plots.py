@@ -1,0 +1,60 @@
+"""PNG charts of evaluations (matplotlib, Agg backend: no display needed).
+
+`plot_results`: one bar per gym (its headline score: `travel_score` for travel, `mean` elsewhere) with the 95%
+interval as error bars. `plot_comparison`: the same bars grouped by gym, one colour per evaluation.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from userrl_megatron.eval.results import headline
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _bar(entry: dict[str, Any], gym: str) -> tuple[float, tuple[float, float]]:
+    """The gym's score and its (below, above) error-bar lengths (0 where no interval exists)."""
+    score = headline(gym, entry)
+    ci = entry["ci95"].get("travel_score" if gym == "travel" else "mean")
+    return score, ((score - ci[0], ci[1] - score) if ci else (0.0, 0.0))
+
+
+def plot_results(results: dict[str, Any], path: Path) -> Path:
+    """Per-gym scores with 95% error bars of one evaluation, written to `path`."""
+    return plot_comparison([(str(results["policy"].get("name", "policy")), results)], path)
+
+
+def plot_comparison(runs: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
+    """Grouped bars: for each gym, one bar per (label, results) run, with 95% error bars."""
+    plt = _pyplot()
+    gyms = list(dict.fromkeys(g for _, r in runs for g in r["gyms"]))
+    width = 0.8 / len(runs)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(gyms) * max(1, len(runs)) / 2 + 2), 3.6))
+    for i, (label, results) in enumerate(runs):
+        xs, heights, below, above = [], [], [], []
+        for j, gym in enumerate(gyms):
+            if gym not in results["gyms"]:
+                continue
+            score, (lo, hi) = _bar(results["gyms"][gym], gym)
+            xs.append(j - 0.4 + width * (i + 0.5))
+            heights.append(score)
+            below.append(lo)
+            above.append(hi)
+        ax.bar(xs, heights, width, yerr=[below, above], capsize=3, label=label)
+    ax.set_xticks(range(len(gyms)), gyms)
+    ax.set_ylabel("score (95% CI)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
+    ax.set_title("userrl eval")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
