@@ -49,14 +49,15 @@ def compare_runs(dirs: list[Path]) -> dict[str, Any]:
         rows = []
         for d, (label, results) in zip(dirs, runs, strict=True):
             entry = results["gyms"].get(gym)
-            if entry is None:
+            if entry is None or headline(gym, entry) is None:
                 rows.append({"run": label, "missing": True})
                 continue
             key = "travel_score" if gym == "travel" else "mean"
             row = {"run": label, "items": entry["items"], "score": headline(gym, entry), "ci95": entry["ci95"][key]}
-            if d != base_dir and base:
+            base_entry = runs[0][1]["gyms"].get(gym)
+            if d != base_dir and base and base_entry is not None and headline(gym, base_entry) is not None:
                 ci, method = difference_interval(base, item_scores(d, gym))
-                row["difference"] = round(row["score"] - headline(gym, runs[0][1]["gyms"][gym]), 6)
+                row["difference"] = round(row["score"] - (headline(gym, base_entry) or 0.0), 6)
                 row["difference_ci95"] = [round(ci[0], 6), round(ci[1], 6)] if ci else None
                 row["difference_method"] = method
             rows.append(row)

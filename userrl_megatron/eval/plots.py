@@ -21,7 +21,7 @@ def _pyplot() -> Any:
 
 def _bar(entry: dict[str, Any], gym: str) -> tuple[float, tuple[float, float]]:
     """The gym's score and its (below, above) error-bar lengths (0 where no interval exists)."""
-    score = headline(gym, entry)
+    score = headline(gym, entry) or 0.0
     ci = entry["ci95"].get("travel_score" if gym == "travel" else "mean")
     return score, ((score - ci[0], ci[1] - score) if ci else (0.0, 0.0))
 
@@ -40,7 +40,7 @@ def plot_comparison(runs: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
     for i, (label, results) in enumerate(runs):
         xs, heights, below, above = [], [], [], []
         for j, gym in enumerate(gyms):
-            if gym not in results["gyms"]:
+            if gym not in results["gyms"] or headline(gym, results["gyms"][gym]) is None:
                 continue
             score, (lo, hi) = _bar(results["gyms"][gym], gym)
             xs.append(j - 0.4 + width * (i + 0.5))

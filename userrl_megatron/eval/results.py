@@ -39,9 +39,11 @@ def gym_results(gym: str, records: list[dict[str, Any]], samples: int) -> dict[s
     returns = [[m.episode_return(p["turn_rewards"]) for p in passes] for passes in items.values()]
     scored = [r for r in returns if r]
     per_item = m.mean_over_passes(scored)
-    metrics: dict[str, float | None] = {"mean": m.micro_avg(scored), "max": m.micro_max(scored)}
+    metrics: dict[str, float | None] = {"mean": None, "max": None}  # no score at all beats an unearned 0
+    if scored:
+        metrics = {"mean": m.micro_avg(scored), "max": m.micro_max(scored)}
     ci: dict[str, list[float] | None] = {"mean": _interval(per_item)}
-    if gym == "travel":
+    if gym == "travel" and scored:
         travel = [
             [m.travel_score([(t["action"], t["reward"]) for t in p["turns"]], m.travel_aspects(task)) for p in passes]
             for task, passes in items.items()
@@ -52,7 +54,7 @@ def gym_results(gym: str, records: list[dict[str, Any]], samples: int) -> dict[s
         metrics["best_choices"] = sum(m.count_reward(r, m.TRAVEL_BEST) for r in flat) / max(1, len(flat))
         metrics["correct_choices"] = sum(m.count_reward(r, m.TRAVEL_CORRECT) for r in flat) / max(1, len(flat))
         ci["travel_score"] = _interval(m.mean_over_passes(travel))
-    if gym in m.TAU_GYMS:
+    if gym in m.TAU_GYMS and scored:
         for k in range(1, samples + 1):
             metrics[f"pass^{k}"] = m.pass_hat_k(scored, k)
     return {
@@ -65,9 +67,9 @@ def gym_results(gym: str, records: list[dict[str, Any]], samples: int) -> dict[s
     }
 
 
-def headline(gym: str, entry: dict[str, Any]) -> float:
-    """The gym's score in the overall ranking: `travel_score` for travel, `mean` elsewhere."""
-    return entry["metrics"]["travel_score"] if gym == "travel" else entry["metrics"]["mean"]
+def headline(gym: str, entry: dict[str, Any]) -> float | None:
+    """The gym's score in the overall ranking: `travel_score` for travel, `mean` elsewhere (None: nothing scored)."""
+    return entry["metrics"].get("travel_score") if gym == "travel" else entry["metrics"]["mean"]
 
 
 def aggregate(records: list[dict[str, Any]], samples: int) -> dict[str, Any]:
@@ -77,7 +79,7 @@ def aggregate(records: list[dict[str, Any]], samples: int) -> dict[str, Any]:
         by_gym.setdefault(record["gym"], []).append(record)
     gyms = {gym: gym_results(gym, recs, samples) for gym, recs in by_gym.items()}
     weight = sum(e["items"] for e in gyms.values())
-    overall = sum(headline(g, e) * e["items"] for g, e in gyms.items()) / weight if weight else None
+    overall = sum((headline(g, e) or 0.0) * e["items"] for g, e in gyms.items()) / weight if weight else None
     return {
         "gyms": gyms,
         "overall": {
