@@ -54,8 +54,6 @@ def _eval(args: argparse.Namespace) -> int:
         raise UserError("eval.endpoint and eval.engine_url both name a policy: give one")
     if cfg.eval.api_tool_choice not in ("auto", "required"):
         raise UserError(f"eval.api_tool_choice must be auto or required, got {cfg.eval.api_tool_choice!r}")
-    if cfg.eval.max_turns < 0 or cfg.eval.retries < 0 or cfg.eval.max_concurrent_episodes < 0:
-        raise UserError("eval.max_turns, eval.retries and eval.max_concurrent_episodes must be >= 0")
     out = Path(cfg.eval.out_dir) if cfg.eval.out_dir else Path(cfg.run.output_dir) / cfg.run.name / "eval"
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from userrl_megatron.observability.noise import quiet_third_party

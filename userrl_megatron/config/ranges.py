@@ -126,6 +126,9 @@ RANGES: dict[str, Rule] = {
     "eval.max_tasks": NON_NEGATIVE,
     "eval.n_samples_per_prompt": COUNT,
     "eval.temperature": NON_NEGATIVE,
+    "eval.max_turns": NON_NEGATIVE,
+    "eval.max_concurrent_episodes": NON_NEGATIVE,
+    "eval.retries": NON_NEGATIVE,
 }
 
 

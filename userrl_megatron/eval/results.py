@@ -10,9 +10,12 @@ with weights equal to each gym's item count.
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from userrl_megatron.eval import metrics as m
+
+if TYPE_CHECKING:
+    from userrl_megatron.types import EpisodeGroup
 
 CI_METHOD = "95% Student t interval over per-item scores (an item's score is the mean over its passes)"
 RESULTS, EPISODES, REPORT = "results.json", "episodes.jsonl", "report.md"
@@ -89,6 +92,21 @@ def aggregate(records: list[dict[str, Any]], samples: int) -> dict[str, Any]:
             "infra_failed": sum(e["infra_failed"] for e in gyms.values()),
         },
     }
+
+
+def group_records(groups: "list[EpisodeGroup]") -> list[dict[str, Any]]:
+    """Episode records of rollout groups (a group per task, its episodes the passes), as `userrl eval` writes
+    them: the trainer's periodic evaluation scores its episodes with the same code."""
+    from userrl_megatron.observability.dumps import episode_record
+    from userrl_megatron.rollout.summary import is_infra_failure
+
+    records = []
+    for group in groups:
+        for sample, episode in enumerate(group.episodes):
+            record = episode_record(episode)
+            record.update(sample=sample, infra_failed=is_infra_failure(episode))
+            records.append(record)
+    return records
 
 
 def write_episodes_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:

@@ -260,6 +260,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
 
     from gyms.base import gym_spec
     from userrl_megatron.data import load_tasks
+    from userrl_megatron.eval.evaluation import eval_tasks as load_eval_tasks
     from userrl_megatron.model_store import resolve_model
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
@@ -269,9 +270,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
     train_tasks = load_tasks(cfg.gyms.train, "train", cfg.gyms)
-    eval_tasks = load_tasks(cfg.gyms.test, "test", cfg.gyms) if cfg.eval.every_steps else []
-    if cfg.eval.max_tasks:
-        eval_tasks = eval_tasks[: cfg.eval.max_tasks]
+    eval_tasks = load_eval_tasks(cfg) if cfg.eval.every_steps else []
     model_dir = resolve_model(cfg.model.path)
     chat = ChatTemplate.from_pretrained(model_dir, cfg.model.tool_format)
     for task in train_tasks[:1] + eval_tasks[:1]:

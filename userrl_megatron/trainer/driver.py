@@ -16,12 +16,14 @@ import contextlib
 import json
 import logging
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.errors import RunError
+from userrl_megatron.eval.training import write_step_evaluation
 from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage
 from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.dumps import write_episodes
@@ -194,8 +196,10 @@ class Trainer:
     async def evaluate(self, step: int) -> dict[str, float]:
         """Episodes on the test tasks at the evaluation temperature; a new best score exports HF weights."""
         cfg = self.cfg.eval
+        started = time.perf_counter()
         groups = await self.parts.rollout(self.parts.eval_tasks, cfg.n_samples_per_prompt, cfg.temperature)
         metrics = rollout_metrics([e for g in groups for e in g.episodes], prefix="eval/")
+        write_step_evaluation(self.cfg, self.run_dir / "eval" / f"step_{step}", step, groups, started)
         score = metrics.get("eval/reward_mean", float("-inf"))
         if score > self.best:
             self.best = score
