@@ -97,3 +97,20 @@ def test_a_killed_evaluation_resumes_from_its_cache(ray_cluster: object, chatty:
     fresh = tmp_path / "fresh"  # sampled with per-episode seeds: an uninterrupted run draws the same episodes
     assert main(["eval", "--model", str(chatty), "--out", str(fresh), *sampled]) == 0
     assert played(fresh) == played(out)
+
+
+def test_a_megatron_checkpoint_as_policy_is_converted_once(ray_cluster: object, chatty: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    assert main(["convert", "hf2mcore", "--hf", str(chatty), "--out", str(ckpt)]) == 0
+    hf_out, ckpt_out = tmp_path / "hf", tmp_path / "mcore"
+    assert main(["eval", "--model", str(chatty), "--out", str(hf_out), *SETTINGS]) == 0
+    assert main(["eval", "--model", str(ckpt), "--out", str(ckpt_out), *SETTINGS]) == 0
+    results = json.loads((ckpt_out / "results.json").read_text())
+    converted = Path(results["policy"]["path"])
+    assert converted.parent == ckpt_out / "policy_hf" and (converted / "config.json").is_file()
+    assert results["policy"]["source"] == str(ckpt)
+    assert played(ckpt_out) == played(hf_out)  # the conversion serves the same weights: the same greedy episodes
+    mtime = (converted / "config.json").stat().st_mtime_ns
+    assert main(["eval", "--model", str(ckpt), "--out", str(ckpt_out), *SETTINGS]) == 0  # cached, not reconverted
+    assert (converted / "config.json").stat().st_mtime_ns == mtime
+    assert json.loads((ckpt_out / "results.json").read_text())["episodes_cached"] == 3

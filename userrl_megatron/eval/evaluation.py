@@ -92,14 +92,41 @@ def versions() -> dict[str, str]:
     return found
 
 
-async def policy_identity(cfg: RootConfig) -> dict[str, Any]:
+def policy_model_dir(cfg: RootConfig, out_dir: Path) -> Path:
+    """The HF directory that serves `model.path`: the directory or embedded model itself, or, for a Megatron
+    checkpoint (a folder with `userrl_checkpoint.json` or a `latest` pointer), its HF conversion under
+    `<out>/policy_hf/<fingerprint>/`, converted once (`userrl convert mcore2hf`) and reused by reruns."""
+    from userrl_megatron.megatron import checkpoint_files
+    from userrl_megatron.model_store import resolve_model
+
+    path = Path(cfg.model.path).expanduser()
+    try:
+        ckpt = checkpoint_files.resolve(path) if path.is_dir() else None
+    except checkpoint_files.CheckpointError:
+        ckpt = None
+    if ckpt is None:
+        return resolve_model(cfg.model.path)
+    target = out_dir / "policy_hf" / weights_fingerprint(ckpt)
+    if not (target / "config.json").is_file():
+        from userrl_megatron.megatron.conversion import mcore_to_hf
+
+        log.info("model.path %s is a Megatron checkpoint: converting %s to %s", path, ckpt, target)
+        tmp = target.with_name(target.name + ".partial")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            mcore_to_hf(ckpt, tmp)
+        except (checkpoint_files.CheckpointError, ValueError) as e:
+            raise UserError(f"model.path {path}: {e}") from e
+        tmp.replace(target)
+    return target
+
+
+async def policy_identity(cfg: RootConfig, model_dir: Path | None) -> dict[str, Any]:
     """What names the policy in results.json and in every cache key (known before any engine starts)."""
     if cfg.eval.endpoint:
         from userrl_megatron.eval.api_policy import api_identity
 
         return api_identity(cfg.eval)
-    from userrl_megatron.model_store import resolve_model
-
     tokenizer = {"tokenizer": cfg.model.path, "tool_format": cfg.model.tool_format}
     if cfg.eval.engine_url:
         from userrl_megatron.rollout.engine import EngineError, SGLangClient
@@ -116,10 +143,11 @@ async def policy_identity(cfg: RootConfig) -> dict[str, Any]:
             "tokenizer": cfg.model.path,
             **tokenizer,
         }
-    model_dir = resolve_model(cfg.model.path)
+    assert model_dir is not None
     return {
         "kind": "model",
         "path": str(model_dir),
+        "source": cfg.model.path,
         "fingerprint": weights_fingerprint(model_dir),
         "dtype": cfg.model.dtype,
         "backend": cfg.rollout.backend,
@@ -129,7 +157,12 @@ async def policy_identity(cfg: RootConfig) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def open_policy(
-    cfg: RootConfig, rollout: RolloutConfig, identity: dict[str, Any], user_sim: Any, log_dir: Path
+    cfg: RootConfig,
+    rollout: RolloutConfig,
+    identity: dict[str, Any],
+    model_dir: Path | None,
+    user_sim: Any,
+    log_dir: Path,
 ) -> AsyncIterator[Policy]:
     """The policy `cfg` names, started (engines, HTTP clients) for the block and stopped after it."""
     from userrl_megatron.rollout.episode import gym_factory
@@ -141,11 +174,10 @@ async def open_policy(
         async with ApiPolicy(cfg.eval, rollout, make_gym) as api:
             yield api
         return
-    from userrl_megatron.model_store import resolve_model
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner
 
-    model_dir = resolve_model(cfg.model.path)
+    assert model_dir is not None
     runner = EpisodeRunner(rollout, ChatTemplate.from_pretrained(model_dir, cfg.model.tool_format), make_gym)
     if cfg.eval.engine_url:
         from userrl_megatron.rollout.engine import SGLangClient
@@ -159,14 +191,13 @@ async def open_policy(
         yield TokenPolicy(runner, pool.session, identity, pool.concurrency)
 
 
-def check_tasks(cfg: RootConfig, tasks: list[Task]) -> None:
+def check_tasks(cfg: RootConfig, tasks: list[Task], model_dir: Path | None) -> None:
     """Fail before anything starts when the policy's chat template cannot show a task (token policies only)."""
-    if cfg.eval.endpoint:
+    if model_dir is None:
         return
-    from userrl_megatron.model_store import resolve_model
     from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 
-    chat = ChatTemplate.from_pretrained(resolve_model(cfg.model.path), cfg.model.tool_format)
+    chat = ChatTemplate.from_pretrained(model_dir, cfg.model.tool_format)
     try:
         for task in tasks:
             chat.present(task.prompt, task.tools)
@@ -183,7 +214,15 @@ async def evaluate(cfg: RootConfig, out_dir: Path) -> dict[str, Any]:
     tasks = eval_tasks(cfg)
     if not tasks:
         raise UserError(f"no test tasks in {cfg.gyms.test}")
-    check_tasks(cfg, tasks)
+    if cfg.eval.endpoint:
+        model_dir = None
+    elif cfg.eval.engine_url:
+        from userrl_megatron.model_store import resolve_model
+
+        model_dir = resolve_model(cfg.model.path)  # the engine's tokenizer and chat template
+    else:
+        model_dir = policy_model_dir(cfg, out_dir)
+    check_tasks(cfg, tasks, model_dir)
     rollout = eval_rollout(cfg)
     samples = cfg.eval.n_samples_per_prompt
     gyms_used = list(dict.fromkeys(t.gym for t in tasks))
@@ -203,7 +242,7 @@ async def evaluate(cfg: RootConfig, out_dir: Path) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cache = EpisodeCache(out_dir / CACHE)
-    identity = await policy_identity(cfg)
+    identity = await policy_identity(cfg, model_dir)
     context = {"policy": identity, "protocol": protocol}
     jobs = plan_jobs(tasks, samples, _sampling(cfg, rollout), cfg.run.seed, context, gym_context)
     cached_before = sum(job.key in cache for job in jobs)
@@ -212,7 +251,7 @@ async def evaluate(cfg: RootConfig, out_dir: Path) -> dict[str, Any]:
     else:
         async with (
             user_simulator(cfg, gyms_used) as user_sim,
-            open_policy(cfg, rollout, identity, user_sim, out_dir / "engines") as policy,
+            open_policy(cfg, rollout, identity, model_dir, user_sim, out_dir / "engines") as policy,
         ):
             concurrency = cfg.eval.max_concurrent_episodes or policy.concurrency
             records = await run_jobs(jobs, policy, cache, concurrency, cfg.eval.retries)

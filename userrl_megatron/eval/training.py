@@ -17,7 +17,6 @@ def write_step_evaluation(
     cfg: "RootConfig", out_dir: Path, step: int, groups: "list[EpisodeGroup]", started: float
 ) -> None:
     """Write the evaluation of training step `step` (its episodes in `groups`) to `out_dir`."""
-    from gyms.base import gym_spec
     from userrl_megatron.eval.evaluation import simulator_identity, versions, write_outputs
 
     records = group_records(groups)
@@ -26,7 +25,7 @@ def write_step_evaluation(
     results = {
         "step": step,
         "policy": {"name": f"{cfg.run.name} step {step}", "kind": "training", "run": cfg.run.name, "step": step},
-        "simulator": simulator_identity(cfg) if any(gym_spec(g).needs_user_sim for g in gyms) else None,
+        "simulator": simulator_identity(cfg) if any(_needs_user_sim(g) for g in gyms) else None,
         "protocol": {
             "max_turns": cfg.rollout.max_turns,
             "max_prompt_tokens": cfg.rollout.max_prompt_tokens,
@@ -49,3 +48,13 @@ def write_step_evaluation(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     write_outputs(out_dir, results, records)
+
+
+def _needs_user_sim(gym: str) -> bool:
+    """Does gym `gym` call the user simulator (False for names outside the registry, e.g. `userrl plan`'s)?"""
+    from gyms.base import gym_spec
+
+    try:
+        return gym_spec(gym).needs_user_sim
+    except KeyError:
+        return False
