@@ -44,6 +44,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     if args.compare:
         return _compare(args)
+    if args.steps:
+        return _steps(args)
     from userrl_megatron.eval.evaluation import eval_config, evaluate
     from userrl_megatron.eval.results import REPORT
 
@@ -84,6 +86,23 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _steps(args: argparse.Namespace) -> int:
+    from userrl_megatron.errors import UserError
+    from userrl_megatron.eval.plots import plot_steps
+    from userrl_megatron.eval.results import step_results
+
+    steps = step_results(Path(args.steps))
+    if not steps:
+        raise UserError(f"{args.steps} holds no eval/step_N/results.json (a run with eval.every_steps > 0 writes them)")
+    out = Path(args.out) if args.out else Path(args.steps) / "eval"
+    path = plot_steps(steps, out / "steps.png")
+    for step, results in steps:
+        scores = ", ".join(f"{g} {e['metrics']['mean']:.3f}" for g, e in results["gyms"].items() if e["items"])
+        print(f"step {step}: {scores}")
+    print(f"chart: {path}")
+    return 0
+
+
 def _print_table(results: dict, title: str) -> None:
     from userrl_megatron.eval.results import markdown_table, report_rows
 
@@ -95,7 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add `eval`."""
     p = sub.add_parser("eval", help="evaluate a policy on the gyms' test tasks (UserRL's protocol and metrics)")
     add_config_args(p)
-    p.add_argument("--model", default=None, metavar="NAME_OR_DIR", help="policy: HF directory or embedded model name")
+    p.add_argument("--model", default=None, metavar="M", help="policy: HF dir, Megatron checkpoint or embedded model")
     p.add_argument("--gyms", default=None, metavar="A,B", help="test sources, comma-separated (gyms.test)")
     p.add_argument("--tasks", type=int, default=None, metavar="N", help="first N tasks of each source (0 = all)")
     p.add_argument("--samples", type=int, default=None, metavar="K", help="episodes per task (pass@k, pass^k)")
@@ -106,5 +125,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-model", default=None, metavar="NAME", help="model name sent to --endpoint")
     p.add_argument("--engine-url", default=None, metavar="URL", help="a running engine (native API) as the policy")
     p.add_argument("--compare", nargs="+", default=None, metavar="DIR", help="compare finished evaluation dirs")
+    p.add_argument("--steps", default=None, metavar="RUN_DIR", help="chart a training run's step evaluations")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
     p.set_defaults(handler=_eval)

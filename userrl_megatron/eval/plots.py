@@ -1,5 +1,6 @@
 """PNG charts of evaluations (matplotlib, Agg backend: no display needed).
 
+`plot_steps`: a training run's step evaluations, score against step, one line per gym with its 95% band.
 `plot_results`: one bar per gym (its headline score: `travel_score` for travel, `mean` elsewhere) with the 95%
 interval as error bars. `plot_comparison`: the same bars grouped by gym, one colour per evaluation.
 """
@@ -53,6 +54,35 @@ def plot_comparison(runs: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize="small")
     ax.set_title("userrl eval")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_steps(steps: list[tuple[int, dict[str, Any]]], path: Path) -> Path:
+    """Score vs training step, one line per gym (95% interval as a band), written to `path`."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    gyms = list(dict.fromkeys(g for _, r in steps for g in r["gyms"]))
+    for gym in gyms:
+        xs, ys, lows, highs = [], [], [], []
+        for step, results in steps:
+            entry = results["gyms"].get(gym)
+            if entry is None or headline(gym, entry) is None:
+                continue
+            score, (below, above) = _bar(entry, gym)
+            xs.append(step)
+            ys.append(score)
+            lows.append(score - below)
+            highs.append(score + above)
+        line = ax.plot(xs, ys, marker="o", label=gym)[0]
+        ax.fill_between(xs, lows, highs, alpha=0.2, color=line.get_color())
+    ax.set_xlabel("training step")
+    ax.set_ylabel("score (95% CI)")
+    ax.legend(fontsize="small")
+    ax.set_title("evaluation during training")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -128,6 +128,16 @@ def read_results(out_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def step_results(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(step, results) of a training run's evaluations (`<run>/eval/step_N/results.json`), by step."""
+    found = []
+    for path in (run_dir / "eval").glob("step_*/results.json"):
+        step = path.parent.name.removeprefix("step_")
+        if step.isdigit():
+            found.append((int(step), json.loads(path.read_text(encoding="utf-8"))))
+    return sorted(found, key=lambda item: item[0])
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
