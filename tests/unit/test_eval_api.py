@@ -139,3 +139,38 @@ def test_bad_policy_settings_are_user_errors(tmp_path: Path, capsys: pytest.Capt
     args = ["eval", "--endpoint", "http://x/v1", "--api-model", "m", "eval.api_key_env=USERRL_TEST_UNSET_KEY"]
     assert main([*args, "--gyms", "function-procedural", "--out", str(tmp_path / "k")]) == 2
     assert "eval.api_key_env names USERRL_TEST_UNSET_KEY, which is not set" in capsys.readouterr().err
+
+
+def test_a_simulated_user_gym_with_the_simulator_configured_apart(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TelepathyGym: the policy (requests with tools) asks once then guesses "kiwi"; the simulator (requests
+    without tools) says the guess is right only for the Kiwi task. One local server plays both roles."""
+
+    def both(body: dict[str, Any]) -> Answer:
+        if "tools" in body:  # the policy
+            asked = body["messages"][-1]["role"] == "tool"
+            return interact("answer", "kiwi") if asked else interact("action", "Is it a fruit?")
+        user = body["messages"][-1]["content"]
+        verdict = "Yes" if "Kiwi" in user and "kiwi" in user else "No"
+        return Answer(json.dumps({"thought": "t", "response": "Yes", "judgment": verdict, "feedback": "noted"}))
+
+    out = tmp_path / "telepathy"
+    with OpenAIServer(both) as server:
+        args = [
+            "eval", "--endpoint", server.base_url, "--api-model", "policy", "--out", str(out), "--no-plot",
+            "--gyms", "telepathy", "--tasks", "2", "--max-turns", "3", "eval.api_key_env=none",
+            f"gyms.data_dir={shared_data}", f"user_sim.base_url={server.base_url}", "user_sim.model=sim",
+            "user_sim.api_key_env=none",
+        ]  # fmt: skip
+        assert main(args) == 0
+    results = results_of(out)
+    assert results["simulator"] == {
+        "base_url": server.base_url, "model": "sim", "temperature": 0.0, "max_tokens": 2048, "disable_thinking": False,
+    }  # fmt: skip
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert [(e["task_id"], e["turn_rewards"], e["finish_reason"]) for e in episodes] == [
+        ("Kiwi", [0.0, 1.0], "done"),
+        (episodes[1]["task_id"], [0.0, 0.0, 0.0], "truncated"),
+    ]
+    assert results["gyms"]["telepathy"]["metrics"] == {"mean": 0.5, "max": 0.5}
