@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 # Command-group modules under userrl_megatron/commands/, in the order `--help` lists them.
-COMMANDS = ("config", "model", "data", "gym", "rollout", "serve", "train", "sft", "plan", "convert")
+COMMANDS = ("config", "model", "data", "gym", "rollout", "serve", "train", "sft", "eval", "plan", "convert")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""Checkpoints: save under TP=2, resume under PP=2 and under TP=1 (DP=2), and training continues exactly.
+"""Checkpoints: save under TP=2 (fully reshardable), resume under PP=2 and under TP=1 (DP=2), and training
+continues exactly.
 
 Also: the caller's extra state comes back, `latest` names the newest checkpoint, keep-last-N prunes the
 oldest, a model-only checkpoint loads into a fresh actor, and a checkpoint of another model is refused.
@@ -27,7 +28,8 @@ def _resume(rank: int, world: int, port: int, model_dir: Path, other_dir: Path, 
     init_world(rank, world, port, cfg)
     actor = build_actor(model_dir, cfg)
     out["first"] = [actor.train_step(b)["actor/loss"] for b in batches[:2]]
-    actor.save(f"{root}/step_2", {"data_position": 2, "epoch": [0, 1]}, keep_last=2)
+    extra = {"data_position": 2, "epoch": [0, 1]}
+    actor.save(f"{root}/step_2", extra, keep_last=2, optimizer_format="fully_reshardable")  # any layout
     out["uninterrupted"] = [actor.train_step(b)["actor/loss"] for b in batches[2:]]
     actor.save(f"{root}/step_4", {"data_position": 4}, keep_last=2)
     out["logprobs_step_4"] = actor.compute_logprobs(batches[0])

@@ -58,10 +58,44 @@ def test_offload_frees_storage_and_onload_restores_it_exactly(tmp_path: Path) ->
         assert all(full[kind] > 0 for kind in ("weights", "optimizer state", "grads")), full
         assert r["state_out"] == {"weights": full["weights"], "optimizer state": 0, "grads": 0}
         assert r["logprobs_state_out"] == r["before"]
-        assert r["train_state_out"] == "train_step: the actor's grads, optimizer state are offloaded; onload first"
+        assert r["train_state_out"] == "a training step: the actor's grads, optimizer state are offloaded; onload first"
         assert r["all_out"] == {"weights": 0, "optimizer state": 0, "grads": 0}
-        assert r["logprobs_all_out"] == "compute_logprobs: the actor's weights are offloaded; onload first"
+        assert r["logprobs_all_out"] == "a log-prob pass: the actor's weights are offloaded; onload first"
         assert r["save_all_out"].startswith("a checkpoint save: the actor's optimizer state, weights are offloaded")
         assert r["after"] == r["before"]  # bit-identical
         assert r["stepped"][0] == r["stepped"][1]  # Adam's moments came back: the same step as an actor left alone
         assert r["next"][0] == r["next"][1]
+
+
+def _reference_swap(rank: int, world: int, port: int, model_dir: Path, batches: list) -> dict:
+    from userrl_megatron.megatron.reference import ReferenceWeights
+
+    cfg = megatron_config()
+    init_world(rank, world, port, cfg)
+    actor = build_actor(model_dir, cfg)
+    params = [p for chunk in actor.chunks for p in chunk.parameters()]
+    reference = ReferenceWeights(params)
+    initial = actor.compute_logprobs(batches[0])
+    actor.train_step(batches[1])
+    trained = actor.compute_logprobs(batches[0])
+    buffers = [b.data_ptr() for b in reference.parked + reference.reference]
+    swaps = []
+    for _ in range(2):
+        with reference.swapped_in(params):
+            swaps.append(actor.compute_logprobs(batches[0]))
+        swaps.append(actor.compute_logprobs(batches[0]))
+    return {
+        "initial": initial,
+        "trained": trained,
+        "swaps": swaps,
+        "same_buffers": buffers == [b.data_ptr() for b in reference.parked + reference.reference],
+    }
+
+
+def test_reference_swap_scores_the_initial_weights_and_restores_the_trained_ones(tmp_path: Path) -> None:
+    model_dir = make_tiny_model("qwen3", tmp_path / "qwen3", seed=4)
+    batches = [random_batch(256, [12, 30, 7], seed=s) for s in range(2)]
+    r = spawn(_reference_swap, 1, model_dir, batches)[0]
+    assert r["trained"] != r["initial"]
+    assert r["swaps"] == [r["initial"], r["trained"], r["initial"], r["trained"]]  # bit-exact both ways
+    assert r["same_buffers"]  # host buffers allocated once, reused by every swap

@@ -23,10 +23,14 @@ def test_colocated_run_syncs_verified_weights(tmp_path: Path) -> None:
         "sync.verify=true",
         "algo.kl_coef=0.05",
         "checkpoint.every_steps=2",  # a save mid-run: the engines step aside and the actor onloads for it
+        # The engine dies as step 3's rollout starts: restarted, it gets weight version 2 from the offloaded
+        # actor (its weights alone come back for the push) before it serves.
+        "run.faults=[kill_engine_in_rollout@3]",
     ]
     records = train([*tiny_run(model, tmp_path, "colocated", 3), *extra], timeout_s=600)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
     assert [r["train/weight_version"] for r in records] == [0, 1, 2]
+    assert [r["rollout/engine_restarts"] for r in records] == [0, 0, 1]
     # Step 1 trains the initial policy: its KL to the reference is zero; after two updates it is not.
     assert records[0]["actor/kl_ref"] < 1e-7 < records[-1]["actor/kl_ref"]

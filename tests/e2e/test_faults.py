@@ -68,6 +68,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(model: Path, tm
         pytest.skip(f"cannot mount a small filesystem here: {mount.stderr.decode().strip()}")
     try:
         common = [*tiny_run(model, tmp_path, "full", 2), "checkpoint.every_steps=1", "checkpoint.keep_last=2"]
+        common.append("checkpoint.async_save=true")  # the failure surfaces when the background write is committed
         result = subprocess.run(train_command(common), cwd=REPO, capture_output=True, text=True, timeout=900)
         assert result.returncode == 1, result.stderr[-3000:]
         last = result.stderr.strip().splitlines()[-1]

@@ -28,6 +28,8 @@ class Answer:
     delay_s: float = 0.0  # wait before answering (longer than the client timeout = a timeout)
     prompt_tokens: int = 11
     completion_tokens: int = 7
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI `tool_calls` of the message (see `tool_call`)
+    finish_reason: str = ""  # "" = "tool_calls" with tool calls, else "stop"
 
 
 @dataclass
@@ -58,6 +60,12 @@ def when(substring: str, content: Reply | Rule) -> Rule:
         return content(body) if callable(content) else content
 
     return rule
+
+
+def tool_call(name: str, arguments: dict[str, Any], call_id: str = "call_1", content: str = "") -> Answer:
+    """A reply whose message calls one tool (arguments sent as a JSON string, as OpenAI does)."""
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+    return Answer(content, tool_calls=[call])
 
 
 def sequence(*contents: Reply) -> Rule:
@@ -176,14 +184,16 @@ class OpenAIServer:
                 request.transport.close()
                 return web.Response()
             return web.Response(status=out.status, text=out.body, headers=out.headers, content_type="application/json")
+        message: dict[str, Any] = {"role": "assistant", "content": out.content}
+        if out.tool_calls:
+            message["tool_calls"] = out.tool_calls
+        finish = out.finish_reason or ("tool_calls" if out.tool_calls else "stop")
         payload = {
             "id": f"chatcmpl-{next(self._ids)}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", self.model),
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": out.content}, "finish_reason": "stop"}
-            ],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {
                 "prompt_tokens": out.prompt_tokens,
                 "completion_tokens": out.completion_tokens,

@@ -62,34 +62,13 @@ async def _collect(
     cfg: "RootConfig", model_dir: str, chat: "ChatTemplate", tasks: "list[Task]", samples: int, log_dir: Path
 ) -> "list[EpisodeGroup]":
     """Start the pool (and the user simulator when a gym needs one), run the episodes, shut everything down."""
-    import dataclasses
-    import os
-
-    import torch
-
-    from gyms.base import gym_spec
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
-    from userrl_megatron.rollout.pool import RolloutPool
-    from userrl_megatron.trainer.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.rollout.standalone import standalone_pool, user_simulator
 
-    user_sim = None
-    if any(gym_spec(t.gym).needs_user_sim for t in tasks):
-        from gyms.user_sim import UserSimulator
-
-        user_sim = UserSimulator(cfg.user_sim)
-    start_ray(cfg.run, num_cpus=max(os.cpu_count() or 1, cfg.rollout.num_engines))
-    engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
-    placement = create_placement(plan_bundles(engines_only, cfg.rollout, use_gpu=torch.cuda.is_available()))
-    runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
-    try:
-        async with RolloutPool(cfg.rollout, model_dir, cfg.model.dtype, placement, log_dir) as pool:
+    async with user_simulator(cfg, (t.gym for t in tasks)) as user_sim:
+        runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
+        async with standalone_pool(cfg, model_dir, log_dir) as pool:
             return await runner.run_groups(tasks, samples, pool.session, concurrency=pool.concurrency)
-    finally:
-        if user_sim is not None:
-            await user_sim.close()
-        from ray.util import remove_placement_group
-
-        remove_placement_group(placement.group)
 
 
 def _print_summary(episodes: "list[Episode]", seconds: float, out: Path) -> None:

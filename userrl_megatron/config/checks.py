@@ -19,6 +19,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "megatron.transformer_impl": ("auto", "transformer_engine", "local"),
     "megatron.recompute": ("none", "selective", "full"),
     "megatron.lr_schedule": ("constant", "linear", "cosine"),
+    "checkpoint.optimizer_format": ("dp_reshardable", "fully_reshardable"),
     "sft.lr_schedule": ("constant", "linear", "cosine"),
     "rollout.backend": ("embedded", "sglang"),
     "rollout.sglang.device": ("auto", "cpu", "cuda"),
@@ -54,9 +55,13 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
-    bad_faults = [f for f in cfg.run.faults if not re.fullmatch(r"(skip_update|kill_engine)@[1-9][0-9]*", f)]
+    drills = r"(skip_update|kill_engine|kill_engine_in_rollout)@[1-9][0-9]*"
+    bad_faults = [f for f in cfg.run.faults if not re.fullmatch(drills, f)]
     if bad_faults:
-        problems.append(f"run.faults: {bad_faults} are not of the form skip_update@STEP or kill_engine@STEP")
+        problems.append(
+            f"run.faults: {bad_faults} are not of the form skip_update@STEP, kill_engine@STEP or "
+            "kill_engine_in_rollout@STEP"
+        )
     if problems:
         raise ConfigError(problems)
 

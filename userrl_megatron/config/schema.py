@@ -27,7 +27,7 @@ class RunConfig:
     total_steps: int = 4  # RL steps to train (one step = rollout + update + weight sync)
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
     ray_address: str = ""  # join this Ray cluster ("auto": the one on this machine); empty: a private local one
-    faults: list[str] = field(default_factory=list)  # drills: "skip_update@N", "kill_engine@N" (docs/trainer.md)
+    faults: list[str] = field(default_factory=list)  # drills: "skip_update@N", "kill_engine@N"... (docs/trainer.md)
 
 
 @dataclass
@@ -195,6 +195,9 @@ class CheckpointConfig:
     every_steps: int = 0  # save every k steps (0 = only at the end)
     keep_last: int = 2  # checkpoints kept; older ones are deleted after a successful save
     save_optimizer: bool = True  # save Adam's state too (3x the fp32 weights); off: a resume restarts its moments
+    optimizer_format: str = "dp_reshardable"  # "dp_reshardable" (no gathering) or "fully_reshardable" (any layout)
+    load_optimizer: bool = True  # resume Adam's state when the checkpoint has it (false: the weights only)
+    async_save: bool = False  # stage tensors in host memory, write the files on a thread while training goes on
     save_hf: bool = True  # also export Hugging Face safetensors at the end of training
     resume: str = "auto"  # "auto" (from the run's latest checkpoint), "disable", or a checkpoint directory
 
@@ -210,13 +213,34 @@ class LoggingConfig:
     rollout_dump_count: int = 16  # episodes written per dump
 
 
+# UserRL's evaluation-time gym settings (eval/eval.py build_env; spec §8), applied by `userrl eval`.
+EVAL_GYMS = (
+    "travel.search_correct_reward=0.2",
+    "travel.preference_correct_reward=0.6",
+    "travel.one_choice_per_aspect=true",
+    "turtle.success_threshold=1.0",
+    "search.judge=llm",
+)
+
+
 @dataclass
 class EvalConfig:
     every_steps: int = 0  # evaluate on the test mixture every k steps (0 disables)
-    max_tasks: int = 32  # tasks per evaluation (0 = all)
-    n_samples_per_prompt: int = 1  # episodes per task (pass@k / avg@k)
+    max_tasks: int = 32  # tasks per evaluation: the first N of each gyms.test source (0 = all)
+    n_samples_per_prompt: int = 1  # episodes per task (pass@k / avg@k; `userrl eval --samples`)
     temperature: float = 0.0  # sampling temperature of evaluation episodes
     before_training: bool = False  # also evaluate the initial policy (logged as step 0) for a before/after score
+    max_turns: int = 0  # assistant turns per episode in `userrl eval` (0 = rollout.max_turns; UserRL's protocol: 16)
+    reward_in_feedback: bool = False  # `userrl eval` appends "Reward: x" to gym feedback (UserRL's eval.py does not)
+    gym_settings: list[str] = field(default_factory=lambda: list(EVAL_GYMS))  # gyms.* overrides of `userrl eval`
+    out_dir: str = ""  # output directory of `userrl eval` (empty = <run.output_dir>/<run.name>/eval)
+    max_concurrent_episodes: int = 0  # episodes in flight in `userrl eval` (0 = the rollout pool's concurrency)
+    retries: int = 2  # `userrl eval` plays an episode again this many times after an engine or simulator failure
+    endpoint: str = ""  # OpenAI-compatible chat endpoint as the policy (e.g. http://host:8000/v1); empty = model.path
+    api_model: str = ""  # model name sent to `endpoint`
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the endpoint's API key ("none": no auth)
+    api_tool_choice: str = "auto"  # tool_choice sent to `endpoint`: "auto" or "required"
+    engine_url: str = ""  # an already-running engine (native /generate API) as the policy; model.path is its tokenizer
 
 
 EXPERT_FUNCTION = "expert:function-procedural"  # scripted FunctionGym expert episodes (userrl_megatron/sft/experts.py)

@@ -15,6 +15,9 @@ Modules:
   export.py      full HF-named tensors from the sharded model (weight sync, HF export)
   checkpoint.py  distributed checkpoints (atomic, latest pointer, keep-last-N, resharding on load)
   checkpoint_files.py  checkpoint directories: metadata, `latest`, pruning (no Megatron import)
+  checkpoint_writer.py  runs a save's writes inline or on a thread from host staging buffers
+  offload.py     offload/onload of weights, grads and optimizer state; what each operation needs resident
+  reference.py   the reference policy's weights in host memory, swapped in for the KL term
   conversion.py  hf2mcore / mcore2hf converters
   launch.py      run a function on N local ranks (spawned processes)
 """

@@ -37,6 +37,7 @@ from userrl_megatron.convert.hf_io import HFWeights
 from userrl_megatron.convert.rules import Converter
 from userrl_megatron.megatron import checkpoint, cpu, parallel
 from userrl_megatron.megatron import optimizer as optim
+from userrl_megatron.megatron.checkpoint_writer import CheckpointWriter
 from userrl_megatron.megatron.export import export_hf, export_hf_dir
 from userrl_megatron.megatron.logits import vocab_parallel_logprobs
 from userrl_megatron.megatron.model import (
@@ -46,7 +47,7 @@ from userrl_megatron.megatron.model import (
     load_full_weights,
     use_transformer_engine,
 )
-from userrl_megatron.megatron.offload import STATE, WEIGHTS, Parking, actor_storages
+from userrl_megatron.megatron.offload import GRADS, STATE, WEIGHTS, Parking, actor_storages
 from userrl_megatron.megatron.packing import (
     ModelInput,
     balance,
@@ -93,6 +94,7 @@ class MegatronActor:
         self.cfg, self.algo = megatron, algo
         self.layout = parallel.current_layout()
         self.device = parallel.device()
+        self.checkpoint_writer = CheckpointWriter(self.device)
         self.hf_dir = resolve_model(model.path)
         self.arch = Architecture.from_hf_dir(self.hf_dir)
         parallel.check_model_layout(megatron, self.arch)
@@ -137,7 +139,7 @@ class MegatronActor:
         """Per-token log-probs of every episode (position 0 is 0.0: token t is scored given tokens < t),
         identical on every rank. With `with_entropy`, returns (log-probs, entropies) aligned the same way."""
         cpu.enter_mode()
-        self.parking.require("compute_logprobs", [WEIGHTS])
+        self.parking.require("a log-prob pass")
         self._check_tokens(batch)
         for chunk in self.chunks:
             chunk.eval()
@@ -153,7 +155,7 @@ class MegatronActor:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step on the whole batch; metrics (prefixed `actor/`) are identical on every rank."""
         cpu.enter_mode()
-        self.parking.require("train_step")
+        self.parking.require("a training step")
         self._check_tokens(batch)
         self._check_train_batch(batch)
         start = time.perf_counter()
@@ -204,7 +206,7 @@ class MegatronActor:
         rank must exhaust the iterator. Vocabulary padding is removed; a tied LM head is not yielded.
         """
         cpu.enter_mode()
-        self.parking.require("a weight export", [WEIGHTS])
+        self.parking.require("a weight export")
         yield from export_hf(self._modules(), self.converter, self.layout)
 
     def export_hf_dir(self, out_dir: str, max_shard_bytes: int = 2 * 1024**3) -> int:
@@ -212,7 +214,7 @@ class MegatronActor:
         own shards, no rank holds the whole model (`export.export_hf_dir`); returns the most bytes this rank held
         at once. Collective."""
         cpu.enter_mode()
-        self.parking.require("an HF export", [WEIGHTS])
+        self.parking.require("an HF export")
         return export_hf_dir(self._modules(), self.converter, self.layout, out_dir, self.hf_dir, None, max_shard_bytes)
 
     def _modules(self) -> list[torch.nn.Module]:
@@ -226,17 +228,30 @@ class MegatronActor:
         extra_state: dict[str, Any] | None = None,
         keep_last: int | None = None,
         with_optimizer: bool = True,
+        optimizer_format: str = "dp_reshardable",
+        background: bool = False,
     ) -> None:
-        """Write a distributed checkpoint to `path` (collective); see `checkpoint.save`."""
+        """Write a distributed checkpoint to `path` (collective); see `checkpoint.save`. In the `background`,
+        it returns once the tensors are copied to host memory; `finish_save` commits it."""
         cpu.enter_mode()
-        self.parking.require("a checkpoint save", [WEIGHTS, STATE] if with_optimizer else [WEIGHTS])
-        checkpoint.save(self, path, extra_state or {}, keep_last, with_optimizer)
+        self.parking.require("a checkpoint save" if with_optimizer else "a model-only checkpoint save")
+        checkpoint.save(self, path, extra_state or {}, keep_last, with_optimizer, optimizer_format, background)
 
-    def load(self, path: str) -> dict[str, Any]:
+    def finish_save(self, wait: bool) -> bool:
+        """Commit a background save whose files every rank has written (all of it if `wait`); True when no
+        save is left pending. Collective."""
+        cpu.enter_mode()
+        if wait:
+            self.checkpoint_writer.wait()
+            return True
+        return self.checkpoint_writer.poll()
+
+    def load(self, path: str, with_optimizer: bool = True) -> dict[str, Any]:
         """Restore from a checkpoint directory (or a folder with a `latest` pointer); returns extra_state."""
         cpu.enter_mode()
         self.parking.require("a checkpoint load")
-        return checkpoint.load(self, path)
+        self.checkpoint_writer.wait()
+        return checkpoint.load(self, path, with_optimizer)
 
     def load_weights(self, path: str) -> None:
         """Load only the model weights of a checkpoint (an SFT run's, as the start of RL): the optimizer state,
@@ -251,9 +266,14 @@ class MegatronActor:
         device storage (`offload.py`; on CPU too). Offloading what is already offloaded does nothing."""
         self.parking.offload(actor_storages(self.chunks, self.optimizer, weights))
 
-    def onload(self) -> None:
-        """Bring everything back before the next compute_logprobs / train_step / save / export."""
-        self.parking.onload()
+    def onload(self, weights_only: bool = False) -> None:
+        """Bring everything back before the next compute_logprobs / train_step / save / export (`weights_only`:
+        the weights alone, e.g. to push them to an engine restarted while the rest stays offloaded)."""
+        self.parking.onload([WEIGHTS] if weights_only else [WEIGHTS, STATE, GRADS])
+
+    def offloaded(self) -> list[str]:
+        """What is offloaded now (`offload.WEIGHTS`, `STATE`, `GRADS`)."""
+        return sorted(self.parking.kinds)
 
     # ---- internals ----------------------------------------------------------------------------------
 

@@ -14,6 +14,18 @@ from collections.abc import Iterable, Iterator
 import torch
 
 WEIGHTS, STATE, GRADS = "weights", "optimizer state", "grads"
+# What each operation on the actor reads, so none of it may be offloaded: the actor checks before it runs
+# (`Parking.require`), the memory planner before it books (`plan/ledger.py`).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "a log-prob pass": (WEIGHTS,),
+    "a training step": (WEIGHTS, STATE, GRADS),
+    "a weight export": (WEIGHTS,),
+    "an HF export": (WEIGHTS,),
+    "a checkpoint save": (WEIGHTS, STATE),
+    "a model-only checkpoint save": (WEIGHTS,),
+    "a checkpoint load": (WEIGHTS, STATE, GRADS),
+    "the reference-weights swap": (WEIGHTS,),
+}
 
 
 class Parking:
@@ -27,9 +39,9 @@ class Parking:
     def kinds(self) -> set[str]:
         return {kind for kind, _, _ in self.parked.values()}
 
-    def require(self, what: str, kinds: Iterable[str] = (WEIGHTS, STATE, GRADS)) -> None:
-        """Raise if any of `kinds` is offloaded: `what` would read freed storage."""
-        away = sorted(set(kinds) & self.kinds)
+    def require(self, what: str) -> None:
+        """Raise if anything `what` reads (`NEEDS`) is offloaded: it would read freed storage."""
+        away = sorted(set(NEEDS[what]) & self.kinds)
         if away:
             raise RuntimeError(f"{what}: the actor's {', '.join(away)} are offloaded; onload first")
 
@@ -57,15 +69,17 @@ class Parking:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def onload(self) -> None:
-        """Give every parked storage its bytes back: copied from host, or zeroed for grads."""
-        for key, (kind, storage, nbytes) in self.parked.items():
+    def onload(self, kinds: Iterable[str] = (WEIGHTS, STATE, GRADS)) -> None:
+        """Give the parked storages of `kinds` their bytes back: copied from host, or zeroed for grads."""
+        for key, (kind, storage, nbytes) in list(self.parked.items()):
+            if kind not in kinds:
+                continue
             storage.resize_(nbytes)
             if kind == GRADS:
                 storage.fill_(0)
             else:
                 storage.copy_(self.host[key], non_blocking=True)
-        self.parked.clear()
+            del self.parked[key]
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 

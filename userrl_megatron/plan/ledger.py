@@ -10,10 +10,12 @@ the phase it belongs to with what every device holds at that moment (the phase's
 from dataclasses import dataclass, field
 from typing import Any
 
+from userrl_megatron.megatron.offload import GRADS, NEEDS, STATE, WEIGHTS
 from userrl_megatron.plan.memory import ActorMemory, EngineMemory, sglang_kv_pool
 from userrl_megatron.types import Episode, EpisodeGroup, SamplingParams, Task, Turn
 
 ACTOR_STATE = ("actor weights", "actor grads", "actor optimizer")
+LABELS = dict(zip((WEIGHTS, GRADS, STATE), ACTOR_STATE, strict=True))  # offload's kinds -> the ledger's labels
 ENGINE_TAGS = {"weights": "engine weights", "kv_cache": "engine KV cache", "cuda_graph": "engine runtime"}
 
 
@@ -87,37 +89,41 @@ class LedgerActors:
                 self.ledger.book(device, label, state[label])
         self.offloaded.clear()
 
-    def _need(self, labels: tuple[str, ...], what: str) -> None:
-        missing = [label for label in labels if label in self.offloaded]
+    def _need(self, what: str) -> None:
+        labels = {LABELS[kind] for kind in NEEDS[what]}
+        missing = [label for label in ACTOR_STATE if label in labels and label in self.offloaded]
         if missing:
             self.ledger.complain(f"{what} runs while the {', '.join(missing)} are offloaded (it would crash)")
 
     def _compute_logprobs(self, batch: Any) -> None:
-        self._need(ACTOR_STATE[:1], "a log-prob pass")
+        self._need("a log-prob pass")
         m = self.memory
         self._temporary("log-probs", {"actor activations": m.forward_activations, "actor logits": m.forward_logits})
 
     _compute_ref_logprobs = _compute_logprobs
 
     def _train_step(self, batch: Any) -> dict[str, float]:
-        self._need(ACTOR_STATE, "a training step")
+        self._need("a training step")
         m = self.memory
         self._temporary("training", {"actor activations": m.train_activations, "actor logits": m.train_logits})
         return {"actor/loss": 0.0}
 
     def _save(self, path: str, *args: Any) -> None:
-        self._need(ACTOR_STATE, "a checkpoint save")
+        self._need("a checkpoint save")
         self.ledger.record("checkpoint")
 
+    def _finish_save(self, wait: bool) -> bool:
+        return True  # a background save writes from host staging buffers: no device memory
+
     def _export_hf(self, path: str) -> None:
-        self._need(ACTOR_STATE[:1], "an HF export")
+        self._need("an HF export")
         self._temporary("HF export", {"export buffer": self.bucket_bytes})
 
     def _temporary(self, phase: str, temporaries: dict[str, int]) -> None:
         self.ledger.record(phase, {device: temporaries for device in self.devices})
 
     def push_weights(self, groups: list[str], version: int) -> dict[str, float]:
-        self._need(ACTOR_STATE[:1], "a weight sync")
+        self._need("a weight export")
         self._temporary("weight sync", {"sync bucket": self.bucket_bytes})
         return {}
 

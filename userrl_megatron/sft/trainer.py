@@ -213,7 +213,7 @@ class SFTTrainer:
         path = self.run_dir / "checkpoints" / f"step_{step}"
         ckpt = self.cfg.checkpoint
         try:
-            self.actors.call("save", str(path), state, ckpt.keep_last, ckpt.save_optimizer)
+            self.actors.call("save", str(path), state, ckpt, False)  # written before the next step
         except Exception as e:
             raise RunError(f"saving checkpoint {path} failed: {e}") from e
 

@@ -181,12 +181,19 @@ class Components:
         if self.cfg.sync.enabled and self._synced:  # else it already holds the weights the others hold
             engine = [{"url": client.base_url, "tp_size": self.cfg.rollout.engine_tp}]
             async with self._pushing:
+                # Restarted during a colocated rollout, the actor is offloaded: its weights alone come back for
+                # the push (the plan's rollout phase leaves room for them), then leave again.
+                parked = "weights" in await asyncio.to_thread(self.actors.call, "offloaded")
+                if parked:
+                    await asyncio.to_thread(self.actors.call, "onload", True)
                 name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
                 groups = await asyncio.to_thread(self.actors.connect_engines, engine, name)
                 try:
                     await asyncio.to_thread(self.actors.push_weights, groups, self.version)
                 finally:
                     await asyncio.to_thread(self.actors.disconnect_engines, groups)
+                    if parked:
+                        await asyncio.to_thread(self.actors.call, "offload")
             log.info("engine %d repaired with weight version %d", index, self.version)
         if self._released:
             await client.release_memory(sorted(self._released))
@@ -255,6 +262,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
 
     from gyms.base import gym_spec
     from userrl_megatron.data import load_tasks
+    from userrl_megatron.eval.evaluation import eval_tasks as load_eval_tasks
     from userrl_megatron.model_store import resolve_model
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
@@ -264,9 +272,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
     train_tasks = load_tasks(cfg.gyms.train, "train", cfg.gyms)
-    eval_tasks = load_tasks(cfg.gyms.test, "test", cfg.gyms) if cfg.eval.every_steps else []
-    if cfg.eval.max_tasks:
-        eval_tasks = eval_tasks[: cfg.eval.max_tasks]
+    eval_tasks = load_eval_tasks(cfg) if cfg.eval.every_steps else []
     model_dir = resolve_model(cfg.model.path)
     chat = ChatTemplate.from_pretrained(model_dir, cfg.model.tool_format)
     for task in train_tasks[:1] + eval_tasks[:1]:

@@ -12,15 +12,19 @@ written or no checkpoint that can be read.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
+import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.errors import RunError
-from userrl_megatron.megatron.checkpoint_files import checkpoints_newest_first, find_damage, resolve
+from userrl_megatron.eval.training import write_step_evaluation
+from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage, resolve
 from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.observability.progress import StepProgress
@@ -58,6 +62,7 @@ class Trainer:
         self.progress = StepProgress(cfg.run.total_steps)  # `step N/total  elapsed  ETA` after each step
         self.infra_failed_steps = 0  # steps in a row lost mostly to the infrastructure
         self.started_from: Path | None = None  # the SFT checkpoint whose weights step 0 started from
+        self.saving: Path | None = None  # a checkpoint being written in the background
 
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
@@ -73,6 +78,8 @@ class Trainer:
             timers, metrics = Timers(), {}
             with timers("step"):
                 with timers("rollout"):
+                    if f"kill_engine_in_rollout@{step}" in cfg.run.faults:
+                        await parts.kill_engine(0)
                     tasks = parts.tasks.next(cfg.rollout.prompts_per_step)
                     groups = await parts.rollout(tasks, cfg.rollout.n_samples_per_prompt)
                 if f"kill_engine@{step}" in cfg.run.faults:
@@ -95,10 +102,11 @@ class Trainer:
                         metrics |= await self.evaluate(step)
             metrics = self.summarize(step, groups, metrics | timers.pop())
             if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                with timers("checkpoint"):
+                with timers("checkpoint"):  # with async_save: until the tensors are copied to host memory
                     async with parts.actor_on_device():
                         self.save(step, metrics)
                 metrics |= timers.pop()
+            self.commit_saves(wait=False)
             self.tracker.log(metrics, step)  # after the checkpoint: a logged step is never trained twice
             self.progress.done(step)
         await self.finish(step)
@@ -156,15 +164,32 @@ class Trainer:
 
     def save(self, step: int, record: dict[str, float] | None = None) -> None:
         """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them).
-        A failed write leaves the previous checkpoint and `latest` as they were, and stops the run."""
+        With `checkpoint.async_save` the files are written while the run goes on (`commit_saves`). A failed
+        write leaves the previous checkpoint and `latest` as they were, and stops the run."""
         state = {"step": step, "tasks": self.parts.tasks.state(), "best": self.best, "record": record or {}}
         path = self.run_dir / "checkpoints" / f"step_{step}"
         ckpt = self.cfg.checkpoint
+        with self._checkpoint_failure(path):
+            self.parts.actors.call("save", str(path), state, ckpt, ckpt.async_save)
+        self.saving = path
+
+    def commit_saves(self, wait: bool) -> None:
+        """Commit the background save once every rank has written its files (`wait`: block until then)."""
+        if self.saving is not None:
+            with self._checkpoint_failure(self.saving):
+                if self.parts.actors.call("finish_save", wait):
+                    self.saving = None
+
+    @contextlib.contextmanager
+    def _checkpoint_failure(self, path: Path) -> Iterator[None]:
         try:
-            self.parts.actors.call("save", str(path), state, ckpt.keep_last, ckpt.save_optimizer)
+            yield
         except Exception as e:
+            self.saving = None
             kept = checkpoints_newest_first(path.parent)
             intact = f"{kept[0]} is intact" if kept else "no earlier checkpoint exists"
+            # Steps logged while a background save was written run again after a resume: their lines go now.
+            self.tracker.rewind(json.loads((kept[0] / EXTRA_FILE).read_text()).get("step", 0) if kept else 0)
             free = shutil.disk_usage(path.parent).free / 2**20  # the writers often lose ENOSPC's message
             raise RunError(
                 f"saving checkpoint {path} failed ({_root_cause(e)}; {free:.1f} MiB free there); {intact}"
@@ -173,8 +198,10 @@ class Trainer:
     async def evaluate(self, step: int) -> dict[str, float]:
         """Episodes on the test tasks at the evaluation temperature; a new best score exports HF weights."""
         cfg = self.cfg.eval
+        started = time.perf_counter()
         groups = await self.parts.rollout(self.parts.eval_tasks, cfg.n_samples_per_prompt, cfg.temperature)
         metrics = rollout_metrics([e for g in groups for e in g.episodes], prefix="eval/")
+        write_step_evaluation(self.cfg, self.run_dir / "eval" / f"step_{step}", step, groups, started)
         score = metrics.get("eval/reward_mean", float("-inf"))
         if score > self.best:
             self.best = score
@@ -225,7 +252,7 @@ class Trainer:
             log.error("checkpoint %s is damaged (%s): resuming from %s instead", path, damage, older)
         else:
             return 0
-        state = self.parts.actors.call("load", str(path))
+        state = self.parts.actors.call("load", str(path), self.cfg.checkpoint.load_optimizer)
         self.parts.tasks.restore(state["tasks"])
         self.best = state.get("best", float("-inf"))
         step = int(state["step"])
@@ -257,6 +284,7 @@ class Trainer:
         every = self.cfg.checkpoint.every_steps
         if step > 0 and not (every and step % every == 0):
             self.save(step)  # its metrics are already logged
+        self.commit_saves(wait=True)
         if self.cfg.checkpoint.save_hf and step > 0:
             self.parts.actors.call("export_hf", str(self.run_dir / "hf" / f"step_{step}"))
         self.tracker.close()

@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from userrl_megatron.config.schema import AlgoConfig, MegatronConfig, ModelConfig, SyncConfig
+from userrl_megatron.config.schema import AlgoConfig, CheckpointConfig, MegatronConfig, ModelConfig, SyncConfig
 from userrl_megatron.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class MegatronWorker:
         self.rank, self.world_size, self.spec = rank, world_size, spec
         self.actor: Any = None
         self.senders: dict[str, Any] = {}  # weight-sync group name -> WeightSender (stage source ranks only)
-        self.reference: dict[str, Any] | None = None  # initial weights, for KL to the reference policy
+        self.reference: Any = None  # megatron.reference.ReferenceWeights: initial weights, for the KL term
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port on it (rank 0's become the master address)."""
@@ -58,7 +58,9 @@ class MegatronWorker:
         )
         self.actor = MegatronActor(spec.model, spec.megatron, spec.algo, spec.seed)
         if spec.algo.kl_coef > 0:
-            self.reference = self._snapshot()
+            from userrl_megatron.megatron.reference import ReferenceWeights
+
+            self.reference = ReferenceWeights(self._parameters())
         return {"tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank, "dp_rank": layout.dp_rank, "pp": layout.pp}
 
     # ---- the actor interface ----
@@ -71,23 +73,25 @@ class MegatronWorker:
         """Log-probs under the initial weights: swap them in, score, swap the trained weights back."""
         if self.reference is None:
             raise RuntimeError("reference log-probs need algo.kl_coef > 0 at start-up")
-        current = self._snapshot()
-        self._restore(self.reference)
-        try:
+        self.actor.parking.require("the reference-weights swap")
+        with self.reference.swapped_in(self._parameters()):
             out = self.actor.compute_logprobs(batch)
-        finally:
-            self._restore(current)
         return out if self.rank == 0 else None
 
     def train_step(self, batch: TrainBatch) -> dict[str, float] | None:
         metrics = self.actor.train_step(batch)
         return metrics if self.rank == 0 else None
 
-    def save(self, path: str, extra_state: dict[str, Any], keep_last: int, with_optimizer: bool = True) -> None:
-        self.actor.save(path, extra_state, keep_last=keep_last, with_optimizer=with_optimizer)
+    def save(self, path: str, extra_state: dict[str, Any], ckpt: CheckpointConfig, background: bool) -> None:
+        self.actor.save(
+            path, extra_state, ckpt.keep_last, ckpt.save_optimizer, ckpt.optimizer_format, background=background
+        )
 
-    def load(self, path: str) -> dict[str, Any]:
-        return self.actor.load(path)
+    def finish_save(self, wait: bool) -> bool:
+        return self.actor.finish_save(wait)
+
+    def load(self, path: str, with_optimizer: bool = True) -> dict[str, Any]:
+        return self.actor.load(path, with_optimizer)
 
     def load_weights(self, path: str) -> None:
         self.actor.load_weights(path)
@@ -95,8 +99,11 @@ class MegatronWorker:
     def offload(self, weights: bool = True) -> None:
         self.actor.offload(weights)
 
-    def onload(self) -> None:
-        self.actor.onload()
+    def onload(self, weights_only: bool = False) -> None:
+        self.actor.onload(weights_only)
+
+    def offloaded(self) -> list[str]:
+        return self.actor.offloaded()
 
     def export_hf(self, out_dir: str) -> str | None:
         """Write the model as an HF directory (safetensors, config, tokenizer); each stage writes its shards."""
@@ -142,21 +149,8 @@ class MegatronWorker:
     def _is_source_of(self, stage: int) -> bool:
         return self.actor.layout.pp_rank == stage and self.actor.layout.is_stage_source
 
-    # ---- reference weights ----
-
-    def _snapshot(self) -> dict[str, Any]:
-        self.actor.parking.require("the reference-weights swap", ["weights"])
-        return {name: p.detach().to("cpu", copy=True) for name, p in self._parameters()}
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        import torch
-
-        with torch.no_grad():
-            for name, p in self._parameters():
-                p.copy_(state[name])
-
-    def _parameters(self) -> list[tuple[str, Any]]:
-        return [(f"{i}.{n}", p) for i, chunk in enumerate(self.actor.chunks) for n, p in chunk.named_parameters()]
+    def _parameters(self) -> list[Any]:
+        return [p for chunk in self.actor.chunks for p in chunk.parameters()]
 
 
 class ActorGroup:
