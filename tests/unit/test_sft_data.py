@@ -253,3 +253,19 @@ def test_sft_command_with_no_valid_row_names_the_rejections(
     ]
     assert "sft train data: 2 row(s) rejected" in caplog.text  # on the console and in run.log outside pytest
     assert f"rejected {bad}:1: messages is empty" in caplog.text
+
+
+def test_rows_from_an_eval_episodes_file(tmp_path: Path, qwen3: ChatTemplate) -> None:
+    from userrl_megatron.eval.results import group_records, write_episodes_jsonl
+    from userrl_megatron.types import EpisodeGroup
+
+    solved = rollout(qwen3, [interact_call("action", "1 2 3 4"), interact_call("answer", "6")])
+    wrong = rollout(qwen3, [interact_call("answer", "5")], max_turns=1)
+    group = EpisodeGroup("g0", solved.task, [wrong, solved])
+    path = tmp_path / "episodes.jsonl"
+    write_episodes_jsonl(path, group_records([group]))  # what `userrl eval` writes
+    picked = select(path, qwen3, min_reward=1.0, best_per_group=True)
+    assert (picked.episodes, picked.below, picked.not_best, picked.rejected) == (2, 1, 0, [])
+    assert [r.source for r in picked.rows] == [f"{path}:2"]
+    sample = tokenize_row(qwen3, picked.rows[0])
+    assert (sample.token_ids, sample.loss_mask) == (solved.token_ids, solved.loss_mask)

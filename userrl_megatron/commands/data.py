@@ -143,7 +143,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     rft = actions.add_parser(
         "sft-from-rollouts", help="SFT rows (jsonl) from a run's rollout dumps: rejection-sampling fine-tuning data"
     )
-    rft.add_argument("run_dir", metavar="RUN_DIR", help="run directory (its rollouts/step_N.jsonl) or one dump file")
+    rft.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="run directory (its rollouts/step_N.jsonl), or one episode file (rollouts.jsonl, episodes.jsonl)",
+    )
     add_config_args(rft)
     rft.add_argument("--min-reward", type=float, default=1.0, help="keep episodes whose reward is at least this")
     rft.add_argument("--best-per-group", action="store_true", help="keep only the best kept episode of each group")
