@@ -76,6 +76,7 @@ class _InFlight:
     work: Any
     replies: list[Future]
     names: list[str]
+    packer: "_Packer | None" = None  # holds the bucket's memory until every engine answered (tensor handles)
 
 
 class _Packer:
@@ -105,6 +106,10 @@ class _Packer:
     def flat(self) -> torch.Tensor:
         assert self._flat is not None
         return self._flat[: self.nbytes]
+
+    def release(self) -> None:
+        """Drop this packer's reference to the bucket memory."""
+        self._flat = None
 
     def metadata(self) -> tuple[list[str], list[str], list[list[int]]]:
         return [e[0] for e in self.entries], [dtype_name(e[1]) for e in self.entries], [e[2] for e in self.entries]
@@ -179,6 +184,7 @@ class WeightSender:
         factory = client_factory or _default_client
         self._clients = [self._call(_construct(factory, e.url)) for e in engines]
         self._group: dist.ProcessGroup | None = None
+        self._connected = False
         device = "cuda" if backend == "nccl" else "cpu"  # NCCL broadcasts device memory, gloo host memory
         self._buffers = (FlatBuffer(device), FlatBuffer(device))  # double-buffered flat buckets, reused
         self._names_checked = False  # every name was found on every engine (done during the first push)
@@ -205,6 +211,7 @@ class WeightSender:
         )
         for future in pending:
             future.result()
+        self._connected = True
         log.info("weight-sync group %s: %d engines, world size %d", self.group_name, len(self.engines), self.world_size)
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
@@ -213,14 +220,14 @@ class WeightSender:
         Tensors are copied into the flat bucket as the export yields them (nothing else is kept), and the
         next bucket is filled while the previous one is on the wire and being loaded (two buffers, one
         bucket in flight)."""
-        if self._group is None:
-            raise RuntimeError("WeightSender.connect() must run before push()")
+        if not self._connected:
+            raise RuntimeError(f"{type(self).__name__}.connect() must run before push()")
         if self._broken:
             raise RuntimeError(f"weight-sync group {self.group_name} was abandoned after a refusal; reconnect")
         clock, bucket_bytes = _Clock(), self.cfg.bucket_mb * 1024 * 1024
         self._all(lambda c: c.begin_weight_update())
         inflight: _InFlight | None = None
-        packer = _Packer(self._buffers[0])
+        packer = self._new_packer(0)
         sent = buckets = 0
         failure: Exception | None = None
         checked: set[str] = set()  # name patterns already looked up on the engines
@@ -234,7 +241,7 @@ class WeightSender:
                 if packer.entries and not packer.fits(tensor, bucket_bytes):
                     inflight = self._send(packer, version, inflight, clock)
                     sent, buckets = sent + packer.nbytes, buckets + 1
-                    packer = _Packer(self._buffers[buckets % 2])
+                    packer = self._new_packer(buckets)
                 with clock("pack"):
                     packer.add(name, tensor, bucket_bytes)
             except (UnknownWeightNameError, WeightUpdateRefusedError) as e:
@@ -260,6 +267,10 @@ class WeightSender:
             "sync/gb_per_s": sent / max(seconds, 1e-9) / 1e9,
             **{f"sync/{k}_s": v for k, v in clock.totals.items()},
         }
+
+    def _new_packer(self, index: int) -> "_Packer":
+        """The packer of bucket `index` (the two flat buffers alternate)."""
+        return _Packer(self._buffers[index % 2])
 
     def _send(self, packer: "_Packer", version: int, previous: "_InFlight | None", clock: "_Clock") -> "_InFlight":
         """Start one bucket once the previous one has landed: the HTTP update on every engine, then the broadcast."""
@@ -364,6 +375,7 @@ class WeightSender:
                     future.result()
                 except Exception as e:  # a dead or restarted engine no longer has the group
                     log.warning("weight-sync group %s on %s not destroyed: %s", self.group_name, engine.url, e)
+        self._connected = False
         for client in self._clients:
             close = getattr(client, "close", None)
             if close is not None:
