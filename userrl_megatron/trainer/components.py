@@ -167,10 +167,18 @@ class Components:
         return metrics
 
     async def connect(self) -> None:
-        """Create this generation's sync groups with every engine."""
+        """Create this generation's weight senders (and their sync groups) with every engine."""
         engines = [{"url": url, "tp_size": self.cfg.rollout.engine_tp} for url in self.pool.urls]
         prefix = f"{SYNC_GROUP}_g{next(self._generation)}"
-        self.groups = await asyncio.to_thread(self.actors.connect_engines, engines, prefix)
+        self.groups = await asyncio.to_thread(self.actors.connect_engines, engines, prefix, self.sync_method)
+
+    @property
+    def sync_method(self) -> str:
+        """The weight transport: `sync.method`, where "auto" is tensor handles for colocated engines (NCCL refuses
+        a group whose ranks share a GPU) and a broadcast over a process group otherwise."""
+        if self.cfg.sync.method != "auto":
+            return self.cfg.sync.method
+        return "tensor" if self.cfg.rollout.colocate else "distributed"
 
     async def repair(self, index: int, client: Any) -> None:
         """`on_restart` hook: give a restarted engine the current weights before it serves again, and (colocated)
@@ -185,7 +193,7 @@ class Components:
                 if parked:
                     await asyncio.to_thread(self.actors.call, "onload", True)
                 name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
-                groups = await asyncio.to_thread(self.actors.connect_engines, engine, name)
+                groups = await asyncio.to_thread(self.actors.connect_engines, engine, name, self.sync_method)
                 try:
                     await asyncio.to_thread(self.actors.push_weights, groups, self.version)
                 finally:

@@ -109,15 +109,24 @@ class MegatronWorker:
 
     # ---- weight sync ----
 
-    def connect_engines(self, engines: list[dict[str, Any]], group_name: str, stage: int) -> bool:
-        """Stage `stage`'s source rank creates the group `group_name` with every engine; others do nothing."""
+    def connect_engines(self, engines: list[dict[str, Any]], group_name: str, stage: int, method: str) -> bool:
+        """Stage `stage`'s source rank becomes the sender `group_name` to every engine; others do nothing.
+
+        `method` "distributed": a process group with the engines (their broadcast); "tensor": handles to memory on
+        this rank's device (colocated engines, `sync/tensor_sender.py`)."""
         from userrl_megatron.sync.sender import EngineEndpoint, WeightSender
+        from userrl_megatron.sync.tensor_sender import TensorSender
 
         if not self._is_source_of(stage):
             return False
-        sender = WeightSender(self.spec.sync, [EngineEndpoint(**e) for e in engines], group_name, _sync_backend())
-        host, port = self.address()
-        sender.connect(host, port)
+        endpoints = [EngineEndpoint(**e) for e in engines]
+        if method == "tensor":
+            sender: WeightSender = TensorSender(self.spec.sync, endpoints, group_name, _sync_device())
+            sender.connect()
+        else:
+            sender = WeightSender(self.spec.sync, endpoints, group_name, _sync_backend())
+            host, port = self.address()
+            sender.connect(host, port)
         self.senders[group_name] = sender
         return True
 
@@ -182,12 +191,12 @@ class ActorGroup:
         with blocking_heartbeat(lambda: f"actor: {method} still running"):
             return self._get([getattr(w, method).remote(*refs) for w in self.workers])[0]
 
-    def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str) -> list[str]:
-        """One weight-sync group per pipeline stage, created stage after stage (engines join them in order)."""
+    def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str, method: str) -> list[str]:
+        """One weight sender per pipeline stage, created stage after stage (engines join their groups in order)."""
         names = []
         for stage in range(self.pipeline_stages):
             name = f"{group_prefix}_pp{stage}"
-            self._get([w.connect_engines.remote(engines, name, stage) for w in self.workers])
+            self._get([w.connect_engines.remote(engines, name, stage, method) for w in self.workers])
             names.append(name)
         return names
 
@@ -233,6 +242,13 @@ def _sync_backend() -> str:
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _sync_device() -> str:
+    """Where a rank's tensor-handle buckets live: its current GPU, or shared host memory."""
+    import torch
+
+    return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
 
 
 def _free_port() -> int:
