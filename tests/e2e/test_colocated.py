@@ -1,6 +1,7 @@
 """Colocated mode end to end on CPU: around every update the engines pause and release their memory, the
-actor onloads, the weights go to the engines' resumed weight memory, then the actor offloads and the engines
-take their KV cache back. Actor offload frees the actor's storage on CPU too (megatron/offload.py), and the
+actor onloads, the weights go to the engines' resumed weight memory (as shared-memory handles through
+`/update_weights_from_tensor`, the CPU twin of CUDA IPC), then the actor offloads and the engines take their KV
+cache back. Actor offload frees the actor's storage on CPU too (megatron/offload.py), and the
 engine's release and hold are real, so a phase that used offloaded state would fail here.
 The run also has a KL penalty to the initial policy, whose weights each rank swaps in for the reference pass."""
 
@@ -32,5 +33,7 @@ def test_colocated_run_syncs_verified_weights(tmp_path: Path) -> None:
     assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
     assert [r["train/weight_version"] for r in records] == [0, 1, 2]
     assert [r["rollout/engine_restarts"] for r in records] == [0, 0, 1]
+    # sync.method auto -> tensor: buckets handed to the engine as shared-memory handles, no process group.
+    assert all("sync/serialize_s" in r and "sync/broadcast_s" not in r and r["sync/bytes"] > 0 for r in records)
     # Step 1 trains the initial policy: its KL to the reference is zero; after two updates it is not.
     assert records[0]["actor/kl_ref"] < 1e-7 < records[-1]["actor/kl_ref"]

@@ -116,3 +116,17 @@ def test_bucket_sizes_follow_sync_config() -> None:
     assert packer.flat().numel() == 40 and len(our_segments() - before) == 1
     packer.release()
     assert our_segments() == before
+
+
+def test_a_bucket_sized_by_the_last_push_never_overflows() -> None:
+    # TensorSender takes each bucket's size of the previous sync as its capacity; a tensor that no longer fits
+    # (the export changed) starts a new bucket instead of writing past the memory taken.
+    packer = _Packer(SharedBuffer("cpu"), capacity=100)  # type: ignore[arg-type]
+    packer.add("a", torch.ones(20), 1 << 20)  # 80 bytes
+    assert packer.flat().untyped_storage().nbytes() == 100
+    assert not packer.fits(torch.ones(6), 1 << 20) and packer.fits(torch.ones(5), 1 << 20)
+    packer.release()
+    lone = _Packer(SharedBuffer("cpu"), capacity=16)  # type: ignore[arg-type]
+    lone.add("big", torch.ones(10), 1 << 20)  # a first tensor larger than the capacity gets its own size
+    assert lone.flat().numel() == 40
+    lone.release()

@@ -68,6 +68,10 @@ class TensorSender(WeightSender):
         super().__init__(cfg, engines, group_name, "gloo", client_factory)
         self.device = torch.device(device)
         self._shared = SharedBuffer(self.device)
+        # Bytes of each bucket of the last push: every sync exports the same tensors, so later buckets take exactly
+        # what they need (a fresh shared-memory file costs time in proportion to its size).
+        self._sizes: list[int] = []
+        self._pushing: list[int] = []
 
     def connect(self, master_address: str = "", master_port: int = 0) -> None:
         """Nothing to set up: handles need no process group (the arguments keep `WeightSender`'s interface)."""
@@ -77,11 +81,15 @@ class TensorSender(WeightSender):
         )
 
     def _new_packer(self, index: int) -> _Packer:
-        return _Packer(self._shared)  # type: ignore[arg-type]
+        if index == 0 and self._pushing:  # a new push: the last one's sizes are complete
+            self._sizes, self._pushing = self._pushing, []
+        capacity = self._sizes[index] if index < len(self._sizes) else None
+        return _Packer(self._shared, capacity)  # type: ignore[arg-type]
 
     def _send(self, packer: _Packer, version: int, previous: _InFlight | None, clock: _Clock) -> _InFlight:
         """Once the previous bucket has landed, post this one's handles to every engine (one payload per TP rank)."""
         self._wait(previous, clock)
+        self._pushing.append(packer.nbytes)
         names = [e[0] for e in packer.entries]
         with clock("serialize"):
             bucket = flattened_bucket(packer.flat(), bucket_entries(packer.entries))
