@@ -130,3 +130,19 @@ def test_a_bucket_sized_by_the_last_push_never_overflows() -> None:
     lone.add("big", torch.ones(10), 1 << 20)  # a first tensor larger than the capacity gets its own size
     assert lone.flat().numel() == 40
     lone.release()
+
+
+def test_payload_holders_follow_the_placement() -> None:
+    from userrl_megatron.sync.sender import EngineEndpoint
+    from userrl_megatron.sync.tensor_sender import payload_holders
+
+    # Colocated: engine e's TP rank j on device 2e + j; the stage's TP group is ranks 0-3 (source 0).
+    colocated = [EngineEndpoint(f"e{e}", 2, first_device=2 * e) for e in range(3)]
+    assert payload_holders(colocated, [0, 1, 2, 3]) == [[0, 1], [2, 3], [0, 0]]  # devices 4, 5: no actor rank
+    # A second pipeline stage's TP group (ranks 4, 5, source 4) holds the copies for devices 4 and 5 only.
+    assert payload_holders(colocated, [4, 5]) == [[4, 4], [4, 4], [4, 5]]
+    # Disaggregated engines (after 4 actor devices) and engines of unknown placement map the source's copy.
+    assert payload_holders([EngineEndpoint("x", 2, first_device=4), EngineEndpoint("y")], [0, 1, 2, 3]) == [
+        [0, 0],
+        [0],
+    ]

@@ -79,6 +79,14 @@ def serialize(obj: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+def withdraw(tensor: torch.Tensor, count: int) -> None:
+    """Take back the references `count` serializations of `tensor` handed out, for payloads nobody will read
+    (never posted): else its shared-memory file would outlive the tensor. CUDA memory needs nothing here."""
+    if tensor.device.type == "cpu":
+        for _ in range(count):
+            tensor.untyped_storage()._shared_decref()
+
+
 def flattened_bucket(flat: torch.Tensor, layout: Sequence[BucketEntry]) -> dict[str, Any]:
     """The `flattened_bucket` payload object of one packed bucket."""
     return {

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync.bucket import FlatBuffer, dtype_name
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
+from userrl_megatron.sync.handles import withdraw
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,10 +64,12 @@ class UnknownWeightNameError(ValueError):
 
 @dataclass
 class EngineEndpoint:
-    """One engine as the sender sees it: its URL and how many ranks it adds to the group (its TP size)."""
+    """One engine as the sender sees it: its URL, how many ranks it adds to the group (its TP size) and the
+    device index of its first TP rank in the placement's order (None: not on the trainer's devices)."""
 
     url: str
     tp_size: int = 1
+    first_device: int | None = None
 
 
 @dataclass
@@ -110,8 +113,11 @@ class _Packer:
         assert self._flat is not None
         return self._flat[: self.nbytes]
 
-    def release(self) -> None:
-        """Drop this packer's reference to the bucket memory."""
+    def release(self, handed_out: int = 0) -> None:
+        """Drop this packer's reference to the bucket memory, first taking back `handed_out` references that
+        unread handle payloads hold (tensor handles)."""
+        if self._flat is not None and handed_out:
+            withdraw(self._flat, handed_out)
         self._flat = None
 
     def metadata(self) -> tuple[list[str], list[str], list[list[int]]]:

@@ -113,17 +113,26 @@ class MegatronWorker:
         """Stage `stage`'s source rank becomes the sender `group_name` to every engine; others do nothing.
 
         `method` "distributed": a process group with the engines (their broadcast); "tensor": handles to memory on
-        this rank's device (colocated engines, `sync/tensor_sender.py`)."""
+        this rank's device (`sync/tensor_sender.py`). With "tensor", the other ranks of the stage's TP group that
+        sit on an engine TP rank's device take part too, each handing that engine rank its own copy."""
         from userrl_megatron.sync.sender import EngineEndpoint, WeightSender
-        from userrl_megatron.sync.tensor_sender import TensorSender
+        from userrl_megatron.sync.tensor_sender import Peers, TensorSender, payload_holders
 
-        if not self._is_source_of(stage):
-            return False
         endpoints = [EngineEndpoint(**e) for e in engines]
+        layout = self.actor.layout
         if method == "tensor":
-            sender: WeightSender = TensorSender(self.spec.sync, endpoints, group_name, _sync_device())
+            if layout.pp_rank != stage or layout.dp_rank != 0 or layout.cp_rank != 0:
+                return False
+            group, ranks = self.actor.tp_group_ranks()
+            relayed = any(h != ranks[0] for row in payload_holders(endpoints, ranks) for h in row)
+            if not relayed and not self._is_source_of(stage):
+                return False
+            peers = Peers(group, ranks, layout.rank) if relayed else None
+            sender: WeightSender = TensorSender(self.spec.sync, endpoints, group_name, _sync_device(), peers=peers)
             sender.connect()
         else:
+            if not self._is_source_of(stage):
+                return False
             sender = WeightSender(self.spec.sync, endpoints, group_name, _sync_backend())
             host, port = self.address()
             sender.connect(host, port)
@@ -135,8 +144,10 @@ class MegatronWorker:
         layout = self.actor.layout
         if layout.pp_rank != stage:
             return None
-        weights = self.actor.export_hf_weights()
         sender = self.senders.get(group_name)
+        # Every rank of the TP group runs the same export: all-gathered when its members hand out their own copies.
+        everywhere = getattr(sender, "peers", None) is not None
+        weights = self.actor.export_hf_weights(everywhere=everywhere)
         if sender is None:
             for _ in weights:  # take part in the stage's gathers; only the source rank yields tensors
                 pass
