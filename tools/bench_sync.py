@@ -6,7 +6,13 @@ source, HF conversion, 512 MB flat buckets, `update_weights_from_distributed` ov
 broadcast over gloo, load into the engine, flush, resume. The baseline broadcasts one flat buffer of the same
 number of bytes between two fresh processes over gloo. Reported: GB/s of each and ratio = raw time / ours.
 
+`--method both` also times the colocated transport (`sync.method=tensor`: each bucket handed to the engine as a
+shared-memory handle through `update_weights_from_tensor`) on the same model and placement, in a second start of
+the components; reported as `tensor` with `tensor_vs_distributed` = distributed seconds / tensor seconds.
+`--model` takes an HF directory or an embedded model name (e.g. smollm2-135m-instruct, the quickstart's).
+
     python tools/bench_sync.py --out bench_sync.json
+    python tools/bench_sync.py --model smollm2-135m-instruct --tp 1 --method both --out bench_sync_smollm2.json
     python tools/bench_sync.py --hidden 256 --layers 2 --repeats 2   # a quick check
 """
 
@@ -42,9 +48,11 @@ def make_model(folder: Path, hidden: int, layers: int, vocab: int) -> Path:
     )
 
 
-def bench_ours(model: Path, tp: int, repeats: int, bucket_mb: int, run_dir: Path) -> dict[str, Any]:
+def bench_ours(
+    model: Path, tp: int, repeats: int, bucket_mb: int, run_dir: Path, method: str = "distributed"
+) -> dict[str, Any]:
     """Median seconds of a full sync through the trainer's components (Ray workers, engine pool), after one
-    warm-up sync."""
+    warm-up sync, over the transport `method` (sync.method)."""
     from userrl_megatron.config import load_config
     from userrl_megatron.trainer.components import start_components
 
@@ -55,6 +63,7 @@ def bench_ours(model: Path, tp: int, repeats: int, bucket_mb: int, run_dir: Path
             f"megatron.tensor_model_parallel_size={tp}",
             f"megatron.devices_per_node={tp}",
             f"sync.bucket_mb={bucket_mb}",
+            f"sync.method={method}",
             "gyms.train=[echo-procedural]",
         ]
     )
@@ -113,21 +122,40 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--bucket-mb", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="", help="HF directory or embedded model name (default: random Qwen3)")
+    parser.add_argument("--method", choices=("distributed", "tensor", "both"), default="distributed")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    methods = ["distributed", "tensor"] if args.method == "both" else [args.method]
+    results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        model = make_model(Path(scratch) / "model", args.hidden, args.layers, args.vocab)
-        ours = bench_ours(model, args.tp, args.repeats, args.bucket_mb, Path(scratch) / "run")
-    raw = bench_raw(int(ours["bytes"]), args.repeats)
-    report = {
-        "model": {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "params": ours["bytes"] / 4},
+        if args.model:
+            from userrl_megatron.model_store import resolve_model
+
+            model = resolve_model(args.model)
+        else:
+            model = make_model(Path(scratch) / "model", args.hidden, args.layers, args.vocab)
+        for method in methods:
+            run_dir = Path(scratch) / f"run_{method}"
+            results[method] = bench_ours(model, args.tp, args.repeats, args.bucket_mb, run_dir, method)
+    first = results[methods[0]]
+    raw = bench_raw(int(first["bytes"]), args.repeats)
+    if args.model:
+        described: dict[str, Any] = {"path": str(model), "bytes": first["bytes"]}
+    else:
+        described = {"hidden": args.hidden, "layers": args.layers, "vocab": args.vocab, "params": first["bytes"] / 4}
+    report: dict[str, Any] = {
+        "model": described,
         "tp": args.tp,
         "bucket_mb": args.bucket_mb,
-        "ours": ours,
+        "ours": first,
         "raw_gloo_broadcast": raw,
-        "ratio": raw["seconds"] / ours["seconds"],
+        "ratio": raw["seconds"] / first["seconds"],
     }
+    if "tensor" in results and "distributed" in results:
+        report["tensor"] = results["tensor"]
+        report["tensor_vs_distributed"] = results["distributed"]["seconds"] / results["tensor"]["seconds"]
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

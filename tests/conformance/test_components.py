@@ -1,5 +1,6 @@
 """The trainer's own choreography (`Components`) against both backends: the colocated sequence (memory released
-while the actor trains, weights resumed for the sync, the rest resumed for rollout) and the disaggregated sync
+while the actor trains, weights resumed for the sync and handed over as tensor handles, the rest resumed for
+rollout) and the disaggregated sync
 (pause, push, flush, resume), with the first sync verified by reading the weights back. Real SGLang 0.5.23 dies
 (KeyError in its scheduler) if a memory tag is resumed that is not released, which the old sequence did at the
 first `enter_rollout` and again after every sync; the embedded server refuses those calls."""
@@ -62,6 +63,8 @@ def test_colocated_sequence(engine: Engine, hf: Any, smol_dir: Any, sync_enabled
         assert metrics[0]["sync/verify_max_rel_diff"] <= 1e-6  # the first sync is verified by default
         assert "sync/verify_max_rel_diff" not in metrics[1]  # later ones only with sync.verify
         assert parts.actors.pushes == [1, 2]
+        assert parts.actors.methods == ["tensor"]  # sync.method auto: handles for colocated engines
+        assert all("sync/serialize_s" in m and "sync/broadcast_s" not in m for m in metrics)
 
 
 def test_disaggregated_sync_verified_every_time(engine: Engine, hf: Any, smol_dir: Any) -> None:
@@ -82,6 +85,7 @@ def test_disaggregated_sync_verified_every_time(engine: Engine, hf: Any, smol_di
         return before, metrics
 
     _, metrics = asyncio.run(go())
+    assert parts.actors.methods == ["distributed"]
     assert all(m["sync/verify_max_rel_diff"] <= 1e-6 for m in metrics)
     assert metrics[0]["sync/bytes"] == sum(
         t.numel() * t.element_size() for n, t in hf.state_dict().items() if n != "lm_head.weight"

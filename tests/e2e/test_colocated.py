@@ -1,6 +1,7 @@
 """Colocated mode end to end on CPU: around every update the engines pause and release their memory, the
-actor onloads, the weights go to the engines' resumed weight memory, then the actor offloads and the engines
-take their KV cache back. Actor offload frees the actor's storage on CPU too (megatron/offload.py), and the
+actor onloads, the weights go to the engines' resumed weight memory (as shared-memory handles through
+`/update_weights_from_tensor`, the CPU twin of CUDA IPC), then the actor offloads and the engines take their KV
+cache back. Actor offload frees the actor's storage on CPU too (megatron/offload.py), and the
 engine's release and hold are real, so a phase that used offloaded state would fail here.
 The run also has a KL penalty to the initial policy, whose weights each rank swaps in for the reference pass."""
 
@@ -32,5 +33,29 @@ def test_colocated_run_syncs_verified_weights(tmp_path: Path) -> None:
     assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
     assert [r["train/weight_version"] for r in records] == [0, 1, 2]
     assert [r["rollout/engine_restarts"] for r in records] == [0, 0, 1]
+    # sync.method auto -> tensor: buckets handed to the engine as shared-memory handles, no process group.
+    assert all("sync/serialize_s" in r and "sync/broadcast_s" not in r and r["sync/bytes"] > 0 for r in records)
     # Step 1 trains the initial policy: its KL to the reference is zero; after two updates it is not.
     assert records[0]["actor/kl_ref"] < 1e-7 < records[-1]["actor/kl_ref"]
+
+
+def test_tp2_ranks_hand_the_engine_on_their_device_their_own_copy(tmp_path: Path) -> None:
+    # 1,873,664 bytes of fp32 weights: two 1 MiB buckets per sync. TP=2 and an engine on each rank's device:
+    # engine 1 maps rank 1's own copy of every bucket (the export all-gathers inside the TP group).
+    shape = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 512}
+    model = make_tiny_model("qwen3", tmp_path / "tiny", seed=2, tokenizer="char", **shape)
+    extra = [
+        "rollout.colocate=true",
+        "megatron.offload=true",
+        "rollout.health_check_interval_s=0.2",
+        "sync.verify=true",  # both engines read back after every sync
+        "megatron.tensor_model_parallel_size=2",
+        "megatron.devices_per_node=2",
+        "rollout.num_engines=2",
+        "sync.bucket_mb=1",
+    ]
+    records = train([*tiny_run(model, tmp_path, "tp2", 2), *extra], timeout_s=600)
+    assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
+    assert [(r["sync/bytes"], r["sync/buckets"], r["sync/handles_from_peers"]) for r in records] == [
+        (1873664, 2, 2)
+    ] * 2

@@ -5,6 +5,7 @@ pushed over gloo by this process acting as trainer rank 0."""
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -377,8 +378,23 @@ def test_load_completions_and_weight_updates_from_tensor_and_disk(
     assert call(server, "/begin_weight_update", {})[0] == 200
     assert call(server, "/update_weights_from_tensor", body) == (
         200,
-        {"success": True, "message": "Succeeded to update parameter online."},
+        {"success": True, "message": "Success Weight version updated to t1."},
     )
+    # Where real SGLang 0.5.23's server dies (its scheduler raises), the embedded one refuses and lives on.
+    bad = {
+        "wrong shape": ([("model.norm.weight", torch.ones(3))], None, r"norm.weight: shape \(3,\) does not match"),
+        "unknown format": ([("model.norm.weight", norm)], "safetensors", "Unknown load_format=safetensors"),
+        "unsafe global": (os.getcwd, None, r"Blocked unsafe global \(posix.getcwd\) during pickle deserialization"),
+    }
+    for what, (obj, load_format, message) in bad.items():
+        payload = base64.b64encode(pickle.dumps(obj)).decode()
+        status, out = call(server, "/update_weights_from_tensor", {"serialized_named_tensors": [payload],
+                                                                    "load_format": load_format})  # fmt: skip
+        assert status == 400 and re.search(message, out["message"]), (what, out)
+    status, out = call(server, "/update_weights_from_tensor", {"serialized_named_tensors": []})
+    assert status == 400 and "no payload for TP rank 0 (0 given)" in out["message"]
+    status, out = call(server, "/update_weights_from_tensor", {"serialized_named_tensors": ["%%"]})
+    assert status == 400 and out["object"] == "error" and "Expected base64-encoded bytes" in out["message"]
     assert call(server, "/end_weight_update", {})[0] == 200
     rows = call(server, "/get_weights_by_name", {"name": "model.norm.weight", "truncate_size": 4})[1]
     assert torch.equal(torch.tensor(rows), (norm * 2)[:4])

@@ -1,5 +1,6 @@
 """`userrl train` through the real SGLang server (configs/sglang_cpu.yaml): 2 GRPO steps of SmolLM2-135M on CPU,
-disaggregated and colocated, the weights pushed to SGLang and read back after every sync."""
+disaggregated (weights broadcast over gloo) and colocated (weights handed over as shared-memory handles through
+`/update_weights_from_tensor`), the weights pushed to SGLang and read back after every sync."""
 
 import subprocess
 from pathlib import Path
@@ -32,6 +33,9 @@ def test_two_steps_through_sglang(tmp_path: Path, colocate: bool) -> None:
     assert [r["step"] for r in records] == [1, 2]
     assert [r["train/weight_version"] for r in records] == [0, 1]
     assert all(r["sync/verify_max_rel_diff"] <= 1e-6 for r in records)  # SGLang holds exactly the pushed weights
+    # sync.method auto: colocated engines get tensor handles (no broadcast), disaggregated ones a gloo broadcast.
+    handles = [("sync/serialize_s" in r, "sync/broadcast_s" in r) for r in records]
+    assert handles == [(colocate, not colocate)] * 2
     assert all(r["mismatch/abs_logprob_diff"] < 1e-2 for r in records)  # SGLang's CPU kernels vs Megatron's
     engine_log = tmp_path / name / "engines" / "engine_0.log"
     assert "SGLANG" in engine_log.read_text().upper()  # it was the real server, not the embedded one

@@ -12,6 +12,7 @@ from tests.support.servers import free_port
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.rollout.engine import SGLangClient
 from userrl_megatron.sync.sender import EngineEndpoint, WeightSender
+from userrl_megatron.sync.tensor_sender import TensorSender
 
 
 class StateDictActors:
@@ -21,12 +22,19 @@ class StateDictActors:
         self.state, self.sync = state, sync
         self.senders: dict[str, WeightSender] = {}
         self.pushes: list[int] = []  # versions pushed
+        self.methods: list[str] = []  # the transport of each sender made
 
-    def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str) -> list[str]:
+    def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str, method: str) -> list[str]:
         name = f"{group_prefix}_pp0"
-        sender = WeightSender(self.sync, [EngineEndpoint(**e) for e in engines], name, "gloo")
-        sender.connect("127.0.0.1", free_port())
+        endpoints = [EngineEndpoint(**e) for e in engines]
+        if method == "tensor":
+            sender: WeightSender = TensorSender(self.sync, endpoints, name)
+            sender.connect()
+        else:
+            sender = WeightSender(self.sync, endpoints, name, "gloo")
+            sender.connect("127.0.0.1", free_port())
         self.senders[name] = sender
+        self.methods.append(method)
         return [name]
 
     def push_weights(self, group_names: list[str], version: int) -> dict[str, float]:

@@ -260,3 +260,21 @@ def test_rerunning_a_finished_run_only_prints_its_table(tmp_path: Path) -> None:
     with RunLock(run_dir):  # a run still holding the directory (e.g. training it further) is not finished
         busy = run_python(code)
     assert "RC 2" in busy.stdout and f"userrl: error: run directory {run_dir} is in use by pid" in busy.stderr
+
+
+def test_sync_method_against_the_placement() -> None:
+    from userrl_megatron.config.checks import check_config
+
+    assert problems(["sync.method=ipc"]) == ["sync.method = 'ipc'; choose from auto, distributed, tensor"]
+    colocated = load_config(overrides=["rollout.colocate=true", "sync.method=distributed"])  # fine on CPU (gloo)
+    with pytest.raises(ConfigError) as e:
+        check_config(colocated, on_gpu=True)
+    assert e.value.problems == [
+        "sync.method = distributed cannot sync colocated engines on GPUs (NCCL refuses a group whose ranks share a "
+        "GPU); use auto or tensor"
+    ]
+    assert problems(["sync.method=tensor", "megatron.nnodes=2"]) == [
+        "sync.method = tensor hands engines handles to memory on the trainer's node: it needs rollout.colocate = "
+        "true or megatron.nnodes = 1"
+    ]
+    check_config(load_config(overrides=["rollout.colocate=true"]), on_gpu=True)  # auto picks tensor handles

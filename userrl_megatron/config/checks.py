@@ -24,6 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.backend": ("embedded", "sglang"),
     "rollout.sglang.device": ("auto", "cpu", "cuda"),
     "rollout.router": ("none", "sglang"),
+    "sync.method": ("auto", "distributed", "tensor"),
     "rollout.router_policy": ("round_robin", "random", "cache_aware", "power_of_two"),
     "algo.adv_estimator": ("grpo", "grpo_multiturn"),
     "algo.turn_level": ("Equalized", "R2G", "EM"),
@@ -51,7 +52,7 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
         on_gpu = False
     problems = range_problems(cfg) + env_field_problems(cfg) + _choice_problems(cfg)
     problems += _parallel_problems(cfg, on_gpu) + model_fit_problems(cfg) + _budget_problems(cfg)
-    problems += _algo_problems(cfg) + _gym_problems(cfg) + _engine_problems(cfg)
+    problems += _algo_problems(cfg) + _gym_problems(cfg) + _engine_problems(cfg) + _sync_problems(cfg, on_gpu)
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
@@ -159,4 +160,20 @@ def _engine_problems(cfg: RootConfig) -> list[str]:
     for key, port in (("rollout.embedded.base_port", e.base_port), ("rollout.sglang.base_port", g.base_port)):
         if port and not 1 <= port <= 65535 - cfg.rollout.num_engines:  # 0: the pool picks free ports
             problems.append(f"{key} = {port} leaves no room for rollout.num_engines = {cfg.rollout.num_engines} ports")
+    return problems
+
+
+def _sync_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
+    """Weight-sync transports that cannot work for the placement (docs/engine.md, "Weight sync")."""
+    method, problems = cfg.sync.method, []
+    if method == "distributed" and cfg.rollout.colocate and on_gpu:
+        problems.append(
+            "sync.method = distributed cannot sync colocated engines on GPUs (NCCL refuses a group whose ranks share "
+            "a GPU); use auto or tensor"
+        )
+    if method == "tensor" and not cfg.rollout.colocate and cfg.megatron.nnodes > 1:
+        problems.append(
+            "sync.method = tensor hands engines handles to memory on the trainer's node: it needs rollout.colocate = "
+            "true or megatron.nnodes = 1"
+        )
     return problems

@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any, Literal, overload
 
 import torch
+from megatron.core import parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -198,16 +199,23 @@ class MegatronActor:
 
     # ---- weights ------------------------------------------------------------------------------------
 
-    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def export_hf_weights(self, everywhere: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (HF name, full tensor) for this rank's pipeline stage, on the stage's source rank
-        (tp_rank 0, dp_rank 0, cp_rank 0) only; nothing elsewhere.
+        (tp_rank 0, dp_rank 0, cp_rank 0) only, or with `everywhere` on every rank of its TP group (dp_rank 0,
+        cp_rank 0); nothing elsewhere.
 
-        Collective inside each stage's tensor-parallel group (shards are gathered to tp_rank 0): every
-        rank must exhaust the iterator. Vocabulary padding is removed; a tied LM head is not yielded.
+        Collective inside each stage's tensor-parallel group (shards are gathered to tp_rank 0, or
+        all-gathered): every rank must exhaust the iterator. Vocabulary padding is removed; a tied LM head is
+        not yielded.
         """
         cpu.enter_mode()
         self.parking.require("a weight export")
-        yield from export_hf(self._modules(), self.converter, self.layout)
+        yield from export_hf(self._modules(), self.converter, self.layout, everywhere=everywhere)
+
+    def tp_group_ranks(self) -> tuple[Any, list[int]]:
+        """This rank's tensor-parallel group and its members' global ranks (in group order)."""
+        group = parallel_state.get_tensor_model_parallel_group()
+        return group, torch.distributed.get_process_group_ranks(group)
 
     def export_hf_dir(self, out_dir: str, max_shard_bytes: int = 2 * 1024**3) -> int:
         """Write the model as an HF directory (safetensors, config, tokenizer): each pipeline stage writes its

@@ -37,10 +37,13 @@ def export_hf(
     converter: Converter,
     layout: Layout,
     tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] = _detach,
+    everywhere: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, full tensor) of `tensor_of(param)` for every parameter of the (unwrapped) chunks.
 
     Collective inside the stage's TP group: every rank must exhaust the iterator. A tied LM head is skipped.
+    `everywhere`: every rank of the TP group yields the same tensors (shards all-gathered), for colocated
+    weight sync, where each rank hands the engine on its own GPU a handle to its own copy.
     """
     if layout.dp_rank != 0 or layout.cp_rank != 0:
         return
@@ -55,27 +58,37 @@ def export_hf(
         split = converter.split_of(name)
         local = tensor_of(param)
         if layout.tp == 1 or split is Split.REPLICATED:
-            if layout.tp_rank == 0:
+            if layout.tp_rank == 0 or everywhere:
                 yield from converter.to_hf(name, unshard([local], split, rows=arch.vocab_size))
             continue
         if batch and (local.dtype != batch[-1][2].dtype or size + _nbytes(local) > GATHER_BATCH_BYTES):
-            yield from _gathered(batch, converter, layout, tp_group, root)
+            yield from _gathered(batch, converter, layout, tp_group, root, everywhere)
             batch, size = [], 0
         batch.append((name, split, local))
         size += _nbytes(local)
     if batch:
-        yield from _gathered(batch, converter, layout, tp_group, root)
+        yield from _gathered(batch, converter, layout, tp_group, root, everywhere)
 
 
 def _gathered(
-    batch: list[tuple[str, Split, torch.Tensor]], converter: Converter, layout: Layout, group: Any, root: int
+    batch: list[tuple[str, Split, torch.Tensor]],
+    converter: Converter,
+    layout: Layout,
+    group: Any,
+    root: int,
+    everywhere: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Gather a batch of TP-sharded parameters with one collective; tp_rank 0 yields their HF tensors.
+    """Gather a batch of TP-sharded parameters with one collective; tp_rank 0 (every rank with `everywhere`)
+    yields their HF tensors.
 
     Every rank of the group holds shards of the same shapes, so one flat buffer per rank lines them up."""
     flat = torch.cat([local.reshape(-1) for _, _, local in batch])
-    buffers = [torch.empty_like(flat) for _ in range(layout.tp)] if layout.tp_rank == 0 else None
-    torch.distributed.gather(flat, buffers, dst=root, group=group)
+    if everywhere:
+        buffers = [torch.empty_like(flat) for _ in range(layout.tp)]
+        torch.distributed.all_gather(buffers, flat, group=group)
+    else:
+        buffers = [torch.empty_like(flat) for _ in range(layout.tp)] if layout.tp_rank == 0 else None
+        torch.distributed.gather(flat, buffers, dst=root, group=group)
     if buffers is None:
         return
     offset = 0

@@ -127,7 +127,7 @@ class LedgerActors:
         self._temporary("weight sync", {"sync bucket": self.bucket_bytes})
         return {}
 
-    def connect_engines(self, engines: list[dict[str, Any]], prefix: str) -> list[str]:
+    def connect_engines(self, engines: list[dict[str, Any]], prefix: str, method: str) -> list[str]:
         return [prefix]
 
     def disconnect_engines(self, groups: list[str]) -> None:

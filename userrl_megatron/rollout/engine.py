@@ -69,6 +69,16 @@ class RolloutEngine(Protocol):
         load_format: str | None = None,
     ) -> None: ...
 
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str],
+        load_format: str | None = None,
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+    ) -> None:
+        """Load tensors named by handles (one base64 payload per engine TP rank; colocated engines only)."""
+        ...
+
     async def begin_weight_update(self) -> None:
         """Open a weight-update session (SGLang 0.5.23 requires one around update_weights_from_distributed)."""
         ...
@@ -310,6 +320,24 @@ class SGLangClient:
         if load_format is not None:
             payload["load_format"] = load_format
         await self._control("/update_weights_from_distributed", payload)
+
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str],
+        load_format: str | None = None,
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+    ) -> None:
+        """Answers once every TP rank mapped its payload's tensors and loaded them (`sync/handles.py` format)."""
+        payload: dict[str, Any] = {
+            "serialized_named_tensors": list(serialized_named_tensors),
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        if load_format is not None:
+            payload["load_format"] = load_format
+        await self._control("/update_weights_from_tensor", payload)
 
     async def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> None:
         await self._control(

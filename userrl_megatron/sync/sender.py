@@ -33,6 +33,7 @@ import torch.distributed as dist
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync.bucket import FlatBuffer, dtype_name
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
+from userrl_megatron.sync.handles import withdraw
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,10 +64,12 @@ class UnknownWeightNameError(ValueError):
 
 @dataclass
 class EngineEndpoint:
-    """One engine as the sender sees it: its URL and how many ranks it adds to the group (its TP size)."""
+    """One engine as the sender sees it: its URL, how many ranks it adds to the group (its TP size) and the
+    device index of its first TP rank in the placement's order (None: not on the trainer's devices)."""
 
     url: str
     tp_size: int = 1
+    first_device: int | None = None
 
 
 @dataclass
@@ -76,26 +79,30 @@ class _InFlight:
     work: Any
     replies: list[Future]
     names: list[str]
+    packer: "_Packer | None" = None  # holds the bucket's memory until every engine answered (tensor handles)
 
 
 class _Packer:
     """Fills one flat bucket, tensor by tensor, in SGLang's `flattened_bucket` layout (no padding)."""
 
-    def __init__(self, buffer: FlatBuffer) -> None:
+    def __init__(self, buffer: FlatBuffer, capacity: int | None = None) -> None:
         self.buffer = buffer
+        self.capacity = capacity  # bytes to take for the bucket (default: the bucket size)
         self.entries: list[tuple[str, torch.dtype, list[int], int, int]] = []  # name, dtype, shape, start, end
         self.nbytes = 0
         self._flat: torch.Tensor | None = None
 
     def fits(self, tensor: torch.Tensor, bucket_bytes: int) -> bool:
-        """Whether `tensor` still goes into this bucket (same dtype, within the size; a lone big tensor always)."""
-        same_dtype = self.entries[-1][1] == tensor.dtype
-        return same_dtype and self.nbytes + tensor.numel() * tensor.element_size() <= bucket_bytes
+        """Whether `tensor` still goes into this bucket (same dtype, within the size and the memory taken; a lone
+        big tensor always)."""
+        end = self.nbytes + tensor.numel() * tensor.element_size()
+        room = self._flat is None or end <= self._flat.numel()
+        return self.entries[-1][1] == tensor.dtype and end <= bucket_bytes and room
 
     def add(self, name: str, tensor: torch.Tensor, bucket_bytes: int) -> None:
         nbytes = tensor.numel() * tensor.element_size()
         if self._flat is None:
-            self._flat = self.buffer.take(max(bucket_bytes, nbytes))
+            self._flat = self.buffer.take(max(self.capacity or bucket_bytes, nbytes))
         start, end = self.nbytes, self.nbytes + nbytes
         # Copy through a typed view of the bucket: a strided source (a q/k/v split) needs no extra copy.
         self._flat[start:end].view(tensor.dtype).view(tensor.shape).copy_(tensor.detach())
@@ -105,6 +112,13 @@ class _Packer:
     def flat(self) -> torch.Tensor:
         assert self._flat is not None
         return self._flat[: self.nbytes]
+
+    def release(self, handed_out: int = 0) -> None:
+        """Drop this packer's reference to the bucket memory, first taking back `handed_out` references that
+        unread handle payloads hold (tensor handles)."""
+        if self._flat is not None and handed_out:
+            withdraw(self._flat, handed_out)
+        self._flat = None
 
     def metadata(self) -> tuple[list[str], list[str], list[list[int]]]:
         return [e[0] for e in self.entries], [dtype_name(e[1]) for e in self.entries], [e[2] for e in self.entries]
@@ -179,6 +193,7 @@ class WeightSender:
         factory = client_factory or _default_client
         self._clients = [self._call(_construct(factory, e.url)) for e in engines]
         self._group: dist.ProcessGroup | None = None
+        self._connected = False
         device = "cuda" if backend == "nccl" else "cpu"  # NCCL broadcasts device memory, gloo host memory
         self._buffers = (FlatBuffer(device), FlatBuffer(device))  # double-buffered flat buckets, reused
         self._names_checked = False  # every name was found on every engine (done during the first push)
@@ -205,6 +220,7 @@ class WeightSender:
         )
         for future in pending:
             future.result()
+        self._connected = True
         log.info("weight-sync group %s: %d engines, world size %d", self.group_name, len(self.engines), self.world_size)
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
@@ -213,14 +229,14 @@ class WeightSender:
         Tensors are copied into the flat bucket as the export yields them (nothing else is kept), and the
         next bucket is filled while the previous one is on the wire and being loaded (two buffers, one
         bucket in flight)."""
-        if self._group is None:
-            raise RuntimeError("WeightSender.connect() must run before push()")
+        if not self._connected:
+            raise RuntimeError(f"{type(self).__name__}.connect() must run before push()")
         if self._broken:
             raise RuntimeError(f"weight-sync group {self.group_name} was abandoned after a refusal; reconnect")
         clock, bucket_bytes = _Clock(), self.cfg.bucket_mb * 1024 * 1024
         self._all(lambda c: c.begin_weight_update())
         inflight: _InFlight | None = None
-        packer = _Packer(self._buffers[0])
+        packer = self._new_packer(0)
         sent = buckets = 0
         failure: Exception | None = None
         checked: set[str] = set()  # name patterns already looked up on the engines
@@ -234,7 +250,7 @@ class WeightSender:
                 if packer.entries and not packer.fits(tensor, bucket_bytes):
                     inflight = self._send(packer, version, inflight, clock)
                     sent, buckets = sent + packer.nbytes, buckets + 1
-                    packer = _Packer(self._buffers[buckets % 2])
+                    packer = self._new_packer(buckets)
                 with clock("pack"):
                     packer.add(name, tensor, bucket_bytes)
             except (UnknownWeightNameError, WeightUpdateRefusedError) as e:
@@ -260,6 +276,10 @@ class WeightSender:
             "sync/gb_per_s": sent / max(seconds, 1e-9) / 1e9,
             **{f"sync/{k}_s": v for k, v in clock.totals.items()},
         }
+
+    def _new_packer(self, index: int) -> "_Packer":
+        """The packer of bucket `index` (the two flat buffers alternate)."""
+        return _Packer(self._buffers[index % 2])
 
     def _send(self, packer: "_Packer", version: int, previous: "_InFlight | None", clock: "_Clock") -> "_InFlight":
         """Start one bucket once the previous one has landed: the HTTP update on every engine, then the broadcast."""
@@ -364,6 +384,7 @@ class WeightSender:
                     future.result()
                 except Exception as e:  # a dead or restarted engine no longer has the group
                     log.warning("weight-sync group %s on %s not destroyed: %s", self.group_name, engine.url, e)
+        self._connected = False
         for client in self._clients:
             close = getattr(client, "close", None)
             if close is not None:

@@ -169,17 +169,32 @@ class Components:
         return metrics
 
     async def connect(self) -> None:
-        """Create this generation's sync groups with every engine."""
-        engines = [{"url": url, "tp_size": self.cfg.rollout.engine_tp} for url in self.pool.urls]
+        """Create this generation's weight senders (and their sync groups) with every engine."""
+        engines = [self._endpoint(i, url) for i, url in enumerate(self.pool.urls)]
         prefix = f"{SYNC_GROUP}_g{next(self._generation)}"
-        self.groups = await asyncio.to_thread(self.actors.connect_engines, engines, prefix)
+        self.groups = await asyncio.to_thread(self.actors.connect_engines, engines, prefix, self.sync_method)
+
+    def _endpoint(self, index: int, url: str) -> dict[str, Any]:
+        """Engine `index` for a weight sender: its URL, TP size and the device of its first TP rank in the
+        placement's order (colocated engines start at device 0, disaggregated ones after the actor's devices)."""
+        tp, m = self.cfg.rollout.engine_tp, self.cfg.megatron
+        first = 0 if self.cfg.rollout.colocate else m.nnodes * m.devices_per_node
+        return {"url": url, "tp_size": tp, "first_device": first + index * tp}
+
+    @property
+    def sync_method(self) -> str:
+        """The weight transport: `sync.method`, where "auto" is tensor handles for colocated engines (NCCL refuses
+        a group whose ranks share a GPU) and a broadcast over a process group otherwise."""
+        if self.cfg.sync.method != "auto":
+            return self.cfg.sync.method
+        return "tensor" if self.cfg.rollout.colocate else "distributed"
 
     async def repair(self, index: int, client: Any) -> None:
         """`on_restart` hook: give a restarted engine the current weights before it serves again, and (colocated)
         release the memory the other engines have released, so that every release keeps pairing with one resume."""
         self._stale = True  # the engine is at a new address: rebuild the sync groups before the next sync
         if self.cfg.sync.enabled and self._synced:  # else it already holds the weights the others hold
-            engine = [{"url": client.base_url, "tp_size": self.cfg.rollout.engine_tp}]
+            engine = [self._endpoint(index, client.base_url)]
             async with self._pushing:
                 # Restarted during a colocated rollout, the actor is offloaded: its weights alone come back for
                 # the push (the plan's rollout phase leaves room for them), then leave again.
@@ -187,7 +202,7 @@ class Components:
                 if parked:
                     await asyncio.to_thread(self.actors.call, "onload", True)
                 name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
-                groups = await asyncio.to_thread(self.actors.connect_engines, engine, name)
+                groups = await asyncio.to_thread(self.actors.connect_engines, engine, name, self.sync_method)
                 try:
                     await asyncio.to_thread(self.actors.push_weights, groups, self.version)
                 finally:

@@ -112,15 +112,33 @@ class MegatronWorker:
 
     # ---- weight sync ----
 
-    def connect_engines(self, engines: list[dict[str, Any]], group_name: str, stage: int) -> bool:
-        """Stage `stage`'s source rank creates the group `group_name` with every engine; others do nothing."""
-        from userrl_megatron.sync.sender import EngineEndpoint, WeightSender
+    def connect_engines(self, engines: list[dict[str, Any]], group_name: str, stage: int, method: str) -> bool:
+        """Stage `stage`'s source rank becomes the sender `group_name` to every engine; others do nothing.
 
-        if not self._is_source_of(stage):
-            return False
-        sender = WeightSender(self.spec.sync, [EngineEndpoint(**e) for e in engines], group_name, _sync_backend())
-        host, port = self.address()
-        sender.connect(host, port)
+        `method` "distributed": a process group with the engines (their broadcast); "tensor": handles to memory on
+        this rank's device (`sync/tensor_sender.py`). With "tensor", the other ranks of the stage's TP group that
+        sit on an engine TP rank's device take part too, each handing that engine rank its own copy."""
+        from userrl_megatron.sync.sender import EngineEndpoint, WeightSender
+        from userrl_megatron.sync.tensor_sender import Peers, TensorSender, payload_holders
+
+        endpoints = [EngineEndpoint(**e) for e in engines]
+        layout = self.actor.layout
+        if method == "tensor":
+            if layout.pp_rank != stage or layout.dp_rank != 0 or layout.cp_rank != 0:
+                return False
+            group, ranks = self.actor.tp_group_ranks()
+            relayed = any(h != ranks[0] for row in payload_holders(endpoints, ranks) for h in row)
+            if not relayed and not self._is_source_of(stage):
+                return False
+            peers = Peers(group, ranks, layout.rank) if relayed else None
+            sender: WeightSender = TensorSender(self.spec.sync, endpoints, group_name, _sync_device(), peers=peers)
+            sender.connect()
+        else:
+            if not self._is_source_of(stage):
+                return False
+            sender = WeightSender(self.spec.sync, endpoints, group_name, _sync_backend())
+            host, port = self.address()
+            sender.connect(host, port)
         self.senders[group_name] = sender
         return True
 
@@ -129,8 +147,10 @@ class MegatronWorker:
         layout = self.actor.layout
         if layout.pp_rank != stage:
             return None
-        weights = self.actor.export_hf_weights()
         sender = self.senders.get(group_name)
+        # Every rank of the TP group runs the same export: all-gathered when its members hand out their own copies.
+        everywhere = getattr(sender, "peers", None) is not None
+        weights = self.actor.export_hf_weights(everywhere=everywhere)
         if sender is None:
             for _ in weights:  # take part in the stage's gathers; only the source rank yields tensors
                 pass
@@ -185,12 +205,12 @@ class ActorGroup:
         with blocking_heartbeat(lambda: f"actor: {method} still running"):
             return self._get([getattr(w, method).remote(*refs) for w in self.workers])[0]
 
-    def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str) -> list[str]:
-        """One weight-sync group per pipeline stage, created stage after stage (engines join them in order)."""
+    def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str, method: str) -> list[str]:
+        """One weight sender per pipeline stage, created stage after stage (engines join their groups in order)."""
         names = []
         for stage in range(self.pipeline_stages):
             name = f"{group_prefix}_pp{stage}"
-            self._get([w.connect_engines.remote(engines, name, stage) for w in self.workers])
+            self._get([w.connect_engines.remote(engines, name, stage, method) for w in self.workers])
             names.append(name)
         return names
 
@@ -236,6 +256,13 @@ def _sync_backend() -> str:
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _sync_device() -> str:
+    """Where a rank's tensor-handle buckets live: its current GPU, or shared host memory."""
+    import torch
+
+    return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
 
 
 def _free_port() -> int:

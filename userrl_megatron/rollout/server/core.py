@@ -22,6 +22,7 @@ from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request, Sched
 from userrl_megatron.rollout.server.weights import receive_weights
 from userrl_megatron.sync.bucket import FlatBuffer
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
+from userrl_megatron.sync.handles import decode_payload
 
 log = logging.getLogger(__name__)
 
@@ -292,15 +293,33 @@ class EngineCore:
 
     async def update_weights_from_tensor(
         self,
-        named_tensors: list[tuple[str, torch.Tensor]],
+        serialized_named_tensors: list[str],
+        load_format: str | None = None,
         flush_cache: bool = True,
         abort_all_requests: bool = False,
         weight_version: str | None = None,
     ) -> tuple[bool, str]:
-        """Load tensors sent in the request itself (SGLang's colocated path); needs a weight-update session."""
+        """SGLang's colocated path: this engine's payload (entry 0; it is TP rank 0) names tensors in memory the
+        sender shares (`sync/handles.py`); they are mapped, copied into the weights and let go before the answer,
+        so the sender's shared memory can go once it has the answer. Where SGLang 0.5.23's server dies (a payload
+        it cannot read, an unknown load format, a wrong shape) this one refuses."""
         if self._session is None:
             return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
-        return await self._load(named_tensors, flush_cache, abort_all_requests, weight_version)
+        if abort_all_requests:
+            self.scheduler.abort(abort_all=True)
+
+        def load() -> tuple[bool, str]:
+            try:
+                self.model.load_weights(decode_payload(serialized_named_tensors, load_format))
+            except Exception as e:
+                return False, f"Failed to update parameter online: {e}"
+            if weight_version is not None:
+                self.scheduler.weight_version = weight_version
+            if flush_cache and not self._try_flush():
+                return False, "Weights were updated, but the cache was not flushed because requests are still running."
+            return True, "Success" + (f" Weight version updated to {weight_version}." if weight_version else "")
+
+        return await self._on_scheduler(load, needs_idle=True)
 
     async def update_weights_from_disk(
         self,

@@ -18,6 +18,7 @@ from userrl_megatron.rollout.server.core import EngineCore, call_soon
 from userrl_megatron.rollout.server.protocol import GenerateItem, contract_error, generate_response, parse_generate
 from userrl_megatron.rollout.server.sampling import parse_sampling_params
 from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request
+from userrl_megatron.sync.handles import is_base64
 
 log = logging.getLogger(__name__)
 
@@ -316,8 +317,8 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
 
 
 async def update_weights_from_tensor(request: web.Request) -> web.Response:
-    """SGLang's colocated path. The embedded engine has one rank: one payload, base64 of a pickled
-    `[(name, tensor), ...]` (CPU tensors; SGLang's CUDA-IPC handles only work on one GPU node)."""
+    """SGLang's colocated path: one payload per engine TP rank (`sync/handles.py`); the embedded engine is TP
+    rank 0 and reads entry 0. Payloads must be base64 strings (SGLang's request validation)."""
     body = fields(
         await read_json(request),
         {
@@ -331,32 +332,14 @@ async def update_weights_from_tensor(request: web.Request) -> web.Response:
         },
     )
     payloads = body["serialized_named_tensors"]
-    if body["load_format"] not in (None, "direct") or len(payloads) != 1:
-        return success_message(False, "the embedded server takes one payload (one rank) with load_format null")
-    try:
-        named = _unpickle_named_tensors(payloads[0])
-    except Exception as e:
-        return success_message(False, f"Failed to deserialize the named tensors: {e}")
+    if not all(isinstance(p, str) and is_base64(p) for p in payloads):
+        raise BadRequestError("1 validation error:\n  body.serialized_named_tensors: Expected base64-encoded bytes")
     core = request.app[CORE_KEY]
     return success_message(
         *await core.update_weights_from_tensor(
-            named, body["flush_cache"], body["abort_all_requests"], body["weight_version"]
+            payloads, body["load_format"], body["flush_cache"], body["abort_all_requests"], body["weight_version"]
         )
     )
-
-
-def _unpickle_named_tensors(payload: str) -> list[tuple[str, Any]]:
-    import base64
-    import pickle
-
-    import torch
-
-    named = pickle.loads(base64.b64decode(payload))  # an admin endpoint: SGLang unpickles its payloads too
-    if not isinstance(named, list) or not all(
-        isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], torch.Tensor) for p in named
-    ):
-        raise ValueError("expected a list of (name, tensor) pairs")
-    return named
 
 
 async def update_weights_from_disk(request: web.Request) -> web.Response:

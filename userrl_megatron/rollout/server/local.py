@@ -69,6 +69,19 @@ class LocalEngine:
     async def end_weight_update(self) -> None:
         _check(await self.core.end_weight_update())
 
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str],
+        load_format: str | None = None,
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+    ) -> None:
+        _check(
+            await self.core.update_weights_from_tensor(
+                serialized_named_tensors, load_format, flush_cache, weight_version=weight_version
+            )
+        )
+
     async def update_weights_from_distributed(
         self,
         names: list[str],

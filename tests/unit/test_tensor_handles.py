@@ -1,0 +1,148 @@
+"""The `update_weights_from_tensor` payload format (`sync/handles.py`): a packed bucket serialized as a
+shared-memory handle is read bit-exact by another, unrelated process; its memory file disappears once both sides
+let go; the receiver reads only its own rank's entry and resolves only the globals SGLang's unpickler allows."""
+
+import base64
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from userrl_megatron.config.schema import SyncConfig
+from userrl_megatron.sync.handles import decode_payload, flattened_bucket, serialize
+from userrl_megatron.sync.sender import _Packer
+from userrl_megatron.sync.tensor_sender import SharedBuffer, bucket_entries
+
+RECEIVER = textwrap.dedent(
+    """
+    import sys, torch
+    from userrl_megatron.sync.handles import decode_payload
+
+    def main():  # the mapped tensors are let go when it returns, as in a server's request handler
+        named = decode_payload([sys.stdin.read()], sys.argv[2] if len(sys.argv) > 2 else None)
+        torch.save({name: tensor.clone() for name, tensor in named}, sys.argv[1])
+
+    main()
+    """
+)
+
+
+def our_segments() -> set[str]:
+    """Shared-memory files this process created (torch names them torch_<pid>_...)."""
+    return {f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_")}
+
+
+def receive(payload: str, out: Path, load_format: str | None = "flattened_bucket") -> dict[str, torch.Tensor]:
+    """Decode `payload` in a fresh interpreter (not a child sharing our state: a separate `python -c`)."""
+    cmd = [sys.executable, "-c", RECEIVER, str(out)] + ([load_format] if load_format else [])
+    done = subprocess.run(cmd, input=payload, text=True, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return torch.load(out)
+
+
+def packed(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = 1 << 20) -> _Packer:
+    packer = _Packer(SharedBuffer("cpu"))  # type: ignore[arg-type]
+    for name, tensor in named:
+        packer.add(name, tensor, bucket_bytes)
+    return packer
+
+
+def test_bucket_read_bit_exact_by_another_process_then_freed(tmp_path: Path) -> None:
+    before = our_segments()
+    named = [
+        ("a.weight", torch.randn(3, 5)),
+        ("b.weight", torch.randn(7, 2).t()),  # strided source: packed contiguous
+        ("c.bias", torch.tensor([1.5, -2.25, 3e-38])),
+    ]
+    packer = packed(named)
+    assert [e[3:] for e in packer.entries] == [(0, 60), (60, 116), (116, 128)]  # bytes, back to back
+    bucket = flattened_bucket(packer.flat(), bucket_entries(packer.entries))
+    payload = serialize(bucket)
+    assert len(base64.b64decode(payload)) < 2000  # a handle, not the 128 bytes... nor the 1 MB bucket
+    assert len(our_segments() - before) == 1
+    got = receive(payload, tmp_path / "got.pt")
+    assert list(got) == ["a.weight", "b.weight", "c.bias"]
+    for name, tensor in named:
+        assert got[name].shape == tensor.shape and torch.equal(got[name], tensor), name
+    del bucket
+    packer.release()
+    assert our_segments() == before  # the receiver released its reference, the sender its own: the file is gone
+
+
+def test_receiver_sees_the_senders_bytes_not_a_copy_at_serialization(tmp_path: Path) -> None:
+    # The payload names memory: what the receiver reads is the bucket as it is when it maps it.
+    packer = packed([("x", torch.zeros(4))])
+    payload = serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries)))
+    packer.flat().view(torch.float32).copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert torch.equal(receive(payload, tmp_path / "x.pt")["x"], torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    packer.release()
+
+
+def test_named_tensor_list_and_plain_pickle_payloads(tmp_path: Path) -> None:
+    tensor = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    shared = receive(serialize([("w", tensor)]), tmp_path / "a.pt", load_format=None)
+    assert shared["w"].dtype == torch.bfloat16 and torch.equal(shared["w"], tensor)
+    by_value = base64.b64encode(pickle.dumps([("w", tensor)])).decode()  # SGLang accepts bytes inline too
+    (name, got), = decode_payload([by_value], "direct")  # fmt: skip
+    assert name == "w" and torch.equal(got, tensor)
+
+
+def test_only_own_rank_is_read_and_refusals() -> None:
+    ok = base64.b64encode(pickle.dumps([("w", torch.ones(2))])).decode()
+    # Entry 1 is another TP rank's: never decoded (it would map that rank's memory).
+    assert decode_payload([ok, "not even base64!"], None)[0][0] == "w"
+    with pytest.raises(IndexError, match=r"no payload for TP rank 0 \(0 given\)"):
+        decode_payload([], None)
+    with pytest.raises(NotImplementedError, match="Unknown load_format=safetensors"):
+        decode_payload([ok], "safetensors")
+    with pytest.raises(pickle.UnpicklingError, match=r"Blocked unsafe global \(posix\.system\) during pickle"):
+        decode_payload([base64.b64encode(pickle.dumps(os.system)).decode()], None)
+    with pytest.raises(ValueError, match="list of \\(name, tensor\\) pairs"):
+        decode_payload([base64.b64encode(pickle.dumps({"w": 1})).decode()], None)
+    with pytest.raises(ValueError, match="a flattened_bucket payload is a dict"):
+        decode_payload([ok], "flattened_bucket")
+
+
+def test_bucket_sizes_follow_sync_config() -> None:
+    # The sender's packer takes a fresh shared segment of `sync.bucket_mb` per bucket, dropped with the bucket.
+    before = our_segments()
+    packer = packed([("x", torch.ones(10))], SyncConfig(bucket_mb=2).bucket_mb << 20)
+    assert packer._flat is not None and packer._flat.untyped_storage().nbytes() == 2 << 20
+    assert packer.flat().numel() == 40 and len(our_segments() - before) == 1
+    packer.release()
+    assert our_segments() == before
+
+
+def test_a_bucket_sized_by_the_last_push_never_overflows() -> None:
+    # TensorSender takes each bucket's size of the previous sync as its capacity; a tensor that no longer fits
+    # (the export changed) starts a new bucket instead of writing past the memory taken.
+    packer = _Packer(SharedBuffer("cpu"), capacity=100)  # type: ignore[arg-type]
+    packer.add("a", torch.ones(20), 1 << 20)  # 80 bytes
+    assert packer.flat().untyped_storage().nbytes() == 100
+    assert not packer.fits(torch.ones(6), 1 << 20) and packer.fits(torch.ones(5), 1 << 20)
+    packer.release()
+    lone = _Packer(SharedBuffer("cpu"), capacity=16)  # type: ignore[arg-type]
+    lone.add("big", torch.ones(10), 1 << 20)  # a first tensor larger than the capacity gets its own size
+    assert lone.flat().numel() == 40
+    lone.release()
+
+
+def test_payload_holders_follow_the_placement() -> None:
+    from userrl_megatron.sync.sender import EngineEndpoint
+    from userrl_megatron.sync.tensor_sender import payload_holders
+
+    # Colocated: engine e's TP rank j on device 2e + j; the stage's TP group is ranks 0-3 (source 0).
+    colocated = [EngineEndpoint(f"e{e}", 2, first_device=2 * e) for e in range(3)]
+    assert payload_holders(colocated, [0, 1, 2, 3]) == [[0, 1], [2, 3], [0, 0]]  # devices 4, 5: no actor rank
+    # A second pipeline stage's TP group (ranks 4, 5, source 4) holds the copies for devices 4 and 5 only.
+    assert payload_holders(colocated, [4, 5]) == [[4, 4], [4, 4], [4, 5]]
+    # Disaggregated engines (after 4 actor devices) and engines of unknown placement map the source's copy.
+    assert payload_holders([EngineEndpoint("x", 2, first_device=4), EngineEndpoint("y")], [0, 1, 2, 3]) == [
+        [0, 0],
+        [0],
+    ]

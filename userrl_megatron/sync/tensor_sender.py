@@ -1,0 +1,299 @@
+"""The sender side of colocated weight sync: buckets handed to the engines as handles (SGLang's
+`update_weights_from_tensor`), for engines that share the trainer's devices.
+
+A colocated run cannot use the broadcast of `sender.WeightSender`: NCCL refuses a group in which two ranks use one
+GPU. Here a pipeline stage's HF-named tensors are packed into buckets of `sync.bucket_mb` exactly as on the
+broadcast path (SGLang's `flattened_bucket` layout), but each bucket lives in memory another process can map
+(`handles.py`: CUDA IPC on GPU, a named shared-memory file on CPU), and every engine gets one small payload per TP
+rank naming that memory. The engine copies the tensors into its weights and answers; only then is the bucket's
+memory dropped (on CPU the shared-memory file disappears with it). One bucket is in flight while the next is packed.
+
+Which memory an engine TP rank maps: engine TP rank j of an engine whose first device is d sits on device d + j;
+actor rank r sits on device r (`trainer/placement.py`). When that actor rank belongs to the stage's TP group, it
+packs its own copy of every bucket (the export all-gathers the shards) and the engine rank maps memory on its own
+GPU; otherwise it maps the stage source rank's copy. At each bucket boundary the TP group's ranks gather their
+payloads on the source rank (tp_rank 0), which posts one request per engine, and the source then tells the others
+whether the previous bucket landed, so they can drop it (`Peers`; a group of one needs no collective).
+
+Defences (what real SGLang 0.5.23 does on this path, docs/engine.md):
+- an unknown tensor name is accepted and ignored: every name is looked up on every engine before the first push;
+- a tensor of the wrong shape kills the SGLang server (an assertion in its scheduler): the push fails naming the
+  engine (`WeightUpdateRefusedError`), which the pool then restarts;
+- a refusal (no session, a dead engine) fails the push naming the engines, as on the broadcast path.
+"""
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_EXCEPTION
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from userrl_megatron.config.schema import SyncConfig
+from userrl_megatron.sync.bucket import BucketEntry
+from userrl_megatron.sync.handles import flattened_bucket, serialize
+from userrl_megatron.sync.sender import (
+    REFUSAL_GRACE_S,
+    EngineEndpoint,
+    UnknownWeightNameError,
+    WeightSender,
+    WeightUpdateRefusedError,
+    _Clock,
+    _InFlight,
+    _Packer,
+    _worth_checking,
+)
+
+log = logging.getLogger(__name__)
+
+
+class SharedBuffer:
+    """Hands out a fresh bucket of memory another process can map: a named shared-memory file on CPU, device
+    memory (shared through CUDA IPC when pickled) on GPU. The caller drops it once the engines answered."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A new uint8 tensor of `nbytes` bytes (contents undefined)."""
+        if self.device.type == "cpu":
+            storage = torch.UntypedStorage._new_using_filename_cpu(nbytes)
+            return torch.empty(0, dtype=torch.uint8).set_(storage)
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+
+@dataclass
+class Peers:
+    """A pipeline stage's tensor-parallel group, each member packing its own copy of every bucket."""
+
+    group: Any  # torch.distributed process group of the members
+    ranks: list[int]  # their global ranks, in group order; ranks[0] is the stage's source rank
+    rank: int  # this process's global rank
+
+    def gather(self, payloads: list[str]) -> list[list[str]] | None:
+        """Every member's payloads, on the source rank (None elsewhere)."""
+        out: list[Any] | None = [None] * len(self.ranks) if self.rank == self.ranks[0] else None
+        dist.gather_object(payloads, out, dst=self.ranks[0], group=self.group)
+        return out
+
+    def announce(self, status: str | None) -> str | None:
+        """The source rank's word on the last bucket (None: it landed), given to every member."""
+        box = [status]
+        dist.broadcast_object_list(box, src=self.ranks[0], group=self.group)
+        return box[0]
+
+
+def payload_holders(engines: Sequence[EngineEndpoint], ranks: Sequence[int]) -> list[list[int]]:
+    """For each engine TP rank, the global rank whose copy of the bucket it maps: the actor rank on its device
+    when that rank is in `ranks` (a stage's TP group, source first), else the source."""
+    holders = []
+    for engine in engines:
+        row = []
+        for j in range(engine.tp_size):
+            device = None if engine.first_device is None else engine.first_device + j
+            row.append(device if device in ranks else ranks[0])
+        holders.append(row)
+    return holders
+
+
+@dataclass
+class _State:
+    """One push's progress, on every member of the group."""
+
+    inflight: _InFlight | None = None  # source: the posted bucket awaiting its answers
+    held: _Packer | None = None  # other members: their copy of the posted bucket
+    failure: Exception | None = None  # source: why the push failed (announced at the next boundary)
+    stopped: bool = False  # a failure was announced: nobody packs or exchanges again
+    sent: int = 0
+    buckets: int = 0
+    from_peers: int = 0  # payloads another member of the group made (source)
+    checked: set[str] = field(default_factory=set)  # name patterns looked up on the engines
+
+
+class TensorSender(WeightSender):
+    """Pushes weights to engines on this node through tensor handles; same interface as `WeightSender`.
+
+    With `peers`, every member of the stage's TP group runs `push` on the same export (all-gathered); the source
+    rank (ranks[0]) talks to the engines, the others only pack and hand over their payloads."""
+
+    def __init__(
+        self,
+        cfg: SyncConfig,
+        engines: list[EngineEndpoint],
+        group_name: str = "userrl_weight_sync",
+        device: torch.device | str = "cpu",
+        client_factory: Callable[[str], Any] | None = None,
+        peers: Peers | None = None,
+    ) -> None:
+        super().__init__(cfg, engines, group_name, "gloo", client_factory)
+        self.device = torch.device(device)
+        self.peers = peers
+        self.rank = peers.rank if peers else 0
+        self.source = peers is None or peers.rank == peers.ranks[0]
+        self.holders = payload_holders(engines, peers.ranks if peers else [0])
+        self.mine = sum(row.count(self.rank) for row in self.holders)  # payloads this member makes per bucket
+        self._shared = SharedBuffer(self.device)
+        # Bytes of each bucket of the last push: every sync exports the same tensors, so later buckets take exactly
+        # what they need (a fresh shared-memory file costs time in proportion to its size).
+        self._sizes: list[int] = []
+        self._pushing: list[int] = []
+
+    def connect(self, master_address: str = "", master_port: int = 0) -> None:
+        """Nothing to set up: handles need no process group (the arguments keep `WeightSender`'s interface)."""
+        self._connected = True
+        log.info("weight sync %s: %d engines, tensor handles on %s", self.group_name, len(self.engines), self.device)
+
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        """Hand every tensor to every engine, bucket by bucket; engines then report `version`. Collective over
+        `peers` (each member passes the same export)."""
+        if not self._connected:
+            raise RuntimeError("TensorSender.connect() must run before push()")
+        clock, bucket_bytes, state = _Clock(), self.cfg.bucket_mb * 1024 * 1024, _State()
+        if self.source:
+            self._all(lambda c: c.begin_weight_update())
+        packer = self._new_packer(0)
+        for name, tensor in clock.timed_iter(named_tensors, "export"):
+            if state.stopped:
+                continue  # keep consuming the export: the stage's other ranks take part in its gathers
+            checking = self.source and state.failure is None and not self._names_checked
+            if checking and _worth_checking(name, tensor, state.checked):
+                try:
+                    with clock("check_names"):
+                        self._check_name(name)
+                except UnknownWeightNameError as e:
+                    state.failure = e  # announced at the next boundary; until then everyone packs alike
+            if packer.entries and not packer.fits(tensor, bucket_bytes):
+                self._exchange(packer, version, state, clock)
+                packer = self._new_packer(state.buckets)
+                if state.stopped:
+                    continue
+            with clock("pack"):
+                packer.add(name, tensor, bucket_bytes)
+        if not state.stopped and packer.entries:
+            self._exchange(packer, version, state, clock)
+        self._finish(state, clock)
+        if state.failure is not None:
+            self._end_sessions()
+            raise state.failure
+        if not self.source:
+            return {}
+        self._all(lambda c: c.end_weight_update())
+        self._names_checked = True
+        seconds = clock.elapsed()
+        return {
+            "sync/bytes": float(state.sent),
+            "sync/buckets": float(state.buckets),
+            "sync/seconds": seconds,
+            "sync/gb_per_s": state.sent / max(seconds, 1e-9) / 1e9,
+            "sync/handles_from_peers": float(state.from_peers),
+            **{f"sync/{k}_s": v for k, v in clock.totals.items()},
+        }
+
+    def _new_packer(self, index: int) -> _Packer:
+        if index == 0 and self._pushing:  # a new push: the last one's sizes are complete
+            self._sizes, self._pushing = self._pushing, []
+        capacity = self._sizes[index] if index < len(self._sizes) else None
+        return _Packer(self._shared, capacity)  # type: ignore[arg-type]
+
+    def _exchange(self, packer: _Packer, version: int, state: _State, clock: _Clock) -> None:
+        """One bucket boundary on every member: payloads to the source, which waits for the previous bucket and
+        posts this one (unless the push failed), then says whether the previous one landed."""
+        self._pushing.append(packer.nbytes)
+        state.sent, state.buckets = state.sent + packer.nbytes, state.buckets + 1
+        with clock("serialize"):
+            bucket = flattened_bucket(packer.flat(), bucket_entries(packer.entries))
+            mine = [serialize(bucket) for _ in range(self.mine)]
+        payloads = self.peers.gather(mine) if self.peers else [mine]
+        status = None
+        if self.source:
+            self._land(state, clock)
+            if state.failure is None:
+                assert payloads is not None
+                state.inflight = self._post(packer, payloads, version, state)
+            else:
+                packer.release(handed_out=self.mine)  # never posted: nobody will read this rank's payloads
+            status = None if state.failure is None else f"{type(state.failure).__name__}: {state.failure}"
+        self._after(status, packer, state)
+
+    def _finish(self, state: _State, clock: _Clock) -> None:
+        """After the export: the last bucket lands (or not), and every member lets go of its copy."""
+        status = None
+        if self.source:
+            self._land(state, clock)
+            status = None if state.failure is None else f"{type(state.failure).__name__}: {state.failure}"
+        if not state.stopped:
+            self._after(status, None, state)
+
+    def _land(self, state: _State, clock: _Clock) -> None:
+        """Source: wait for the posted bucket's answers, then drop it; a refusal becomes the push's failure."""
+        if state.inflight is None:
+            return
+        inflight, state.inflight = state.inflight, None
+        try:
+            self._wait(inflight, clock)
+        except WeightUpdateRefusedError as e:
+            state.failure = state.failure or e
+
+    def _after(self, status: str | None, posted: _Packer | None, state: _State) -> None:
+        """Every member learns the source's word: the previous bucket is dropped; after a failure, all stop."""
+        if self.peers:
+            status = self.peers.announce(status)
+        if not self.source:
+            if state.held is not None:
+                state.held.release()
+            state.held = posted if status is None else None
+            if status is not None and posted is not None:
+                posted.release(handed_out=self.mine)  # the source did not post it
+        if status is not None:
+            state.stopped = True
+            if not self.source:
+                log.info("weight sync %s: the source rank stopped the push (%s)", self.group_name, status)
+
+    def _post(self, packer: _Packer, payloads: list[list[str]], version: int, state: _State) -> _InFlight:
+        """Source: one `/update_weights_from_tensor` per engine, each TP rank's payload from its holder."""
+        ranks = self.peers.ranks if self.peers else [0]
+        queues = {rank: list(made) for rank, made in zip(ranks, payloads, strict=True)}
+        per_engine = []
+        for row in self.holders:
+            per_engine.append([queues[holder].pop(0) for holder in row])
+            state.from_peers += sum(holder != self.rank for holder in row)
+        replies = [
+            self._loop.submit(
+                client.update_weights_from_tensor(
+                    body, load_format="flattened_bucket", flush_cache=False, weight_version=str(version)
+                )
+            )
+            for client, body in zip(self._clients, per_engine, strict=True)
+        ]
+        return _InFlight(None, replies, [e[0] for e in packer.entries], packer)
+
+    def _wait(self, inflight: _InFlight | None, clock: _Clock) -> None:
+        """Wait for every engine's answer, then free the bucket; raise at the first refusal."""
+        if inflight is None:
+            return
+        try:
+            with clock("engine_load"):
+                wait_futures(inflight.replies, return_when=FIRST_EXCEPTION)
+                self._raise_refusals(inflight, REFUSAL_GRACE_S)
+        finally:
+            if inflight.packer is not None:
+                inflight.packer.release()
+            if self.device.type == "cuda":
+                torch.cuda.ipc_collect()  # the engines closed their handles: the memory can really go
+
+    def _end_sessions(self) -> None:
+        if self.source:
+            super()._end_sessions()
+
+    def close(self) -> None:
+        """Stop the HTTP thread (there is no group to leave)."""
+        self._connected = False
+        super().close()
+
+
+def bucket_entries(entries: Sequence[tuple[str, torch.dtype, list[int], int, int]]) -> list[BucketEntry]:
+    """A packer's (name, dtype, shape, start, end) rows as `BucketEntry`s."""
+    return [BucketEntry(name, dtype, tuple(shape), start, end) for name, dtype, shape, start, end in entries]
