@@ -53,8 +53,12 @@ def test_tp2_ranks_hand_the_engine_on_their_device_their_own_copy(tmp_path: Path
         "megatron.devices_per_node=2",
         "rollout.num_engines=2",
         "sync.bucket_mb=1",
+        # Engine 0 dies as step 2's rollout starts; the rollout finishes on engine 1, and entering training waits
+        # for engine 0 to come back (it cannot release memory while it restarts) before both step aside.
+        "run.faults=[kill_engine_in_rollout@2]",
     ]
     records = train([*tiny_run(model, tmp_path, "tp2", 2), *extra], timeout_s=600)
+    assert [r["rollout/engine_restarts"] for r in records] == [0, 1]
     assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
     assert [(r["sync/bytes"], r["sync/buckets"], r["sync/handles_from_peers"]) for r in records] == [
         (1873664, 2, 2)

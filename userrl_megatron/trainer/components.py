@@ -67,6 +67,7 @@ class Components:
         """Colocated mode: the engines pause and free their GPU memory; with `megatron.offload` the actor's state
         returns to the GPU."""
         if self.cfg.rollout.colocate:
+            await self._repair_engines("entering training")  # a restarting engine cannot release its memory
             await self.pool.pause()  # also stops health probes: a released engine holds generation
             await self._release_memory(MEMORY_TAGS)
             if self.cfg.megatron.offload:
@@ -100,11 +101,7 @@ class Components:
         Colocated, the pool is already paused (enter_training): with `megatron.offload` the actor's grads and
         optimizer state leave first, then the engines' weight memory comes back; their KV cache returns in
         enter_rollout, after the actor's weights have moved out too."""
-        try:
-            await self.pool.repair(self.cfg.rollout.engine_restart_timeout_s)  # dead engines come back first
-        except Exception as e:
-            self._check_engines()
-            raise RunError(f"weight sync: the rollout engines could not be brought back ({e})") from e
+        await self._repair_engines("weight sync")  # dead engines come back first
         colocated = self.cfg.rollout.colocate
         refused = None
         async with self._pushing:
@@ -133,6 +130,14 @@ class Components:
             metrics |= await self._verify()
             self._verified = True
         return metrics
+
+    async def _repair_engines(self, what: str) -> None:
+        """Restart the engines that died and wait until each is back (or given up)."""
+        try:
+            await self.pool.repair(self.cfg.rollout.engine_restart_timeout_s)
+        except Exception as e:
+            self._check_engines()
+            raise RunError(f"{what}: the rollout engines could not be brought back ({e})") from e
 
     async def _replace_refusing(self, urls: list[str], version: int) -> dict[str, float]:
         """Engines that refused an update may hold partly overwritten weights (SGLang loads tensor by tensor):
