@@ -83,17 +83,35 @@ def test_receiver_sees_the_senders_bytes_not_a_copy_at_serialization(tmp_path: P
     packer.release()
 
 
+def plain_pickle(obj: object) -> bytes:
+    """`pickle.dumps` as a process that never imported megatron.core writes it. Importing megatron.core (other
+    tests of this process may have) replaces `torch.storage._load_from_bytes` with its own function, and plain
+    pickles of tensors then name `megatron.core.safe_globals`, which SGLang's unpickler (and ours) refuses."""
+    import torch.storage
+
+    def _load_from_bytes(b: bytes) -> object:  # never called: only its name is pickled
+        raise AssertionError
+
+    _load_from_bytes.__module__, _load_from_bytes.__qualname__ = "torch.storage", "_load_from_bytes"
+    current = torch.storage._load_from_bytes
+    torch.storage._load_from_bytes = _load_from_bytes
+    try:
+        return pickle.dumps(obj)
+    finally:
+        torch.storage._load_from_bytes = current
+
+
 def test_named_tensor_list_and_plain_pickle_payloads(tmp_path: Path) -> None:
     tensor = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
     shared = receive(serialize([("w", tensor)]), tmp_path / "a.pt", load_format=None)
     assert shared["w"].dtype == torch.bfloat16 and torch.equal(shared["w"], tensor)
-    by_value = base64.b64encode(pickle.dumps([("w", tensor)])).decode()  # SGLang accepts bytes inline too
+    by_value = base64.b64encode(plain_pickle([("w", tensor)])).decode()  # SGLang accepts bytes inline too
     (name, got), = decode_payload([by_value], "direct")  # fmt: skip
     assert name == "w" and torch.equal(got, tensor)
 
 
 def test_only_own_rank_is_read_and_refusals() -> None:
-    ok = base64.b64encode(pickle.dumps([("w", torch.ones(2))])).decode()
+    ok = base64.b64encode(plain_pickle([("w", torch.ones(2))])).decode()
     # Entry 1 is another TP rank's: never decoded (it would map that rank's memory).
     assert decode_payload([ok, "not even base64!"], None)[0][0] == "w"
     with pytest.raises(IndexError, match=r"no payload for TP rank 0 \(0 given\)"):
