@@ -126,6 +126,8 @@ def test_background_save_writes_the_state_of_the_moment_it_was_taken(tmp_path: P
 
 def _layer_names(rank: int, world: int, port: int, model_dir: Path, root: str, batch: object) -> dict:
     from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
     from userrl_megatron.megatron import checkpoint
 
@@ -142,8 +144,9 @@ def _layer_names(rank: int, world: int, port: int, model_dir: Path, root: str, b
 
     def other_spec(chunks: list) -> dict:  # what a model (or writer) with the other layer spec's names asks for
         state = original(chunks)
-        for tensor in checkpoint._sharded_tensors(state):
-            tensor.key = checkpoint.NORM_ALIASES.get(tensor.key, tensor.key)
+        for tensor in nested_values(state):
+            if isinstance(tensor, ShardedTensor):
+                tensor.key = checkpoint.NORM_ALIASES.get(tensor.key, tensor.key)
         return state
 
     checkpoint.model_sharded_state_dict = other_spec

@@ -54,11 +54,7 @@ def plot_comparison(runs: list[tuple[str, dict[str, Any]]], path: Path) -> Path:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize="small")
     ax.set_title("userrl eval")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_steps(steps: list[tuple[int, dict[str, Any]]], path: Path) -> Path:
@@ -83,8 +79,13 @@ def plot_steps(steps: list[tuple[int, dict[str, Any]]], path: Path) -> Path:
     ax.set_ylabel("score (95% CI)")
     ax.legend(fontsize="small")
     ax.set_title("evaluation during training")
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Write `fig` as a PNG at `path` and free it."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path

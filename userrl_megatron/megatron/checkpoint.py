@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.dict_utils import nested_values
 from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.dist_checkpointing.serialization import (
     get_default_load_sharded_strategy,
@@ -307,23 +308,12 @@ def map_layer_names(request: dict[str, Any], stored: set[str]) -> list[str]:
     """Rename, in place, the requested norm tensors the checkpoint holds under the other layer spec's name
     (`NORM_ALIASES`); returns the renamed keys."""
     renamed = []
-    for value in _sharded_tensors(request):
+    for value in (v for v in nested_values(request) if isinstance(v, ShardedTensor)):
         alias = NORM_ALIASES.get(value.key)
         if value.key not in stored and alias in stored:
             renamed.append(value.key)
             value.key = alias
     return renamed
-
-
-def _sharded_tensors(tree: Any) -> Iterator[ShardedTensor]:
-    if isinstance(tree, dict):
-        for value in tree.values():
-            yield from _sharded_tensors(value)
-    elif isinstance(tree, list | tuple):
-        for value in tree:
-            yield from _sharded_tensors(value)
-    elif isinstance(tree, ShardedTensor):
-        yield tree
 
 
 def _check_reshardable(meta: dict[str, Any], layout: Layout, optimizer_format: str, ckpt: Path) -> None:
