@@ -4,6 +4,7 @@ the rollout pool uses. Every test here runs against both. SGLang start-up costs 
 server lives for the whole folder (package scope: it is stopped before the tests of other folders run, which
 need the memory), and every test leaves it with the original weights and nothing released."""
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,13 +14,25 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.support.servers import free_port
+from tests.support.servers import free_port, push_weights
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
 from userrl_megatron.model_store import resolve_model
+from userrl_megatron.rollout.engine import SGLangClient
 from userrl_megatron.rollout.launch import ServerProcess, launch_embedded
 from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON, launch_sglang
 
 SGLANG_CPU = SGLangConfig(max_total_tokens=16384, startup_timeout_s=600)
+CHANGED = ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_proj.weight", "model.norm.weight")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def read_back(url: str, names: list[str], rows: int = 2) -> dict[str, torch.Tensor]:
+    """The first `rows` rows of each named weight, as the engine holds it."""
+    async with SGLangClient(url) as client:
+        return {n: torch.tensor(await client.get_weights_by_name(n, truncate_size=rows)) for n in names}
 
 
 @dataclass
@@ -66,3 +79,20 @@ def engine(
     alive = server.alive()
     server.stop()
     assert alive, f"the {request.param} server died during the suite:\n{server.log_tail(60)}"
+
+
+@pytest.fixture
+def originals(engine: Engine, hf: Any) -> Iterator[dict[str, torch.Tensor]]:
+    """The tensors a weight-sync test may change; pushed back (per tensor, fp32, over the broadcast path) afterwards
+    and restored in `hf` too, so the folder's engine stays pristine."""
+    state = {n: t.detach().clone() for n, t in hf.state_dict().items() if n in CHANGED}
+    yield state
+
+    async def restore() -> None:
+        async with SGLangClient(engine.url) as client:
+            await push_weights(client, list(state.items()), f"restore_{free_port()}")
+
+    run(restore())
+    with torch.no_grad():
+        for name, tensor in state.items():
+            hf.get_parameter(name).copy_(tensor)

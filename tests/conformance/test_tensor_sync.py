@@ -4,7 +4,6 @@ the weight version, no shared-memory file left behind; the refusals both backend
 dies on a wrong shape or an unknown load format on this path (the embedded server refuses those instead:
 tests/e2e/test_server_http.py), so no test here sends one."""
 
-import asyncio
 import base64
 import os
 import subprocess
@@ -15,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conformance.conftest import Engine
+from tests.conformance.conftest import Engine, read_back, run
 from tests.conformance.test_generate import chat_ids
 from tests.support.engine_ref import hf_greedy
-from tests.support.servers import free_port, push_weights
+from tests.support.servers import free_port
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.rollout.engine import EngineError, SGLangClient
 from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON
@@ -27,20 +26,9 @@ from userrl_megatron.sync.sender import EngineEndpoint, UnknownWeightNameError
 from userrl_megatron.sync.tensor_sender import TensorSender
 from userrl_megatron.types import SamplingParams
 
-CHANGED = ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_proj.weight", "model.norm.weight")
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
 
 def our_segments() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_")}
-
-
-async def read_back(url: str, names: list[str], rows: int = 2) -> dict[str, torch.Tensor]:
-    async with SGLangClient(url) as client:
-        return {n: torch.tensor(await client.get_weights_by_name(n, truncate_size=rows)) for n in names}
 
 
 @pytest.fixture
@@ -50,22 +38,6 @@ def sender(engine: Engine) -> Iterator[TensorSender]:
     sender.connect()
     yield sender
     sender.close()
-
-
-@pytest.fixture
-def originals(engine: Engine, hf: Any) -> Iterator[dict[str, torch.Tensor]]:
-    """The tensors a test may change; put back afterwards (over the broadcast path) and in `hf` too."""
-    state = {n: t.detach().clone() for n, t in hf.state_dict().items() if n in CHANGED}
-    yield state
-
-    async def restore() -> None:
-        async with SGLangClient(engine.url) as client:
-            await push_weights(client, list(state.items()), f"restore_{free_port()}")
-
-    run(restore())
-    with torch.no_grad():
-        for name, tensor in state.items():
-            hf.get_parameter(name).copy_(tensor)
 
 
 def test_buckets_through_handles_load_bit_exact_and_leave_no_shared_memory(

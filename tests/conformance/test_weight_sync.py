@@ -3,14 +3,13 @@ per-tensor format, weights read back by name, generation with the new weights, t
 destroyed on both sides (a name can be reused), and every refusal: unknown names, wrong shapes, unknown groups,
 updates outside a weight-update session."""
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
-from tests.conformance.conftest import Engine
+from tests.conformance.conftest import Engine, read_back, run
 from tests.conformance.test_generate import chat_ids
 from tests.support.engine_ref import hf_greedy
 from tests.support.servers import free_port, push_weights
@@ -18,17 +17,6 @@ from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.rollout.engine import EngineError, SGLangClient
 from userrl_megatron.sync.sender import EngineEndpoint, UnknownWeightNameError, WeightSender, WeightUpdateRefusedError
 from userrl_megatron.types import SamplingParams
-
-CHANGED = ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_proj.weight", "model.norm.weight")
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-async def read_back(url: str, names: list[str], rows: int = 2) -> dict[str, torch.Tensor]:
-    async with SGLangClient(url) as client:
-        return {n: torch.tensor(await client.get_weights_by_name(n, truncate_size=rows)) for n in names}
 
 
 async def weight_version(url: str) -> str:
@@ -43,22 +31,6 @@ def sender(engine: Engine) -> Iterator[WeightSender]:
     sender.connect("127.0.0.1", free_port())
     yield sender
     sender.close()
-
-
-@pytest.fixture
-def originals(engine: Engine, hf: Any) -> Iterator[dict[str, torch.Tensor]]:
-    """The tensors a test may change; pushed back (per tensor, fp32) afterwards so the session's engine is pristine."""
-    state = {n: t.detach().clone() for n, t in hf.state_dict().items() if n in CHANGED}
-    yield state
-
-    async def restore() -> None:
-        async with SGLangClient(engine.url) as client:
-            await push_weights(client, list(state.items()), f"restore_{free_port()}")
-
-    run(restore())
-    with torch.no_grad():
-        for name, tensor in state.items():
-            hf.get_parameter(name).copy_(tensor)
 
 
 def test_buckets_of_mixed_dtypes_load_and_read_back(
