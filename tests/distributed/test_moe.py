@@ -155,3 +155,36 @@ def test_aux_loss_value_and_gradient_match_hand_computation(
     assert metrics["actor/moe_aux_loss"] == pytest.approx(want_loss, rel=1e-5)
     assert metrics["actor/grad_norm"] == pytest.approx(want_norm, rel=1e-4)
     assert metrics["actor/loss"] == 0.0
+
+
+def _resume(rank: int, world: int, port: int, model_dir: str, seqs: list[list[int]], root: str) -> dict:
+    """Train, save, train again (EP2); a fresh EP2 actor resumes the save (weights and Adam) and takes the same
+    second step; a fresh EP1 actor loads the weights alone and scores like the saved model."""
+    batch = random_batch(256, LENGTHS, seed=5)
+    out = {}
+    for name, ep, load in [("saved", 2, None), ("resumed", 2, True), ("weights_ep1", 1, False)]:
+        cfg = megatron_config(devices_per_node=world, expert_model_parallel_size=ep, moe_aux_loss_coef=AUX_COEF)
+        init_world(rank, world, port, cfg)
+        actor = build_actor(Path(model_dir), cfg)
+        if load is None:
+            actor.train_step(batch)
+            actor.save(f"{root}/step_1", {})
+            out[name] = {"step_1": actor.compute_logprobs(TrainBatch(seqs, [], []))}
+        else:
+            actor.load(f"{root}/step_1", with_optimizer=load)
+            out[name] = {"step_1": actor.compute_logprobs(TrainBatch(seqs, [], []))}
+            if not load:
+                continue
+        out[name]["metrics"] = actor.train_step(batch)
+        out[name]["step_2"] = actor.compute_logprobs(TrainBatch(seqs, [], []))
+    return out
+
+
+def test_checkpoint_under_ep2_resumes_and_its_weights_load_under_ep1(moe: dict, tmp_path: Path) -> None:
+    result = spawn(_resume, 2, str(moe["dir"]), moe["seqs"], str(tmp_path))[0]
+    saved, resumed, ep1 = result["saved"], result["resumed"], result["weights_ep1"]
+    assert max_abs_diff(resumed["step_1"], saved["step_1"]) == 0.0
+    assert max_abs_diff(ep1["step_1"], saved["step_1"]) <= TOL
+    assert max_abs_diff(resumed["step_2"], saved["step_2"]) <= TOL
+    assert resumed["metrics"]["actor/grad_norm"] == pytest.approx(saved["metrics"]["actor/grad_norm"], rel=1e-5)
+    assert resumed["metrics"]["actor/moe_aux_loss"] == pytest.approx(saved["metrics"]["actor/moe_aux_loss"], rel=1e-5)
