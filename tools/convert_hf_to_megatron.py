@@ -1,6 +1,6 @@
 """HF model directory -> Megatron distributed checkpoint (same as `userrl convert hf2mcore`).
 
-python tools/convert_hf_to_megatron.py --hf DIR --out DIR --tp N --pp M [--dtype bfloat16]
+python tools/convert_hf_to_megatron.py --hf DIR --out DIR --tp N --pp M [--ep K] [--dtype bfloat16]
 """
 
 import sys

@@ -1,6 +1,6 @@
 """Megatron checkpoint -> HF model directory (same as `userrl convert mcore2hf`).
 
-python tools/convert_megatron_to_hf.py --ckpt DIR --out DIR [--tp N --pp M] [--dtype bfloat16]
+python tools/convert_megatron_to_hf.py --ckpt DIR --out DIR [--tp N --pp M --ep K] [--dtype bfloat16]
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face models (Llama / Qwen2 / Qwen3) for tests, with real tokenizers when asked.
+"""Tiny random Hugging Face models (Llama / Qwen2 / Qwen3, and Qwen3-MoE) for tests, with real tokenizers when asked.
 
 Norm weights and biases are randomised: HF initialises them to 1 and 0, which would hide wrong mappings.
 """
@@ -9,12 +9,15 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3")  # the dense families
+MOE_FAMILY = "qwen3_moe"
+# Qwen3-MoE extras: 8 experts of width 32, 2 routed per token, renormalised top-k weights (as Qwen3-30B-A3B)
+MOE_DEFAULTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 
 
 def tiny_config(family: str, **overrides: object) -> "PretrainedConfig":
     """A small config of `family`; keyword overrides replace any field."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     common = dict(
         vocab_size=256,
@@ -38,14 +41,20 @@ def tiny_config(family: str, **overrides: object) -> "PretrainedConfig":
         return Qwen2Config(**{"rope_theta": 1000000.0, **common})
     if family == "qwen3":
         return Qwen3Config(**{"rope_theta": 1000000.0, **common})
-    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if family == MOE_FAMILY:
+        return Qwen3MoeConfig(**{"rope_theta": 1000000.0, **MOE_DEFAULTS, **common})
+    raise ValueError(f"family must be one of {(*FAMILIES, MOE_FAMILY)}, got {family!r}")
 
 
 def randomize_norms_and_biases(model: torch.nn.Module, seed: int = 0) -> None:
-    """Give every norm weight and bias a distinct random value."""
+    """Give every norm weight and bias a distinct random value, and MoE routers logits of order 1 (HF starts
+    them near zero, where every expert scores alike and routing hangs on rounding noise)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.copy_(0.3 * torch.randn(param.shape, generator=gen))
+                continue
             if "norm" in name or name.endswith(".bias"):
                 param.copy_(
                     1.0 + 0.2 * torch.randn(param.shape, generator=gen)

@@ -104,7 +104,11 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
         (["logging.backends=[console,mlflow]"], "logging.backends: unknown ['mlflow']"),
         (
             ["megatron.expert_model_parallel_size=2", "megatron.devices_per_node=2"],
-            "megatron.expert_model_parallel_size > 1 needs an MoE model; only dense models are supported",
+            "megatron.expert_model_parallel_size = 2 needs a mixture-of-experts model; llama is dense (set it to 1)",
+        ),
+        (
+            ["megatron.expert_model_parallel_size=2", "megatron.devices_per_node=3"],
+            "megatron.expert_model_parallel_size = 2 must divide the data-parallel size 3",
         ),
         (["run.device=cpu", "megatron.context_parallel_size=2", "megatron.devices_per_node=2"], "needs CUDA"),
     ],

@@ -69,3 +69,30 @@ def test_decaying_schedules_need_decay_steps() -> None:
     assert (
         load_config([], ["megatron.lr_schedule=cosine", "megatron.lr_decay_steps=100"]).megatron.lr_decay_steps == 100
     )
+
+
+MOE = Architecture.from_hf_config(tiny_config("qwen3_moe").to_dict())  # 8 experts of width 32
+
+
+def test_expert_parallel_layouts() -> None:
+    check_layout(cfg(expert_model_parallel_size=4, tensor_model_parallel_size=2), world_size=8)  # dp 4
+    check_model_layout(cfg(expert_model_parallel_size=8), MOE)
+    with pytest.raises(ConfigError, match="expert_model_parallel_size = 4 must divide the data-parallel size 2"):
+        check_layout(cfg(expert_model_parallel_size=4, tensor_model_parallel_size=2), world_size=4)
+    with pytest.raises(ConfigError) as err:
+        check_model_layout(cfg(expert_model_parallel_size=3, tensor_model_parallel_size=64), MOE)
+    message = str(err.value)
+    assert "expert_model_parallel_size = 3 must divide the model's 8 experts (num_experts)" in message
+    assert "tensor_model_parallel_size = 64 must divide the model's moe_intermediate_size 32" in message
+    assert "intermediate_size 128" not in message  # the dense width of a MoE model is not used
+    with pytest.raises(ConfigError, match="expert_model_parallel_size = 2 needs a mixture-of-experts model; qwen2"):
+        check_model_layout(cfg(expert_model_parallel_size=2), ARCH)
+
+
+def test_moe_training_under_tp_needs_sequence_parallelism() -> None:
+    from userrl_megatron.config.layout import moe_training_problems
+
+    assert moe_training_problems(cfg(tensor_model_parallel_size=2, sequence_parallel=True), MOE) == []
+    assert moe_training_problems(cfg(tensor_model_parallel_size=2), ARCH) == []
+    (problem,) = moe_training_problems(cfg(tensor_model_parallel_size=2), MOE)
+    assert "mixture-of-experts model needs megatron.sequence_parallel = true" in problem

@@ -11,7 +11,7 @@ def _hf2mcore(args: argparse.Namespace) -> int:
     from userrl_megatron.model_store import resolve_model
 
     try:
-        out = hf_to_mcore(resolve_model(args.hf), args.out, tp=args.tp, pp=args.pp, dtype=args.dtype)
+        out = hf_to_mcore(resolve_model(args.hf), args.out, tp=args.tp, pp=args.pp, dtype=args.dtype, ep=args.ep)
     except ConfigError:
         raise  # the CLI prints one line per layout problem
     except (UnsupportedModelError, FileNotFoundError, ValueError) as e:
@@ -27,7 +27,7 @@ def _mcore2hf(args: argparse.Namespace) -> int:
     from userrl_megatron.megatron.conversion import mcore_to_hf
 
     try:
-        out = mcore_to_hf(args.ckpt, args.out, tp=args.tp, pp=args.pp, dtype=args.dtype)
+        out = mcore_to_hf(args.ckpt, args.out, tp=args.tp, pp=args.pp, dtype=args.dtype, ep=args.ep)
     except ConfigError:
         raise  # the CLI prints one line per layout problem
     except (CheckpointError, ValueError) as e:
@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     to_mcore.add_argument("--out", required=True, help="checkpoint directory to write")
     to_mcore.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks to shard with (default 1)")
     to_mcore.add_argument("--pp", type=int, default=1, help="pipeline stages to shard with (default 1)")
+    to_mcore.add_argument(
+        "--ep", type=int, default=1, help="expert-parallel ranks to shard MoE experts over (default 1)"
+    )
     to_mcore.add_argument("--dtype", choices=dtypes, default="float32", help="parameter dtype (default float32)")
     to_mcore.set_defaults(handler=_hf2mcore)
 
@@ -55,5 +58,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     to_hf.add_argument("--out", required=True, help="HF model directory to write")
     to_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks to load with (default 1)")
     to_hf.add_argument("--pp", type=int, default=1, help="pipeline stages to load with (default 1)")
+    to_hf.add_argument("--ep", type=int, default=1, help="expert-parallel ranks to load MoE experts with (default 1)")
     to_hf.add_argument("--dtype", choices=dtypes, default=None, help="cast the weights (default: as saved)")
     to_hf.set_defaults(handler=_mcore2hf)

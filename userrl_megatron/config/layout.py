@@ -44,8 +44,14 @@ def layout_problems(cfg: MegatronConfig, world_size: int, on_gpu: bool | None) -
             f"pipeline_model_parallel_size >= 3, got {pp} (interleaving over 2 stages can pair sends and "
             "receives wrongly)"
         )
-    if cfg.expert_model_parallel_size > 1:
-        problems.append("megatron.expert_model_parallel_size > 1 needs an MoE model; only dense models are supported")
+    ep = cfg.expert_model_parallel_size
+    dp = world_size // (tp * pp * cp) if world_size % (tp * pp * cp) == 0 else 0
+    if ep > 1 and dp and (dp * cp) % ep:
+        problems.append(
+            f"megatron.expert_model_parallel_size = {ep} must divide the data-parallel size {dp}"
+            + (f" x context_parallel_size {cp}" if cp > 1 else "")
+            + f" (experts are spread over data-parallel ranks: {world_size} devices / (tp {tp} x pp {pp} x cp {cp}))"
+        )
     unknown = sorted(set(cfg.recompute_modules) - set(RECOMPUTE_MODULES))
     if unknown:
         problems.append(f"megatron.recompute_modules: {unknown} not among {list(RECOMPUTE_MODULES)}")
@@ -64,6 +70,17 @@ def layout_problems(cfg: MegatronConfig, world_size: int, on_gpu: bool | None) -
     if cp > 1 and cfg.transformer_impl == "local":
         problems.append("megatron.context_parallel_size > 1 needs the Transformer Engine layer spec, not local")
     return problems
+
+
+def moe_training_problems(cfg: MegatronConfig, arch: Architecture) -> list[str]:
+    """What stops Megatron from *training* `arch` under `cfg` (converting and scoring work regardless)."""
+    tp = cfg.tensor_model_parallel_size
+    if arch.is_moe and tp > 1 and not cfg.sequence_parallel:
+        return [
+            f"megatron.tensor_model_parallel_size = {tp} with a mixture-of-experts model needs "
+            "megatron.sequence_parallel = true (Megatron refuses to train MoE under TP without it; GPU only)"
+        ]
+    return []
 
 
 def model_layout_problems(cfg: MegatronConfig, arch: Architecture) -> list[str]:
@@ -86,7 +103,23 @@ def model_layout_problems(cfg: MegatronConfig, arch: Architecture) -> list[str]:
             f"megatron.tensor_model_parallel_size = {tp} must divide the model's {arch.num_kv_heads} key/value heads "
             f"(num_key_value_heads)"
         )
-    if arch.ffn_hidden_size % tp:
+    ep = cfg.expert_model_parallel_size
+    if ep > 1 and not arch.is_moe:
+        problems.append(
+            f"megatron.expert_model_parallel_size = {ep} needs a mixture-of-experts model; "
+            f"{arch.family} is dense (set it to 1)"
+        )
+    if arch.is_moe and ep >= 1 and arch.num_experts % ep:
+        problems.append(
+            f"megatron.expert_model_parallel_size = {ep} must divide the model's {arch.num_experts} experts "
+            "(num_experts)"
+        )
+    if arch.is_moe and arch.moe_ffn_hidden_size % tp:
+        problems.append(
+            f"megatron.tensor_model_parallel_size = {tp} must divide the model's "
+            f"moe_intermediate_size {arch.moe_ffn_hidden_size} (experts are sharded over TP)"
+        )
+    if not arch.is_moe and arch.ffn_hidden_size % tp:
         problems.append(
             f"megatron.tensor_model_parallel_size = {tp} must divide the model's "
             f"intermediate_size {arch.ffn_hidden_size}"

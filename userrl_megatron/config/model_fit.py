@@ -9,7 +9,7 @@ here is checked by the actor ranks at start-up instead.
 from pathlib import Path
 from typing import Any
 
-from userrl_megatron.config.layout import model_layout_problems
+from userrl_megatron.config.layout import model_layout_problems, moe_training_problems
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.convert.arch import Architecture, UnsupportedModelError
 
@@ -43,6 +43,24 @@ PUBLISHED_SHAPES: dict[str, dict[str, Any]] = {
         "intermediate_size": 25600,
         "tie_word_embeddings": False,
     },
+    "qwen3-30b-a3b": _QWEN3
+    | {
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 48,
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "router_aux_loss_coef": 0.001,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -68,7 +86,7 @@ def model_fit_problems(cfg: RootConfig) -> list[str]:
         return [f"model.path = {cfg.model.path}: {e}"]
     except (KeyError, TypeError, ValueError) as e:
         return [f"model.path = {cfg.model.path}: its config.json lacks or mangles {e}"]
-    problems = model_layout_problems(cfg.megatron, arch)
+    problems = model_layout_problems(cfg.megatron, arch) + moe_training_problems(cfg.megatron, arch)
     engine_tp = cfg.rollout.engine_tp
     if cfg.rollout.backend == "sglang" and engine_tp > 1 and arch.num_heads % engine_tp:
         problems.append(f"rollout.engine_tp = {engine_tp} must divide the model's {arch.num_heads} attention heads")

@@ -17,7 +17,7 @@ TOP_K: Rule = ("-1 (disabled) or >= 1", lambda v: v == -1 or v >= 1)
 
 GYMS_WITH_STEP_LIMITS = ("function", "intention", "persuade", "search", "tau", "telepathy", "travel", "turtle", "echo")
 # Numeric options checked elsewhere (parallel sizes and ports: checks.py and layout.py; generator.terms: 1..4)
-# or free (dual_clip_c <= 1 disables dual clipping).
+# or free (dual_clip_c <= 1 disables dual clipping; moe_aux_loss_coef < 0 means the HF config's).
 CHECKED_ELSEWHERE = (
     "megatron.tensor_model_parallel_size",
     "megatron.pipeline_model_parallel_size",
@@ -32,6 +32,7 @@ CHECKED_ELSEWHERE = (
     "rollout.embedded.base_port",
     "gyms.function.generator.terms",
     "algo.dual_clip_c",
+    "megatron.moe_aux_loss_coef",
 )
 
 RANGES: dict[str, Rule] = {

@@ -44,7 +44,8 @@ class MegatronConfig:
     pipeline_model_parallel_size: int = 1  # PP: splits the layers into stages
     virtual_pipeline_model_parallel_size: int = 1  # interleaved PP chunks per stage (1 = no interleaving)
     context_parallel_size: int = 1  # CP: splits long sequences across devices (GPU only)
-    expert_model_parallel_size: int = 1  # EP: shards MoE experts (MoE models only)
+    expert_model_parallel_size: int = 1  # EP: shards MoE experts (MoE models only; experts are TP-sharded like MLPs)
+    moe_aux_loss_coef: float = -1.0  # MoE load-balancing loss weight per layer (< 0: the HF router_aux_loss_coef)
     sequence_parallel: bool = False  # shard layernorm/dropout activations along the sequence with TP (GPU only)
     nnodes: int = 1  # nodes running actor ranks
     devices_per_node: int = 1  # actor ranks per node (GPUs, or processes on CPU)

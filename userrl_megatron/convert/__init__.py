@@ -1,7 +1,7 @@
 """HF <-> Megatron conversion rules (pure torch, no Megatron import), shared by weight sync and the converters.
 
 arch.py      the model's shape from an HF config.json; vocabulary padding
-rules.py     one rule table per family (Llama, Qwen2, Qwen3): names, fused layouts, TP split kinds
+rules.py     one rule table per family (Llama, Qwen2, Qwen3, Qwen3-MoE): names, fused layouts, TP split kinds
 sharding.py  tensor-parallel shards of full tensors and back
 hf_io.py     lazy safetensors reading; writing HF directories (shards, index, config, tokenizer)
 """

@@ -1,8 +1,9 @@
-"""The shape of a dense decoder-only model, read from a Hugging Face `config.json` (pure Python, no torch).
+"""The shape of a decoder-only model, read from a Hugging Face `config.json` (pure Python, no torch).
 
 Everything the converters and the Megatron model builder need: sizes, which optional weights exist (QKV bias,
-QK-norm, a separate LM head), the rope base and the norm epsilon. Unsupported variants fail here, by name,
-before any weight is touched.
+QK-norm, a separate LM head), the rope base, the norm epsilon and, for mixture-of-experts families
+(Qwen3-MoE), the experts and their router. Unsupported variants fail here, by name, before any weight is
+touched.
 """
 
 import json
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+MOE_MODEL_TYPES = ("qwen3_moe",)
 VOCAB_DIVISIBLE_BY = 128
 
 
@@ -21,9 +23,12 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True)
 class Architecture:
-    """A dense Llama / Qwen2 / Qwen3 transformer: what the config says, normalised across families."""
+    """A Llama / Qwen2 / Qwen3 / Qwen3-MoE transformer: what the config says, normalised across families.
 
-    family: str  # "llama", "qwen2" or "qwen3" (the HF model_type)
+    The MoE fields keep their dense defaults (no experts) for the dense families, so checkpoint metadata written
+    before they existed still loads."""
+
+    family: str  # "llama", "qwen2", "qwen3" or "qwen3_moe" (the HF model_type)
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -37,6 +42,16 @@ class Architecture:
     norm_eps: float
     rope_theta: float
     max_position_embeddings: int
+    num_experts: int = 0  # routed experts per MoE layer (0: a dense model)
+    moe_ffn_hidden_size: int = 0  # intermediate size of one expert
+    moe_top_k: int = 0  # experts each token is routed to
+    norm_topk_prob: bool = False  # the top-k routing weights are renormalised to sum to 1 (HF norm_topk_prob)
+    router_aux_loss_coef: float = 0.0  # the HF config's load-balancing loss coefficient
+
+    @property
+    def is_moe(self) -> bool:
+        """Every decoder layer's MLP is a mixture of routed experts."""
+        return self.num_experts > 0
 
     @property
     def heads_per_group(self) -> int:
@@ -53,9 +68,21 @@ class Architecture:
         if self.qk_norm:
             attn += 2 * d
         mlp = 3 * self.hidden_size * self.ffn_hidden_size
+        if self.is_moe:
+            mlp = (
+                self.num_experts * 3 * self.hidden_size * self.moe_ffn_hidden_size + self.num_experts * self.hidden_size
+            )
         layer = attn + mlp + 2 * self.hidden_size
         embed = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
         return self.num_layers * layer + embed + self.hidden_size
+
+    @property
+    def num_active_parameters(self) -> int:
+        """Parameters one token passes through: the routed experts counted `moe_top_k` times, not all."""
+        if not self.is_moe:
+            return self.num_parameters
+        idle = (self.num_experts - self.moe_top_k) * 3 * self.hidden_size * self.moe_ffn_hidden_size
+        return self.num_parameters - self.num_layers * idle
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> "Architecture":
@@ -68,6 +95,7 @@ class Architecture:
         _check_supported(family, config)
         heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
+        moe = family in MOE_MODEL_TYPES
         return cls(
             family=family,
             num_layers=config["num_hidden_layers"],
@@ -79,10 +107,15 @@ class Architecture:
             vocab_size=config["vocab_size"],
             tied_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=family == "qwen2",  # Qwen2 always has q/k/v biases; the others none
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             norm_eps=float(config["rms_norm_eps"]),
             rope_theta=float(_rope_parameters(config).get("rope_theta", config.get("rope_theta") or 10000.0)),
             max_position_embeddings=config.get("max_position_embeddings", 4096),
+            num_experts=_num_experts(config) if moe else 0,
+            moe_ffn_hidden_size=config["moe_intermediate_size"] if moe else 0,
+            moe_top_k=config["num_experts_per_tok"] if moe else 0,
+            norm_topk_prob=bool(config.get("norm_topk_prob", False)) if moe else False,
+            router_aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)) if moe else 0.0,
         )
 
     @classmethod
@@ -118,8 +151,30 @@ def _check_supported(family: str, config: dict[str, Any]) -> None:
         raise UnsupportedModelError(f"{family}: attention_bias = true (q/k/v/o biases) is not supported")
     if config.get("use_sliding_window"):
         raise UnsupportedModelError(f"{family}: sliding-window attention is not supported")
+    if family in MOE_MODEL_TYPES:
+        _check_moe(family, config)
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
     if heads % kv:
         raise UnsupportedModelError(
             f"{family}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
         )
+
+
+def _num_experts(config: dict[str, Any]) -> int:
+    # Qwen's published configs say num_experts; transformers 5 saves the same value as num_local_experts
+    return int(config.get("num_experts") or config.get("num_local_experts") or 0)
+
+
+def _check_moe(family: str, config: dict[str, Any]) -> None:
+    experts, top_k = _num_experts(config), config.get("num_experts_per_tok") or 0
+    if experts < 1 or not 1 <= top_k <= experts:
+        raise UnsupportedModelError(
+            f"{family}: needs num_experts >= 1 and 1 <= num_experts_per_tok <= num_experts, got {experts} and {top_k}"
+        )
+    if config.get("mlp_only_layers") or (config.get("decoder_sparse_step") or 1) != 1:
+        raise UnsupportedModelError(
+            f"{family}: dense layers between MoE layers (mlp_only_layers {config.get('mlp_only_layers')}, "
+            f"decoder_sparse_step {config.get('decoder_sparse_step')}) are not supported: every layer must be MoE"
+        )
+    if config.get("shared_expert_intermediate_size"):
+        raise UnsupportedModelError(f"{family}: shared experts are not supported")

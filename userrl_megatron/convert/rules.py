@@ -10,6 +10,12 @@ tensor: no tensor-parallel sharding, vocabulary unpadded) to one or more Hugging
   * norms: the local layer spec has `input_layernorm` / `pre_mlp_layernorm`; the Transformer Engine spec
     fuses them into the following linear layer as `layer_norm_weight` (`Rule.mcore_te`).
   * tied embeddings: no `output_layer` / `lm_head` tensor.
+  * mixture of experts (Qwen3-MoE): the router is `mlp.router.weight` (HF `mlp.gate.weight`); expert `{e}`
+    (its index among all experts of the layer) is `mlp.experts.local_experts.{e}.linear_fc1/fc2` under the
+    local spec (SequentialMLP) and `mlp.experts.linear_fc1/fc2.weight{e}` under Transformer Engine's grouped
+    GEMM (TEGroupedMLP), whose MoE layers keep a separate `pre_mlp_layernorm`. Parameters of a model chunk
+    number experts from 0 on each expert-parallel rank; `megatron.model.global_name` turns them into these
+    model-wide indices. Experts are sharded over the expert tensor-parallel group like a dense MLP.
 
 Each rule also says how Megatron shards the tensor across tensor-parallel ranks (`Split`), so loading,
 exporting and checkpoint tools agree on one table.
@@ -41,7 +47,8 @@ ToHf = Callable[[torch.Tensor, Architecture], Sequence[torch.Tensor]]
 
 @dataclass(frozen=True)
 class Rule:
-    """One Megatron tensor and the HF tensor(s) it is made of; `{i}` stands for the global layer index."""
+    """One Megatron tensor and the HF tensor(s) it is made of; `{i}` stands for the global layer index and
+    `{e}` for the expert index within the layer."""
 
     mcore: str
     hf: tuple[str, ...]
@@ -150,16 +157,63 @@ DOWN = Rule(LAYER + "mlp.linear_fc2.weight", (HF_LAYER + "mlp.down_proj.weight",
 
 _DENSE = (EMBEDDING, OUTPUT_LAYER, FINAL_NORM, INPUT_NORM, QKV, ATTN_OUT, MLP_NORM, GATE_UP, DOWN)
 
-# One table per family. Llama: plain dense; Qwen2: + q/k/v biases; Qwen3: + per-head RMSNorm on q and k.
+MOE_NORM = Rule(
+    LAYER + "pre_mlp_layernorm.weight",
+    (HF_LAYER + "post_attention_layernorm.weight",),
+    Split.REPLICATED,
+    _same,
+    _as_one,
+)
+ROUTER = Rule(LAYER + "mlp.router.weight", (HF_LAYER + "mlp.gate.weight",), Split.REPLICATED, _same, _as_one)
+HF_EXPERT = HF_LAYER + "mlp.experts.{e}."
+EXPERT_GATE_UP = Rule(
+    LAYER + "mlp.experts.local_experts.{e}.linear_fc1.weight",
+    (HF_EXPERT + "gate_proj.weight", HF_EXPERT + "up_proj.weight"),
+    Split.GATED_COLUMN,
+    fuse_gate_up,
+    split_gate_up,
+    mcore_te=LAYER + "mlp.experts.linear_fc1.weight{e}",
+)
+EXPERT_DOWN = Rule(
+    LAYER + "mlp.experts.local_experts.{e}.linear_fc2.weight",
+    (HF_EXPERT + "down_proj.weight",),
+    Split.ROW,
+    _same,
+    _as_one,
+    mcore_te=LAYER + "mlp.experts.linear_fc2.weight{e}",
+)
+EXPERT_RULES = (EXPERT_GATE_UP, EXPERT_DOWN)
+
+# One table per family. Llama: plain dense; Qwen2: + q/k/v biases; Qwen3: + per-head RMSNorm on q and k;
+# Qwen3-MoE: Qwen3's attention, a router and routed experts in every layer.
 FAMILY_RULES: dict[str, tuple[Rule, ...]] = {
     "llama": _DENSE,
     "qwen2": (*_DENSE, QKV_BIAS),
     "qwen3": (*_DENSE, Q_NORM, K_NORM),
+    "qwen3_moe": (
+        EMBEDDING,
+        OUTPUT_LAYER,
+        FINAL_NORM,
+        INPUT_NORM,
+        QKV,
+        ATTN_OUT,
+        Q_NORM,
+        K_NORM,
+        MOE_NORM,
+        ROUTER,
+        *EXPERT_RULES,
+    ),
 }
 
 
 def _pattern(template: str) -> re.Pattern[str]:
-    return re.compile(re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
+    escaped = re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)").replace(re.escape("{e}"), r"(?P<e>\d+)")
+    return re.compile(escaped + "$")
+
+
+def is_expert_rule(rule: Rule) -> bool:
+    """Whether the rule's tensor belongs to one routed expert (sharded over expert-parallel ranks)."""
+    return "{e}" in rule.mcore
 
 
 class Converter:
@@ -180,24 +234,32 @@ class Converter:
         """The rule's Megatron name template under this converter's layer spec."""
         return rule.mcore_te if self.te_layout and rule.mcore_te else rule.mcore
 
-    def _layers(self, rule: Rule) -> range:
-        return range(self.arch.num_layers) if "{i}" in rule.mcore else range(1)
+    def _indices(self, rule: Rule) -> list[dict[str, int]]:
+        layers = range(self.arch.num_layers) if "{i}" in rule.mcore else range(1)
+        experts = range(self.arch.num_experts) if "{e}" in rule.mcore else [None]
+        return [{"i": i} if e is None else {"i": i, "e": e} for i in layers for e in experts]
 
     def mcore_names(self) -> list[str]:
-        """Every Megatron tensor name of the model, in rule order then layer order."""
-        return [self.mcore_template(r).format(i=i) for r in self.rules for i in self._layers(r)]
+        """Every Megatron tensor name of the model, in rule order then layer (then expert) order."""
+        return [self.mcore_template(r).format(**at) for r in self.rules for at in self._indices(r)]
 
     def hf_names(self) -> list[str]:
         """Every HF tensor name of the model."""
-        return [h.format(i=i) for r in self.rules for i in self._layers(r) for h in r.hf]
+        return [h.format(**at) for r in self.rules for at in self._indices(r) for h in r.hf]
 
-    def rule_for(self, mcore_name: str) -> tuple[Rule, int | None]:
-        """The rule matching a global Megatron name, and its layer index (None outside the layers)."""
+    def rule_for(self, mcore_name: str) -> tuple[Rule, dict[str, int]]:
+        """The rule matching a global Megatron name, and where it applies: {"i": layer, "e": expert}, each only
+        when the rule has it."""
         for pattern, rule in self._patterns:
             match = pattern.match(mcore_name)
             if match:
-                return rule, int(match.group("i")) if "{i}" in rule.mcore else None
+                return rule, {k: int(v) for k, v in match.groupdict().items()}
         raise KeyError(f"no {self.arch.family} conversion rule for Megatron tensor {mcore_name!r}")
+
+    def hf_sources(self, mcore_name: str) -> list[str]:
+        """The HF names a Megatron tensor is made of."""
+        rule, at = self.rule_for(mcore_name)
+        return [h.format(**at) for h in rule.hf]
 
     def split_of(self, mcore_name: str) -> Split:
         """How Megatron shards this tensor across tensor-parallel ranks."""
@@ -205,9 +267,9 @@ class Converter:
 
     def to_hf(self, mcore_name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         """One full Megatron tensor -> its HF (name, tensor) pairs."""
-        rule, layer = self.rule_for(mcore_name)
+        rule, at = self.rule_for(mcore_name)
         parts = rule.to_hf(tensor, self.arch)
-        return [(h.format(i=layer), p.contiguous()) for h, p in zip(rule.hf, parts, strict=True)]
+        return [(h.format(**at), p.contiguous()) for h, p in zip(rule.hf, parts, strict=True)]
 
     def hf_to_mcore(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A whole HF state dict -> full Megatron tensors. Raises on missing or unexpected HF tensors."""
@@ -219,9 +281,9 @@ class Converter:
             raise KeyError(f"HF {self.arch.family} state dict: missing {missing[:5]}, unexpected {unexpected[:5]}")
         out = {}
         for rule in self.rules:
-            for i in self._layers(rule):
-                out[self.mcore_template(rule).format(i=i)] = rule.to_mcore(
-                    [hf[h.format(i=i)] for h in rule.hf], self.arch
+            for at in self._indices(rule):
+                out[self.mcore_template(rule).format(**at)] = rule.to_mcore(
+                    [hf[h.format(**at)] for h in rule.hf], self.arch
                 )
         return out
 

@@ -6,13 +6,13 @@ Modules:
 
   cpu.py         CPU support (gloo, no CUDA): the few CUDA assumptions redirected to the CPU
   parallel.py    process setup: torch.distributed + Megatron's parallel groups; layout checks
-  model.py       GPTModel chunks from an HF config (TE or local spec), weight loading
+  model.py       GPTModel chunks from an HF config (TE or local spec; dense or MoE), weight loading
   attention.py   torch SDPA core attention for the local spec
   packing.py     data-parallel balancing, token-budget micro-batches, padded / packed (THD) inputs
   logits.py      vocab-parallel log-probs and entropy
   optimizer.py   DDP, distributed AdamW, LR schedule, offload
   actor.py       MegatronActor: compute_logprobs, train_step, export_hf_weights, save/load, offload
-  export.py      full HF-named tensors from the sharded model (weight sync, HF export)
+  export.py      full HF-named tensors from the sharded model, experts gathered over EP (weight sync, HF export)
   checkpoint.py  distributed checkpoints (atomic, latest pointer, keep-last-N, resharding on load)
   checkpoint_files.py  checkpoint directories: metadata, `latest`, pruning (no Megatron import)
   checkpoint_writer.py  runs a save's writes inline or on a thread from host staging buffers

@@ -13,6 +13,14 @@ The loss of a step is Σ per-token loss / N, where N is the number of trained to
 seq-mean aggregations) of the *whole* batch, over all micro-batches and data-parallel ranks: each
 micro-batch returns its loss sum and its count, Megatron sums the counts across micro-batches and
 data-parallel ranks and divides the gradients by the total (`calculate_per_token_loss`).
+
+Mixture-of-experts models add each layer's load-balancing loss (`megatron.moe_aux_loss_coef`), computed per
+micro-batch over its real tokens (`padding_mask` keeps padding out). Under `calculate_per_token_loss` Megatron
+multiplies a micro-batch's aux loss by its token count T_mb before the division by N, assuming N counts every
+token; ours counts trained tokens or rows. The actor scales the aux-loss gradient by N / T (T: the real tokens
+of the whole batch), so each step minimises Σ loss / N + coef · Σ_layers Σ_mb (T_mb / T) aux_mb, whatever N,
+the micro-batch split and the layout. (Megatron trains MoE with TP > 1 only under sequence parallelism, whose
+TP reduction of the router gradient this relies on.)
 """
 
 import logging
@@ -44,6 +52,7 @@ from userrl_megatron.megatron.logits import vocab_parallel_logprobs
 from userrl_megatron.megatron.model import (
     DTYPES,
     HFSource,
+    aux_loss_coef,
     build_chunks,
     load_full_weights,
     use_transformer_engine,
@@ -121,6 +130,10 @@ class MegatronActor:
             if len(self.chunks) == 1:
                 config.no_sync_func, config.grad_sync_func = config.no_sync_func[0], config.grad_sync_func[0]
         config.grad_scale_func = self.optimizer.scale_loss
+        self.aux_loss_scale = 1.0  # N / T of the step being trained (see the module docstring)
+        self.micro_batches_total = 1  # micro-batches of the step over all data-parallel ranks
+        if self.arch.is_moe:
+            config.moe_grad_scale_func = lambda: self.aux_loss_scale
         self.steps = 0  # optimizer steps taken
         self.parking = Parking()  # what `offload` moved to host memory
 
@@ -170,6 +183,8 @@ class MegatronActor:
             grad_norm = self.optimizer.get_grad_norm()
         self.steps += 1
         metrics = self._reduce_metrics(outputs, rollout=batch.rollout_logprobs is not None)
+        if self.arch.is_moe and aux_loss_coef(self.arch, self.cfg) > 0:
+            metrics.update(self._aux_loss_metric())
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(elapsed, op=torch.distributed.ReduceOp.MAX)  # the slowest rank's time
         elapsed = float(elapsed)
@@ -195,7 +210,35 @@ class MegatronActor:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        return self._run(self._plan(batch, train=True), self._score_train, forward_only=False)
+        micro_batches = self._plan(batch, train=True)
+        if self.arch.is_moe:
+            self._set_aux_loss_scale(batch, len(micro_batches))
+        return self._run(micro_batches, self._score_train, forward_only=False)
+
+    def _set_aux_loss_scale(self, batch: TrainBatch, micro_batches: int) -> None:
+        """Scale the MoE aux-loss gradient by N / T (see the module docstring); count the micro-batches
+        of all data-parallel ranks for the logged aux loss."""
+        count = torch.tensor([float(micro_batches)], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(count, group=parallel_state.get_data_parallel_group())
+        self.micro_batches_total = int(count.item())
+        normaliser = len(batch) if self.algo.loss_agg in SEQUENCE_AGGREGATIONS else batch.num_trained_tokens
+        self.aux_loss_scale = normaliser / sum(len(t) for t in batch.token_ids)
+
+    def _aux_loss_metric(self) -> dict[str, float]:
+        """`actor/moe_aux_loss`: Σ over layers of the load-balancing loss (without its coefficient), averaged
+        over the step's micro-batches (unweighted, as Megatron logs it); read from (and then clearing) Megatron's
+        MoE metrics tracker."""
+        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
+
+        entry = get_moe_layer_wise_logging_tracker().get("load_balancing_loss")
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if entry is not None:
+            total += entry["values"].double().sum()
+        torch.distributed.all_reduce(total)  # each layer is recorded on every TP and CP rank of its stage
+        clear_aux_losses_tracker()
+        if entry is None and float(total) == 0.0:
+            return {}
+        return {"actor/moe_aux_loss": float(total) / (self.layout.tp * self.layout.cp * self.micro_batches_total)}
 
     # ---- weights ------------------------------------------------------------------------------------
 
@@ -331,15 +374,22 @@ class MegatronActor:
         lay = self.layout
         lengths = [len(t) for t in batch.token_ids]
         align = self._align()
-        share = balance(lengths, lay.dp)[lay.dp_rank]
-        groups = split_micro_batches(share, lengths, self.cfg.micro_batch_tokens, self.packed, align) if share else []
+        shares = balance(lengths, lay.dp)
+        groups = self._split(shares[lay.dp_rank], lengths, align)
         # An empty share still runs one (empty) micro-batch, so every rank joins the gradient reduction;
-        # interleaved schedules need a multiple of PP micro-batches.
+        # interleaved schedules need a multiple of PP micro-batches. Expert-parallel ranks exchange tokens in
+        # every MoE layer, so every data-parallel rank runs as many micro-batches as the busiest one (the
+        # one-token dummies count in the aux loss, weighted by their single token).
         count = max(len(groups), 1)
+        if lay.ep > 1:
+            count = max(count, *(len(self._split(other, lengths, align)) for other in shares))
         if lay.vpp > 1:
             count = -(-count // lay.pp) * lay.pp
         groups += [[] for _ in range(count - len(groups))]
         return [self._micro_batch(batch, rows, train, align) for rows in groups]
+
+    def _split(self, share: list[int], lengths: list[int], align: int) -> list[list[int]]:
+        return split_micro_batches(share, lengths, self.cfg.micro_batch_tokens, self.packed, align) if share else []
 
     def _align(self) -> int:
         lay = self.layout
@@ -396,7 +446,8 @@ class MegatronActor:
                 max_seqlen_q=inp.max_seqlen,
                 max_seqlen_kv=inp.max_seqlen,
             )
-        output = model(inp.tokens, inp.position_ids, None, packed_seq_params=packed)
+        extra = {"padding_mask": inp.row < 0} if self.arch.is_moe else {}  # True = padding, outside routing statistics
+        output = model(inp.tokens, inp.position_ids, None, packed_seq_params=packed, **extra)
         return output, partial(score, mb)
 
     def _score_forward(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool) -> tuple:

@@ -244,7 +244,8 @@ def model_metadata(arch: Architecture, layout: Layout, dtype: torch.dtype) -> di
 
 
 def _layout_record(layout: Layout) -> dict[str, int]:
-    return {"world_size": layout.world_size, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vpp": layout.vpp}
+    record = {"world_size": layout.world_size, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "vpp": layout.vpp}
+    return record | ({"ep": layout.ep} if layout.ep > 1 else {})  # records without "ep" were saved at EP = 1
 
 
 def load_model(path: str | Path, chunks: list[torch.nn.Module], arch: Architecture, tp: int) -> dict[str, Any]:

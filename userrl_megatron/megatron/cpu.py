@@ -11,6 +11,10 @@ What it does, and why each part is needed (see shared/docs/megatron_cpu.md for t
   * `torch.cuda.current_device/set_device/synchronize`, streams and events become no-ops (DDP, the
     optimizer, the pipeline schedules and rope call them);
   * the CUDA RNG (and Megatron's model-parallel RNG tracker) uses the CPU generator;
+  * the MoE all-to-all token dispatcher's split sizes become numpy arrays as on GPU (Megatron converts them
+    only when they sit on a CUDA device; torch's all_to_all_single refuses tensors as split sizes), and the
+    backward of its all-to-all runs under `CudaToCpuMode` (the autograd engine runs it outside the mode, and
+    it allocates on `torch.cuda.current_device()`);
   * `CudaToCpuMode` maps `device="cuda"` / integer devices to the CPU and makes CPU tensors report
     `torch.cuda.*` types, which Megatron's optimizers and gradient clipping assert on.
 
@@ -145,6 +149,29 @@ def _patch_megatron_rng() -> None:
     megatron_random._set_cuda_rng_state = lambda state, device=-1, graph_safe=False: torch.set_rng_state(state)
 
 
+def _patch_megatron_moe() -> None:
+    import megatron.core.transformer.moe.token_dispatcher as dispatcher
+
+    original = dispatcher.maybe_move_tensor_to_cpu
+
+    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    dispatcher.maybe_move_tensor_to_cpu = to_host
+
+    from megatron.core.tensor_parallel.mappings import _AllToAll
+
+    backward = _AllToAll.backward
+
+    def backward_on_cpu(ctx: Any, *grad_output: torch.Tensor) -> Any:
+        with CudaToCpuMode():
+            return backward(ctx, *grad_output)
+
+    _AllToAll.backward = staticmethod(backward_on_cpu)
+
+
 def enter_mode() -> None:
     """Enter `CudaToCpuMode` on the calling thread (once per thread); a no-op when CUDA is present."""
     if not _installed or getattr(_thread_state, "mode", None) is not None:
@@ -162,6 +189,7 @@ def install() -> bool:
         stub_missing_kernels()
         _patch_torch_cuda()
         _patch_megatron_rng()
+        _patch_megatron_moe()
         _installed = True
     enter_mode()
     return True

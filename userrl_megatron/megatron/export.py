@@ -5,7 +5,10 @@ parameters' shards onto tp_rank 0 of the stage (in flat batches, one collective 
 tensor (`convert.sharding.unshard`: fused gate/up re-ordered, vocabulary padding cut) and converts it with
 the family's rules. Only the stage's source rank (tp_rank 0, dp_rank 0, cp_rank 0) yields; the other ranks
 of its TP group take part in the gathers and yield nothing; ranks of other data-parallel replicas return at
-once.
+once, except under expert parallelism: the routed experts live on EP ranks that are data-parallel ranks
+0..EP-1, so those take part in the expert gathers. Expert tensors go in their own flat batches: gathered over
+the TP group (experts are sharded over TP, ETP = TP) and then over the EP group, so the source holds at most
+one batch of every EP rank's experts at a time, and yields them with their model-wide HF names.
 """
 
 import shutil
@@ -19,7 +22,7 @@ from megatron.core import parallel_state
 from userrl_megatron.convert.hf_io import ShardWriter, publish, staging_dir
 from userrl_megatron.convert.rules import Converter, Split
 from userrl_megatron.convert.sharding import unshard
-from userrl_megatron.megatron.model import named_global_parameters
+from userrl_megatron.megatron.model import is_expert_parameter, named_global_parameters, with_expert
 from userrl_megatron.megatron.parallel import Layout
 
 
@@ -45,18 +48,29 @@ def export_hf(
     `everywhere`: every rank of the TP group yields the same tensors (shards all-gathered), for colocated
     weight sync, where each rank hands the engine on its own GPU a handle to its own copy.
     """
-    if layout.dp_rank != 0 or layout.cp_rank != 0:
+    if layout.cp_rank != 0 or layout.dp_rank >= layout.ep:
         return
+    dense = layout.dp_rank == 0  # the other ranks here only hold experts of the source's EP group
     tp_group = parallel_state.get_tensor_model_parallel_group()
     root = torch.distributed.get_global_rank(tp_group, 0)
     arch = converter.arch
     batch: list[tuple[str, Split, torch.Tensor]] = []
-    size = 0
+    experts: list[tuple[str, Split, torch.Tensor]] = []
+    size = expert_size = 0
     for name, param in named_global_parameters(chunks):
         if arch.tied_embeddings and name == "output_layer.weight":
             continue
         split = converter.split_of(name)
         local = tensor_of(param)
+        if is_expert_parameter(name):
+            if experts and (local.dtype != experts[-1][2].dtype or expert_size + _nbytes(local) > GATHER_BATCH_BYTES):
+                yield from _gathered_experts(experts, converter, layout, tp_group, root, everywhere)
+                experts, expert_size = [], 0
+            experts.append((name, split, local))
+            expert_size += _nbytes(local)
+            continue
+        if not dense:
+            continue
         if layout.tp == 1 or split is Split.REPLICATED:
             if layout.tp_rank == 0 or everywhere:
                 yield from converter.to_hf(name, unshard([local], split, rows=arch.vocab_size))
@@ -68,6 +82,47 @@ def export_hf(
         size += _nbytes(local)
     if batch:
         yield from _gathered(batch, converter, layout, tp_group, root, everywhere)
+    if experts:
+        yield from _gathered_experts(experts, converter, layout, tp_group, root, everywhere)
+
+
+def _gathered_experts(
+    batch: list[tuple[str, Split, torch.Tensor]],
+    converter: Converter,
+    layout: Layout,
+    tp_group: Any,
+    tp_root: int,
+    everywhere: bool,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Gather a batch of expert parameters over TP (full experts) and then over EP (every EP rank's experts);
+    the source rank (with `everywhere`, every rank of data-parallel rank 0) yields their HF tensors, expert
+    indices shifted to each EP rank's experts."""
+    full = list(_tp_gathered(batch, layout, tp_group, tp_root, everywhere)) if layout.tp > 1 else batch
+    if not full:
+        return
+    buffers = None
+    if layout.ep > 1:
+        ep_group = parallel_state.get_expert_model_parallel_group()
+        flat = torch.cat([tensor.reshape(-1) for _, _, tensor in full])
+        if everywhere:
+            buffers = [torch.empty_like(flat) for _ in range(layout.ep)]
+            torch.distributed.all_gather(buffers, flat, group=ep_group)
+        else:
+            buffers = [torch.empty_like(flat) for _ in range(layout.ep)] if layout.ep_rank == 0 else None
+            ep_root = torch.distributed.get_global_rank(ep_group, 0)
+            torch.distributed.gather(flat, buffers, dst=ep_root, group=ep_group)
+        if buffers is None or layout.dp_rank != 0:
+            return
+    per_rank = converter.arch.num_experts // layout.ep
+    for ep_rank in range(layout.ep):
+        offset = 0
+        for name, _, tensor in full:
+            n = tensor.numel()
+            value = tensor if buffers is None else buffers[ep_rank][offset : offset + n].view(tensor.shape)
+            offset += n
+            # `name` holds this rank's expert index; EP rank r holds experts r * per_rank .. (r + 1) * per_rank - 1
+            shifted = with_expert(name, lambda e, r=ep_rank: e + (r - layout.ep_rank) * per_rank)
+            yield from converter.to_hf(shifted, value)
 
 
 def _gathered(
@@ -79,9 +134,22 @@ def _gathered(
     everywhere: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Gather a batch of TP-sharded parameters with one collective; tp_rank 0 (every rank with `everywhere`)
-    yields their HF tensors.
+    yields their HF tensors."""
+    for name, _, full in _tp_gathered(batch, layout, group, root, everywhere, rows=converter.arch.vocab_size):
+        yield from converter.to_hf(name, full)
 
-    Every rank of the group holds shards of the same shapes, so one flat buffer per rank lines them up."""
+
+def _tp_gathered(
+    batch: list[tuple[str, Split, torch.Tensor]],
+    layout: Layout,
+    group: Any,
+    root: int,
+    everywhere: bool,
+    rows: int | None = None,
+) -> Iterator[tuple[str, Split, torch.Tensor]]:
+    """(name, split, full tensor) of each TP-sharded parameter of a batch, on tp_rank 0 (every rank with
+    `everywhere`); nothing elsewhere. Every rank of the group holds shards of the same shapes, so one flat
+    buffer per rank lines them up: one collective. `rows`: the real vocabulary of VOCAB tensors."""
     flat = torch.cat([local.reshape(-1) for _, _, local in batch])
     if everywhere:
         buffers = [torch.empty_like(flat) for _ in range(layout.tp)]
@@ -96,7 +164,7 @@ def _gathered(
         n = local.numel()
         shards = [buffer[offset : offset + n].view(local.shape) for buffer in buffers]
         offset += n
-        yield from converter.to_hf(name, unshard(shards, split, rows=converter.arch.vocab_size))
+        yield name, split, unshard(shards, split, rows=rows)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

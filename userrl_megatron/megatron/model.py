@@ -1,4 +1,4 @@
-"""Megatron `GPTModel` chunks built from a Hugging Face config (Llama, Qwen2, Qwen3 dense), and their weights.
+"""Megatron `GPTModel` chunks built from a Hugging Face config (Llama, Qwen2, Qwen3, Qwen3-MoE), and their weights.
 
 The layer spec is Transformer Engine's when TE and CUDA are available (and `megatron.transformer_impl`
 allows it), Megatron's local spec otherwise, with torch SDPA as its core attention (`attention.py`); the
@@ -6,12 +6,19 @@ choice is logged. The vocabulary is padded to a multiple
 of lcm(128, TP) (`convert.arch.padded_vocab_size`); the padded rows are zero and masked out of every
 softmax (`logits.py`), so log-probs equal the HF model's.
 
+Qwen3-MoE layers are Megatron MoE layers: a softmax top-k router (HF's `norm_topk_prob` is Megatron's
+softmax over the top-k logits, its absence a softmax over all experts before the top-k), experts computed one
+after the other (SequentialMLP) on the local spec and as grouped GEMMs (TEGroupedMLP) with Transformer Engine,
+tokens exchanged between expert-parallel ranks by the all-to-all dispatcher, and the load-balancing loss
+(`moe_settings`) applied per layer. See docs/moe.md.
+
 Each pipeline stage holds `virtual_pipeline_model_parallel_size` chunks. Parameter names inside a chunk
 number layers from 0; `global_name` turns them into the model-wide names the conversion rules use.
 """
 
 import logging
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +58,33 @@ def recompute_settings(cfg: MegatronConfig) -> dict[str, object]:
             "recompute_num_layers": n or 1,
         }
     return {}
+
+
+def aux_loss_coef(arch: Architecture, cfg: MegatronConfig) -> float:
+    """The load-balancing loss coefficient: `megatron.moe_aux_loss_coef`, or the HF config's when it is < 0."""
+    return arch.router_aux_loss_coef if cfg.moe_aux_loss_coef < 0 else cfg.moe_aux_loss_coef
+
+
+def moe_settings(arch: Architecture, cfg: MegatronConfig, use_te: bool) -> dict[str, object]:
+    """TransformerConfig fields of a mixture-of-experts model (none for a dense one)."""
+    if not arch.is_moe:
+        return {}
+    coef = aux_loss_coef(arch, cfg)
+    return {
+        "num_moe_experts": arch.num_experts,
+        "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
+        "moe_router_topk": arch.moe_top_k,
+        "moe_router_score_function": "softmax",
+        # HF: softmax over all experts, top-k, renormalised when norm_topk_prob. Megatron: top-k of the logits then
+        # a softmax over them (= renormalised), or with pre_softmax a softmax over all then top-k (= not).
+        "moe_router_pre_softmax": not arch.norm_topk_prob,
+        "moe_router_dtype": "fp32",
+        "moe_router_load_balancing_type": "aux_loss" if coef > 0 else "none",
+        "moe_aux_loss_coeff": coef,
+        "moe_grouped_gemm": use_te,
+        "expert_model_parallel_size": cfg.expert_model_parallel_size,
+        "expert_tensor_parallel_size": cfg.tensor_model_parallel_size,
+    }
 
 
 def use_transformer_engine(impl: str) -> bool:
@@ -99,7 +133,7 @@ def transformer_config(
         use_cpu_initialization=not on_gpu,
         perform_initialization=initialize,
         variable_seq_lengths=True,  # episodes differ in length: pipeline stages exchange shapes
-        moe_token_dispatcher_type="alltoall",  # unused by dense models; the default rejects variable lengths
+        moe_token_dispatcher_type="alltoall",  # MoE tokens between EP ranks; the default rejects variable lengths
         calculate_per_token_loss=True,  # losses come back as sums + counts, normalised over the whole batch
         bias_activation_fusion=use_te,
         bias_dropout_fusion=use_te,
@@ -108,6 +142,7 @@ def transformer_config(
         gradient_accumulation_fusion=use_te,  # TE's GEMMs accumulate weight grads into the fp32 main_grad
         deallocate_pipeline_outputs=on_gpu,
         **recompute_settings(cfg),
+        **moe_settings(arch, cfg, use_te),
     )
 
 
@@ -118,10 +153,13 @@ def build_chunks(
 
     `initialize` runs Megatron's random initialisation (skip it when weights are loaded next)."""
     config = transformer_config(arch, cfg, dtype, use_te, initialize)
+    experts = arch.num_experts or None
     if use_te:
-        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=experts, moe_grouped_gemm=use_te and arch.is_moe, qk_layernorm=arch.qk_norm
+        )
     else:
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm)
+        spec = get_gpt_layer_local_spec(num_experts=experts, normalization="RMSNorm", qk_layernorm=arch.qk_norm)
         spec.submodules.self_attention.submodules.core_attention = SDPAttention
     vocab = padded_vocab_size(arch.vocab_size, cfg.tensor_model_parallel_size)
     vpp = cfg.virtual_pipeline_model_parallel_size
@@ -147,13 +185,39 @@ def build_chunks(
     return chunks
 
 
+SEQUENTIAL_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.")
+GROUPED_EXPERT = re.compile(r"^(mlp\.experts\.linear_fc[12]\.weight)(\d+)$")
+
+
 def global_name(chunk: torch.nn.Module, local_name: str) -> str:
-    """The model-wide name of a chunk parameter: decoder layer indices offset by the chunk's first layer."""
+    """The model-wide name of a chunk parameter: decoder layer indices offset by the chunk's first layer, and
+    expert indices offset by this expert-parallel rank's first expert."""
     if not local_name.startswith(LAYER_PREFIX):
         return local_name
     index, rest = local_name[len(LAYER_PREFIX) :].split(".", 1)
     layer = chunk.decoder.layers[int(index)]
+    experts = getattr(layer.mlp, "local_expert_indices", None)
+    if experts is not None:
+        rest = with_expert(rest, lambda local: experts[local])
     return f"{LAYER_PREFIX}{layer.layer_number - 1}.{rest}"
+
+
+def with_expert(name: str, renumber: Callable[[int], int]) -> str:
+    """`name` (a layer parameter's name, or a whole one) with its expert index `j` replaced by `renumber(j)`;
+    names of non-expert parameters come back unchanged."""
+    prefix = ""
+    if name.startswith(LAYER_PREFIX):
+        index, name = name[len(LAYER_PREFIX) :].split(".", 1)
+        prefix = f"{LAYER_PREFIX}{index}."
+    name = SEQUENTIAL_EXPERT.sub(lambda m: f"mlp.experts.local_experts.{renumber(int(m.group(1)))}.", name)
+    name = GROUPED_EXPERT.sub(lambda m: f"{m.group(1)}{renumber(int(m.group(2)))}", name)
+    return prefix + name
+
+
+def is_expert_parameter(name: str) -> bool:
+    """Whether a parameter (chunk-local or global name) belongs to one routed expert."""
+    rest = name[len(LAYER_PREFIX) :].split(".", 1)[-1] if name.startswith(LAYER_PREFIX) else name
+    return bool(SEQUENTIAL_EXPERT.match(rest) or GROUPED_EXPERT.match(rest))
 
 
 def named_global_parameters(chunks: list[torch.nn.Module]) -> Iterator[tuple[str, torch.nn.Parameter]]:
@@ -209,8 +273,8 @@ class HFSource(Mapping[str, torch.Tensor]):
         self.hf, self.converter = hf, converter
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        rule, layer = self.converter.rule_for(name)
-        return rule.to_mcore([self.hf[h.format(i=layer)] for h in rule.hf], self.converter.arch)
+        rule, _ = self.converter.rule_for(name)
+        return rule.to_mcore([self.hf[h] for h in self.converter.hf_sources(name)], self.converter.arch)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.converter.mcore_names())

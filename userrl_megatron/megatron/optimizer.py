@@ -29,12 +29,13 @@ def wrap_ddp(chunks: list[torch.nn.Module], cfg: MegatronConfig) -> list[Distrib
         use_distributed_optimizer=cfg.use_distributed_optimizer,
     )
     dp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    expert_dp_size = parallel_state.get_expert_data_parallel_world_size()  # MoE experts: DP x CP / EP
     wrapped = []
     for i, chunk in enumerate(chunks):
         layout = None
         if cfg.use_distributed_optimizer:  # the shard layout the optimizer expects, computed up front
             params = [p for p in chunk.parameters() if p.requires_grad]
-            layout = DistributedOptimizer.compute_full_param_layout(params, None, dp_size, ddp_config)
+            layout = DistributedOptimizer.compute_full_param_layout(params, None, dp_size, ddp_config, expert_dp_size)
         wrapped.append(
             DistributedDataParallel(
                 config=chunk.config,

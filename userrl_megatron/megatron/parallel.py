@@ -3,7 +3,9 @@
 `initialize(cfg, rank=..., world_size=..., master_addr=..., master_port=...)` is the one call every actor
 rank makes first, whether it runs in a Ray actor, a `torch.multiprocessing` child or under `torchrun`. It
 uses gloo on CPU (and installs the CPU support, see `cpu.py`) and NCCL on GPU, then builds Megatron's
-TP / PP (virtual PP) / CP / DP groups in Megatron's default order (tp-cp-ep-dp-pp).
+TP / PP (virtual PP) / CP / DP groups in Megatron's default order (tp-cp-ep-dp-pp), and the MoE groups:
+expert parallel (EP, carved out of the data-parallel ranks) and expert tensor parallel (ETP = TP, so the
+experts of a rank are sharded over its own TP group).
 
 Layout errors (sizes that do not divide the world, or the model) are raised as `ConfigError`s naming the
 config keys, before any group is created.
@@ -40,6 +42,8 @@ class Layout:
     pp_rank: int
     cp_rank: int
     dp_rank: int
+    ep: int = 1
+    ep_rank: int = 0
 
     @property
     def is_first_stage(self) -> bool:
@@ -114,11 +118,13 @@ def initialize(
         pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         context_parallel_size=cfg.context_parallel_size,
+        expert_model_parallel_size=cfg.expert_model_parallel_size,
+        expert_tensor_parallel_size=cfg.tensor_model_parallel_size,
         distributed_timeout_minutes=timeout_minutes,
     )
     layout = current_layout()
     log.info(
-        "rank %d/%d: tp %d/%d pp %d/%d cp %d/%d dp %d/%d (%s)",
+        "rank %d/%d: tp %d/%d pp %d/%d cp %d/%d dp %d/%d ep %d/%d (%s)",
         rank,
         world_size,
         layout.tp_rank,
@@ -129,6 +135,8 @@ def initialize(
         layout.cp,
         layout.dp_rank,
         layout.dp,
+        layout.ep_rank,
+        layout.ep,
         "nccl" if on_gpu else "gloo, CPU support installed",
     )
     return layout
@@ -151,6 +159,8 @@ def current_layout() -> Layout:
         pp_rank=ps.get_pipeline_model_parallel_rank(),
         cp_rank=ps.get_context_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
+        ep=ps.get_expert_model_parallel_world_size(),
+        ep_rank=ps.get_expert_model_parallel_rank(),
     )
 
 

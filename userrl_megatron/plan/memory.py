@@ -21,14 +21,25 @@ LOGIT_CHUNK_BYTES = 3 * 4 * LOGIT_CHUNK_ELEMENTS
 
 
 def layer_parameters(arch: Architecture) -> int:
-    """Parameters of one transformer layer (attention, SwiGLU MLP, two norms)."""
+    """Parameters of one transformer layer (attention, SwiGLU MLP or router + experts, two norms)."""
     h, d = arch.hidden_size, arch.head_dim
     attn = h * (arch.num_heads * d + 2 * arch.num_kv_heads * d) + arch.num_heads * d * h
     if arch.qkv_bias:
         attn += arch.num_heads * d + 2 * arch.num_kv_heads * d
     if arch.qk_norm:
         attn += 2 * d
-    return attn + 3 * h * arch.ffn_hidden_size + 2 * h
+    mlp = router_parameters(arch) + expert_parameters(arch) if arch.is_moe else 3 * h * arch.ffn_hidden_size
+    return attn + mlp + 2 * h
+
+
+def router_parameters(arch: Architecture) -> int:
+    """Parameters of one layer's MoE router (replicated on every rank), 0 for a dense model."""
+    return arch.num_experts * arch.hidden_size
+
+
+def expert_parameters(arch: Architecture) -> int:
+    """Parameters of one layer's routed experts (sharded over TP x EP), 0 for a dense model."""
+    return arch.num_experts * 3 * arch.hidden_size * arch.moe_ffn_hidden_size
 
 
 @dataclass(frozen=True)
@@ -54,15 +65,19 @@ def actor_memory(arch: Architecture, cfg: MegatronConfig, dtype: str, world: int
     dp_cp = world // (tp * pp)  # the distributed optimizer shards over data- and context-parallel ranks
     width = DTYPE_BYTES[dtype]
     layers = -(-arch.num_layers // pp)
-    shard = (layer_parameters(arch) - 2 * arch.hidden_size) // tp + 2 * arch.hidden_size
+    ep = cfg.expert_model_parallel_size
+    replicated = 2 * arch.hidden_size + router_parameters(arch)
+    experts = expert_parameters(arch) // (tp * ep)
+    shard = (layer_parameters(arch) - replicated - expert_parameters(arch)) // tp + replicated + experts
     embedding = arch.vocab_size * arch.hidden_size // tp
     first = layers * shard + embedding
     last = layers * shard + arch.hidden_size + (embedding if pp > 1 or not arch.tied_embeddings else 0)
     params = max(first, last) if pp > 1 else first + last - layers * shard
     master = 0 if width == 4 else MASTER_BYTES
     optimizer = params * (ADAM_BYTES + master)
-    if cfg.use_distributed_optimizer:
-        optimizer = -(-optimizer // dp_cp)
+    if cfg.use_distributed_optimizer:  # experts shard over the expert-data-parallel ranks, DP x CP / EP
+        expert_state = layers * experts * (ADAM_BYTES + master)
+        optimizer = -(-(optimizer - expert_state) // dp_cp) + -(-expert_state // max(dp_cp // ep, 1))
 
     tokens = -(-cfg.micro_batch_tokens // cp)
 
@@ -98,12 +113,16 @@ def _layer_activation_widths(arch: Architecture, recomputed: tuple[str, ...] = (
     """Values per token one layer stores for its backward, and how many of them only sequence parallelism shards.
 
     Attention: norm input and output (2h), q (heads x d), k and v (2 x kv heads x d), the attention output
-    (heads x d). MLP: norm input and output (2h), gate and up (2f), the SwiGLU product (f). The h-wide norm
+    (heads x d). MLP: norm input and output (2h), gate and up (2f), the SwiGLU product (f); for a mixture of experts
+    those three per routed expert plus the token's dispatched copy and the expert's output (top-k x (3 x expert
+    width + 2h)). The h-wide norm
     tensors are replicated across TP ranks unless sequence parallelism splits them along the sequence.
     Selective recompute of "mlp" drops gate, up and product; of "layernorm" the two norm outputs; "core_attn"
     drops nothing, since flash attention never stores the attention scores."""
     h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     mlp = 0 if "mlp" in recomputed else 3 * arch.ffn_hidden_size
+    if arch.is_moe and "mlp" not in recomputed:  # each token visits top-k experts
+        mlp = arch.moe_top_k * (3 * arch.moe_ffn_hidden_size + 2 * h)
     norms = 2 * h if "layernorm" in recomputed else 4 * h
     return norms + 2 * q + 2 * kv + mlp, norms
 

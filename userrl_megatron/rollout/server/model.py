@@ -1,6 +1,13 @@
-"""The served model: a Hugging Face causal LM and its tokenizer, plus weight loading by HF parameter name."""
+"""The served model: a Hugging Face causal LM and its tokenizer, plus weight loading by HF parameter name.
+
+Names are those of the HF checkpoint on disk (what SGLang and the trainer's weight sync use). Mixture-of-experts
+models (Qwen3-MoE) hold their experts fused in memory under transformers 5: `mlp.experts.gate_up_proj`
+[experts, 2 x width, hidden] and `mlp.experts.down_proj` [experts, hidden, width]; the checkpoint's per-expert
+`mlp.experts.{e}.gate_proj/up_proj/down_proj.weight` are views into them (`_tensor_of`).
+"""
 
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +20,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Checkpoint entries that are buffers or derived values, skipped by SGLang's loaders as well.
 SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+EXPERT_NAME = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
 
 @dataclass
@@ -90,7 +98,7 @@ class EngineModel:
                     continue
                 if self.spec.tie_word_embeddings and name == "lm_head.weight":
                     continue
-                param = self._params.get(name)
+                param = self._tensor_of(name)
                 if param is None:
                     raise KeyError(f"unknown parameter {name!r}")
                 if tuple(param.shape) != tuple(tensor.shape):
@@ -103,10 +111,26 @@ class EngineModel:
         """The parameter as float32 nested lists, first `truncate_size` rows (SGLang's `/get_weights_by_name`)."""
         if self.spec.tie_word_embeddings and name == "lm_head.weight":
             name = "model.embed_tokens.weight"
-        param = self._params.get(name)
+        param = self._tensor_of(name)
         if param is None:
             return None
         return param.detach().to("cpu", torch.float32).numpy().tolist()[:truncate_size]
+
+    def _tensor_of(self, name: str) -> torch.Tensor | None:
+        """The parameter of a checkpoint name, or for one expert's projection the view of it inside the fused
+        expert tensors; None if the model has no such tensor."""
+        param = self._params.get(name)
+        match = EXPERT_NAME.match(name) if param is None else None
+        if match is None:
+            return param
+        e, proj = int(match["e"]), match["proj"]
+        fused = self._params.get(f"{match['experts']}.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}")
+        if fused is None or fused.dim() != 3 or e >= fused.shape[0]:
+            return None
+        if proj == "down_proj":
+            return fused[e]
+        width = fused.shape[1] // 2
+        return fused[e, :width] if proj == "gate_proj" else fused[e, width:]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (the model's tokenizer, special tokens as the tokenizer adds them)."""
