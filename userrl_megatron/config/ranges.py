@@ -14,6 +14,7 @@ PROBABILITY: Rule = ("in [0, 1]", lambda v: 0 <= v <= 1)
 OPEN_PROBABILITY: Rule = ("in (0, 1]", lambda v: 0 < v <= 1)
 BETA: Rule = ("in [0, 1)", lambda v: 0 <= v < 1)
 TOP_K: Rule = ("-1 (disabled) or >= 1", lambda v: v == -1 or v >= 1)
+AUTO_OR_NON_NEGATIVE: Rule = ("-1 (auto) or >= 0", lambda v: v == -1 or v >= 0)
 
 GYMS_WITH_STEP_LIMITS = ("function", "intention", "persuade", "search", "tau", "telepathy", "travel", "turtle", "echo")
 # Numeric options checked elsewhere (parallel sizes and ports: checks.py and layout.py; generator.terms: 1..4)
@@ -62,6 +63,7 @@ RANGES: dict[str, Rule] = {
     "rollout.top_p": OPEN_PROBABILITY,
     "rollout.top_k": TOP_K,
     "rollout.max_concurrent_episodes": COUNT,
+    "rollout.max_staleness": COUNT,
     "rollout.request_timeout_s": POSITIVE,
     "rollout.health_check_interval_s": NON_NEGATIVE,
     "rollout.engine_stall_timeout_s": POSITIVE,
@@ -114,7 +116,7 @@ RANGES: dict[str, Rule] = {
     "algo.clip_high": POSITIVE,
     "algo.kl_coef": NON_NEGATIVE,
     "algo.entropy_coef": NON_NEGATIVE,
-    "algo.tis_cap": NON_NEGATIVE,
+    "algo.tis_cap": AUTO_OR_NON_NEGATIVE,
     "algo.ppo_epochs": COUNT,
     "algo.mini_batches_per_step": COUNT,
     "sync.bucket_mb": COUNT,

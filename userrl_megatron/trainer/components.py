@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from userrl_megatron.config import RootConfig
+from userrl_megatron.config import AlgoConfig, RootConfig
 from userrl_megatron.errors import RunError
 from userrl_megatron.types import EpisodeGroup, Task
 
@@ -262,6 +262,17 @@ def _rollout_config(cfg: RootConfig) -> Any:
     return rollout
 
 
+ASYNC_TIS_CAP = 2.0  # algo.tis_cap = -1 (auto) in the asynchronous rollout modes
+
+
+def algo_config(cfg: RootConfig) -> AlgoConfig:
+    """The actor's algorithm config: `algo.tis_cap = -1` (auto) resolved to truncated importance sampling at
+    `ASYNC_TIS_CAP` when the rollout runs ahead of the trainer (turns from older weights), and off in sync mode."""
+    if cfg.algo.tis_cap != -1:
+        return cfg.algo
+    return replace(cfg.algo, tis_cap=ASYNC_TIS_CAP if cfg.rollout.mode != "sync" else 0.0)
+
+
 async def bring_up(parts: Components) -> None:
     """Start-up once the actor ranks are built (with their weights, grads and optimizer on the devices): colocated
     with `megatron.offload`, the actor steps aside first, since an engine sizes its KV cache once, from the memory
@@ -311,7 +322,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     placement = create_placement(plan)
     actors = pool = None
     try:
-        spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed)
+        spec = WorkerSpec(cfg.model, cfg.megatron, algo_config(cfg), cfg.sync, cfg.run.seed)
         env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
         actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
