@@ -65,3 +65,17 @@ def test_policy_learns_and_the_negative_control_does_not(policy: Path, tmp_path:
     assert all(r["train/weight_version"] == 0 for r in control)
     # The trainer's policy did move: its log-probs of the (stale) engines' tokens drift away.
     assert control[-1]["mismatch/abs_logprob_diff"] > 0.05
+
+
+def test_policy_learns_with_one_step_off_rollouts(policy: Path, tmp_path: Path) -> None:
+    """The rollout of step t+1 runs while step t trains: each step trains on turns one version behind the
+    trainer, corrected by truncated importance sampling (on by default in this mode), and still learns."""
+    learned = _train(policy, tmp_path, "one_step_off", "rollout.mode=one_step_off")
+    assert [r["step"] for r in learned] == list(range(1, STEPS + 1))
+    start, end = _reward(learned, slice(0, 3)), _reward(learned, slice(-3, None))
+    assert start < 1.2 and end > start + 0.6, f"reward {start:.3f} -> {end:.3f}"
+    # Step 1 trains on the initial weights' episodes; every later one on episodes of the weights before its own.
+    assert [r["rollout/staleness_max"] for r in learned] == [0.0] + [1.0] * (STEPS - 1)
+    assert [r["train/weight_version"] for r in learned] == [0.0, 0.0] + [float(s) for s in range(1, STEPS - 1)]
+    assert all(r["batch/stale_groups"] == 0.0 for r in learned)
+    assert all(0.0 < r["tis/weight"] <= 2.0 and 0.0 <= r["tis/clip_frac"] <= 1.0 for r in learned if "tis/weight" in r)

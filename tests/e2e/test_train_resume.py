@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 STEPS = 6
 
 
-def _overrides(model: Path, out: Path) -> list[str]:
+def _overrides(model: Path, out: Path, mode: str) -> list[str]:
     return [
+        f"rollout.mode={mode}",
         *tiny_run(model, out, "resume", STEPS),
         "gyms.echo.tasks_per_split=5",  # an epoch boundary falls inside the run
         "checkpoint.every_steps=1",
@@ -36,9 +37,12 @@ def _steps(run: Path) -> list[int]:
     return [r["step"] for r in read_metrics(path)] if path.exists() else []
 
 
-def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str) -> None:
+    """one_step_off: the rollout running ahead when the run dies is lost with it; the checkpoint's task stream
+    is the one from before that rollout drew its tasks, so the resumed run draws them again."""
     model = make_tiny_model("qwen3", tmp_path / "tiny", seed=1, tokenizer="char", num_hidden_layers=2)
-    overrides = _overrides(model, tmp_path / "runs")
+    overrides = _overrides(model, tmp_path / "runs", mode)
     command = train_command(overrides)
     run = tmp_path / "runs" / "resume"
 
