@@ -194,4 +194,8 @@ def _mode_problems(cfg: RootConfig) -> list[str]:
             f"rollout.mode = {mode} with sync.enabled = false: the engines never get new weights, so every turn's "
             "staleness grows past rollout.max_staleness; use rollout.mode = sync for the negative control"
         )
+    if cfg.rollout.partial and mode == "sync":
+        problems.append(
+            "rollout.partial = true needs rollout.mode = one_step_off (in sync mode no rollout runs during a push)"
+        )
     return problems

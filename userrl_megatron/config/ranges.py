@@ -64,6 +64,7 @@ RANGES: dict[str, Rule] = {
     "rollout.top_k": TOP_K,
     "rollout.max_concurrent_episodes": COUNT,
     "rollout.max_staleness": COUNT,
+    "rollout.over_sample_groups": NON_NEGATIVE,
     "rollout.request_timeout_s": POSITIVE,
     "rollout.health_check_interval_s": NON_NEGATIVE,
     "rollout.engine_stall_timeout_s": POSITIVE,

@@ -103,7 +103,9 @@ class RolloutConfig:
     engine_tp: int = 1  # tensor-parallel size of each engine (SGLang)
     colocate: bool = False  # engines share devices with the actors and take turns (GPU)
     mode: str = "sync"  # "sync" (rollout, train, push) or "one_step_off" (next step's rollout runs while this trains)
-    max_staleness: int = 1  # asynchronous modes: groups with a turn lagging the trainer by more versions are dropped
+    max_staleness: int = 1  # groups with a turn lagging the trainer's weights by more versions are dropped
+    partial: bool = False  # one_step_off: push at the end of training, aborting in-flight turns (redone on new weights)
+    over_sample_groups: int = 0  # extra groups in flight; a step trains on the first to finish with unequal scores
     prompts_per_step: int = 4  # tasks sampled per RL step
     n_samples_per_prompt: int = 4  # episodes per task (the GRPO group size)
     max_turns: int = 8  # assistant turns per episode

@@ -78,9 +78,11 @@ class EpisodeRunner:
         engine_for: EngineFor,
         sampling: SamplingParams | None = None,
         concurrency: int | None = None,
+        gate: asyncio.Semaphore | None = None,
     ) -> list[EpisodeGroup]:
-        """`n_samples` episodes of every task, at most `concurrency` in flight (default: the config's)."""
-        gate = asyncio.Semaphore(concurrency or self.cfg.max_concurrent_episodes)
+        """`n_samples` episodes of every task, at most `concurrency` in flight (default: the config's); `gate`
+        instead shares one limit with other calls running at the same time."""
+        gate = gate or asyncio.Semaphore(concurrency or self.cfg.max_concurrent_episodes)
         groups = [EpisodeGroup(uuid.uuid4().hex[:16], task) for task in tasks]
         done = [0]
 

@@ -40,18 +40,20 @@ def filter_groups(groups: list[EpisodeGroup], algo: AlgoConfig) -> tuple[list[Ep
 def bound_staleness(
     groups: list[EpisodeGroup], version: int, max_staleness: int | None
 ) -> tuple[list[EpisodeGroup], dict[str, float]]:
-    """Staleness of every generated turn (`version`, the trainer's weight version, minus the version that
-    generated the turn) and, with a bound, the groups whose stalest turn lags more than `max_staleness` dropped
-    whole (GRPO normalises within a group, so a group is kept or dropped as one)."""
-    lags = [version - t.weight_version for g in groups for e in g.episodes for t in e.turns]
+    """With a bound, drop the groups whose stalest turn lags more than `max_staleness` versions behind `version`
+    (the trainer's weights) whole: GRPO normalises within a group, so a group is kept or dropped as one. The
+    metrics: the staleness of the kept groups' turns (mean, max) and the count of groups dropped."""
     metrics: dict[str, float] = {}
+    if max_staleness is not None:
+        kept = [
+            g for g in groups if all(version - t.weight_version <= max_staleness for e in g.episodes for t in e.turns)
+        ]
+        metrics["batch/stale_groups"] = float(len(groups) - len(kept))
+        groups = kept
+    lags = [version - t.weight_version for g in groups for e in g.episodes for t in e.turns]
     if lags:
-        metrics = {"rollout/staleness_mean": sum(lags) / len(lags), "rollout/staleness_max": float(max(lags))}
-    if max_staleness is None:
-        return groups, metrics
-    kept = [g for g in groups if all(version - t.weight_version <= max_staleness for e in g.episodes for t in e.turns)]
-    metrics["batch/stale_groups"] = float(len(groups) - len(kept))
-    return kept, metrics
+        metrics |= {"rollout/staleness_mean": sum(lags) / len(lags), "rollout/staleness_max": float(max(lags))}
+    return groups, metrics
 
 
 def prepare_batch(groups: list[EpisodeGroup], algo: AlgoConfig) -> Prepared | None:

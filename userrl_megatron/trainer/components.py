@@ -44,12 +44,22 @@ class Components:
     _released: set[str] = field(default_factory=set)  # engine memory tags released and not resumed yet
     _verified: bool = False  # a sync of this run was verified (read back from the engines)
     _synced: bool = False  # a sync happened: the engines hold the actor's weights, not the HF ones
+    _gate: asyncio.Semaphore | None = None  # episodes in flight over every group of `rollout_group`
 
     async def rollout(self, tasks: list[Task], n: int, temperature: float | None = None) -> list[EpisodeGroup]:
         sampling = self.runner.sampling(temperature)
         groups = await self.runner.run_groups(tasks, n, self.pool.session, sampling, self.pool.concurrency)
         self._check_engines()
         return groups
+
+    async def rollout_group(self, task: Task, n: int) -> EpisodeGroup:
+        """One training group; every group in flight at once shares the pool's concurrency limit."""
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self.pool.concurrency)
+        sampling = self.runner.sampling()
+        [group] = await self.runner.run_groups([task], n, self.pool.session, sampling, gate=self._gate)
+        self._check_engines()
+        return group
 
     def _check_engines(self) -> None:
         if self.pool.exhausted:

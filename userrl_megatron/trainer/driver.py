@@ -32,11 +32,13 @@ from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.summary import is_infra_failure, rollout_metrics
 from userrl_megatron.trainer.batch import Prepared, bound_staleness, mini_batches, prepare_batch
 from userrl_megatron.trainer.components import Components, start_components
+from userrl_megatron.trainer.group_stream import GroupStream
 from userrl_megatron.trainer.preflight import is_sft_checkpoint
 from userrl_megatron.trainer.run_lock import RunLock
-from userrl_megatron.types import EpisodeGroup, Task, TrainBatch
+from userrl_megatron.types import EpisodeGroup, TrainBatch
 
 log = logging.getLogger(__name__)
+Rollout = tuple[list[EpisodeGroup], list[EpisodeGroup], dict[str, float]]  # groups to train on, finished, metrics
 SUMMARY_KEYS = (
     "rollout/reward_mean",
     "rollout/infra_failed",
@@ -66,7 +68,16 @@ class Trainer:
         self.saving: Path | None = None  # a checkpoint being written in the background
         self.version = 0  # weight version of the trainer's policy (the step of its last update)
         # one_step_off: the next step's rollout running in the background, and the task stream before its draw
-        self.ahead: tuple[asyncio.Task[tuple[list[EpisodeGroup], float]], dict[str, Any]] | None = None
+        self.ahead: tuple[asyncio.Task[Rollout], dict[str, Any]] | None = None
+        self.stream: GroupStream | None = None  # rollout.over_sample_groups: groups in flight across steps
+        if cfg.rollout.over_sample_groups:
+            n = cfg.rollout.n_samples_per_prompt
+            self.stream = GroupStream(
+                lambda task: parts.rollout_group(task, n),
+                parts.tasks.next,
+                cfg.rollout.prompts_per_step,
+                cfg.rollout.over_sample_groups,
+            )
 
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
@@ -88,18 +99,20 @@ class Trainer:
 
     async def run_step(self, step: int) -> int:
         """One RL step. With `rollout.mode: one_step_off` the rollout of step + 1 runs on the engines while this
-        step trains; it finishes before the new weights go to the engines, so its turns lag the trainer by one
-        version (`rollout/staleness_*`), which the truncated importance weights correct."""
+        step trains; it finishes before the new weights go to the engines (with `rollout.partial` the push comes
+        at once: the turns in flight are aborted and generated again on the new weights), so its turns lag the
+        trainer by at most one version (`rollout/staleness_*`), which the truncated importance weights correct.
+        Groups carried over by `rollout.over_sample_groups` can lag more: `rollout.max_staleness` bounds that."""
         cfg, parts = self.cfg, self.parts
         timers, metrics = Timers(), {}
         with timers("step"):
             with timers("rollout_wait"):
-                groups, metrics["timing/rollout"] = await self.take_rollout(step)
+                groups, finished, metrics = await self.take_rollout(step)
             if f"kill_engine@{step}" in cfg.run.faults:
                 await parts.kill_engine(0)
             if cfg.rollout.mode == "one_step_off" and step < cfg.run.total_steps:
                 self.start_rollout(step + 1)
-            bound = cfg.rollout.max_staleness if cfg.rollout.mode != "sync" else None
+            bound = cfg.rollout.max_staleness if cfg.sync.enabled else None  # else the engines keep version 0
             fresh, stale = bound_staleness(groups, self.version, bound)
             metrics |= stale
             prepared = self.prepare(fresh, step)
@@ -112,7 +125,7 @@ class Trainer:
                     metrics |= await self.update(prepared.batch, step)
                 self.version = step
                 metrics |= prepared.metrics  # the actor reports the rollout/trainer mismatch/*
-            if self.ahead is not None:
+            if self.ahead is not None and not cfg.rollout.partial:
                 with timers("rollout_wait"):  # the engines finish the next step's episodes before the push
                     await asyncio.wait([self.ahead[0]])
             if prepared is not None:
@@ -123,7 +136,7 @@ class Trainer:
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 with timers("eval"):
                     metrics |= await self.evaluate(step)
-        metrics = self.summarize(step, groups, metrics | timers.pop())
+        metrics = self.summarize(step, finished, metrics | timers.pop())
         if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
             with timers("checkpoint"):  # with async_save: until the tensors are copied to host memory
                 async with parts.actor_on_device():
@@ -137,34 +150,44 @@ class Trainer:
     # ---- the pieces of a step ----
 
     def start_rollout(self, step: int) -> None:
-        """Draw step `step`'s tasks and start its rollout in the background. A checkpoint taken meanwhile saves
-        the task stream as it was before this draw, so a resumed run generates these episodes again."""
+        """Start step `step`'s rollout in the background. A checkpoint taken meanwhile saves the task stream as it
+        was before this rollout drew its tasks, so a resumed run generates these episodes again."""
         before = self.parts.tasks.state()
-        tasks = self.parts.tasks.next(self.cfg.rollout.prompts_per_step)
-        self.ahead = (asyncio.create_task(self.rollout_groups(step, tasks)), before)
+        self.ahead = (asyncio.create_task(self.rollout_groups(step)), before)
 
-    async def take_rollout(self, step: int) -> tuple[list[EpisodeGroup], float]:
-        """Step `step`'s groups (started now in sync mode) and the seconds their rollout took."""
+    async def take_rollout(self, step: int) -> Rollout:
+        """Step `step`'s rollout (started now in sync mode)."""
         if self.ahead is None:
             self.start_rollout(step)
         assert self.ahead is not None
         job, self.ahead = self.ahead[0], None
         return await job
 
-    async def rollout_groups(self, step: int, tasks: list[Task]) -> tuple[list[EpisodeGroup], float]:
+    async def rollout_groups(self, step: int) -> Rollout:
+        """The groups to train on, the groups that finished (for the step's rollout statistics) and metrics:
+        with `rollout.over_sample_groups` the first groups with signal (`GroupStream`), else all of them."""
         started = time.perf_counter()
+        cfg = self.cfg.rollout
+        if self.stream is None:
+            tasks = self.parts.tasks.next(cfg.prompts_per_step)  # drawn before the first await: see start_rollout
         if f"kill_engine_in_rollout@{step}" in self.cfg.run.faults:
             await self.parts.kill_engine(0)
-        groups = await self.parts.rollout(tasks, self.cfg.rollout.n_samples_per_prompt)
-        return groups, time.perf_counter() - started
+        if self.stream is None:
+            groups = await self.parts.rollout(tasks, cfg.n_samples_per_prompt)
+            used, finished, metrics = groups, groups, {}
+        else:
+            used, finished, metrics = await self.stream.collect()
+        return used, finished, metrics | {"timing/rollout": time.perf_counter() - started}
 
     async def drop_ahead(self) -> None:
-        """Cancel a rollout still running ahead (the run stopped on an error)."""
+        """Cancel the rollouts still running (carried groups at the end of the run, or the run stopped)."""
         if self.ahead is not None:
             job, self.ahead = self.ahead[0], None
             job.cancel()
             with contextlib.suppress(BaseException):
                 await job
+        if self.stream is not None:
+            await self.stream.close()
 
     # ---- the pieces of a step ----
 
