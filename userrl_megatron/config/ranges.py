@@ -104,6 +104,8 @@ RANGES: dict[str, Rule] = {
     "gyms.turtle.success_threshold": PROBABILITY,
     "gyms.echo.turns": COUNT,
     "gyms.echo.tasks_per_split": COUNT,
+    "gyms.echo.reply_delay_median_s": NON_NEGATIVE,
+    "gyms.echo.reply_delay_p99_s": NON_NEGATIVE,
     "user_sim.temperature": NON_NEGATIVE,
     "user_sim.max_tokens": COUNT,
     "user_sim.timeout_s": POSITIVE,
