@@ -115,7 +115,7 @@ class Trainer:
             bound = cfg.rollout.max_staleness if cfg.sync.enabled else None  # else the engines keep version 0
             fresh, stale = bound_staleness(groups, self.version, bound)
             metrics |= stale
-            prepared = self.prepare(fresh, step)
+            prepared = self.prepare(fresh, step, finished)
             if prepared is not None:
                 await parts.enter_training()
                 if self.needs_scoring():
@@ -191,10 +191,11 @@ class Trainer:
 
     # ---- the pieces of a step ----
 
-    def prepare(self, groups: list[EpisodeGroup], step: int) -> Prepared | None:
-        """The step's batch; None when nothing is left to train on, or when most episodes were lost to the
-        infrastructure (such a step says nothing about the policy; too many in a row stop the run)."""
-        episodes = [e for g in groups for e in g.episodes]
+    def prepare(self, groups: list[EpisodeGroup], step: int, finished: list[EpisodeGroup]) -> Prepared | None:
+        """The step's batch from `groups`; None when nothing is left to train on, or when most episodes that
+        `finished` in the step's rollout were lost to the infrastructure (such a step says nothing about the
+        policy; too many in a row stop the run)."""
+        episodes = [e for g in finished for e in g.episodes]
         failed = sum(map(is_infra_failure, episodes))
         if episodes and failed / len(episodes) > self.cfg.rollout.max_infra_failure_rate:
             self.infra_failed_steps += 1
