@@ -9,7 +9,7 @@ seeds and settings:
     sync               rollout, train, push
     one_step_off       the next step's rollout runs while this step trains
     one_step_off_os    one_step_off + partial rollouts + over-sampling (train on the first groups to finish
-                       with signal; unfinished groups carry over)
+                       with signal; unfinished groups carry over and may lag 2 versions: max_staleness 2)
 
 Reported per mode: steps per hour (from the steps' wall time, `timing/step`), the reward curve
 (`rollout/reward_mean` per step), its final mean (last 3 steps); top level: `speedup` (best asynchronous
@@ -32,7 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 MODES: dict[str, list[str]] = {
     "sync": ["rollout.mode=sync"],
     "one_step_off": ["rollout.mode=one_step_off"],
-    "one_step_off_os": ["rollout.mode=one_step_off", "rollout.partial=true", "rollout.over_sample_groups=4"],
+    "one_step_off_os": [
+        "rollout.mode=one_step_off",
+        "rollout.partial=true",
+        "rollout.over_sample_groups=4",
+        "rollout.max_staleness=2",
+    ],
 }
 SETTINGS = [
     "run.seed=3",
