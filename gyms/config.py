@@ -96,6 +96,8 @@ class EchoGymConfig:
     same_letter: bool = True  # ask for the same letter every turn (False: a fresh letter each turn)
     seed: int = 0  # seed of the `echo-procedural` task stream
     tasks_per_split: int = 64  # tasks in each split of `echo-procedural`
+    reply_delay_median_s: float = 0.0  # the user's reply delay per step: log-normal with this median (0 = none)
+    reply_delay_p99_s: float = 0.0  # ... and this 99th percentile (heavy tail: a slow simulated user; >= median)
 
 
 def config_for(name: str, gyms_cfg: Any, max_steps: int) -> Any:

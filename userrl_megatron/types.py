@@ -91,6 +91,7 @@ class Turn:
     feedback: str = ""  # gym feedback shown to the policy
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    weight_version: int = 0  # engine weight version that generated this turn (the trainer's step number)
 
 
 @dataclass
@@ -106,7 +107,7 @@ class Episode:
     prompt_length: int = 0
     turns: list[Turn] = field(default_factory=list)
     finish_reason: FinishReason | None = None
-    weight_version: int = 0  # engine weight version the episode was generated with
+    weight_version: int = 0  # oldest engine weight version among its turns (Turn.weight_version)
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -162,6 +163,7 @@ class TrainBatch:
     old_logprobs: list[list[float]] | None = None
     ref_logprobs: list[list[float]] | None = None
     rollout_logprobs: list[list[float]] | None = None
+    turn_versions: list[list[int]] | None = None  # weight version of each assistant turn, per episode
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -4,8 +4,14 @@ A turn's reward is the share of the reply's characters that are the requested le
 when "b" was asked, 0.5 for "ba", 0 for an empty reply), so even a tiny random policy gets a graded signal
 and can learn within a few RL steps. No LLM, no data: tasks come from the `echo-procedural` source.
 Plain-text replies reach the gym as `[action] <text>` (Task.metadata["reply_without_tool_call"] = "action").
+
+With `reply_delay_median_s` the user takes a log-normal time to answer each step (median and 99th percentile
+from the config): the heavy tail of a simulated user behind an API, for benchmarks of asynchronous rollouts.
 """
 
+import asyncio
+import itertools
+import math
 import random
 from typing import Any
 
@@ -16,6 +22,8 @@ from gyms.turn_gym import TurnGym
 from userrl_megatron.types import Message, Task
 
 PROCEDURAL_SOURCE = "echo-procedural"
+Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+_episodes = itertools.count()  # numbers the gyms of a process: each episode draws its own seeded delays
 SYSTEM_PROMPT = "Reply with the letter the user asks for, and nothing else."
 
 
@@ -27,11 +35,15 @@ class EchoGym(TurnGym):
         super().__init__(self.config.max_steps)
         self.record = task_record(task, lambda task_id: echo_record(task_id, self.config))
         self.targets: list[str] = list(self.record["targets"])
+        self.delays = random.Random(f"{self.config.seed}-{self.record['id']}-{next(_episodes)}")
 
     def observation(self) -> str:
         return _request(self.targets[0])
 
     async def act(self, tag: str | None, payload: str) -> StepResult:
+        delay = reply_delay(self.delays, self.config.reply_delay_median_s, self.config.reply_delay_p99_s)
+        if delay > 0:
+            await asyncio.sleep(delay)
         if tag == "finish":
             return StepResult("Bye.", 0.0, done=True)
         target = self.targets[min(self.steps, len(self.targets)) - 1]
@@ -40,6 +52,14 @@ class EchoGym(TurnGym):
         if self.steps >= len(self.targets):
             return StepResult("Thanks, that is all.", reward, done=True)
         return StepResult(_request(self.targets[self.steps]), reward)
+
+
+def reply_delay(rng: random.Random, median_s: float, p99_s: float) -> float:
+    """A log-normal delay with the given median and 99th percentile (0 when the median is 0)."""
+    if median_s <= 0:
+        return 0.0
+    sigma = math.log(max(p99_s, median_s) / median_s) / Z99
+    return rng.lognormvariate(math.log(median_s), sigma)
 
 
 def _request(letter: str) -> str:

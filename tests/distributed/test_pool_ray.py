@@ -284,3 +284,53 @@ def test_rollout_command_on_the_pool(
     printed = capsys.readouterr().out
     assert "6 episodes in" in printed and "generated tokens/s" in printed
     assert any(line.startswith("│ function │        6 │") for line in printed.splitlines())
+
+
+def test_a_turn_aborted_by_a_weight_push_is_generated_again_on_the_new_weights(
+    placement: object, chatty: Path, tmp_path: Path
+) -> None:
+    """Partial rollouts at a turn boundary: the episode's second turn is in flight (queued on its paused engine)
+    when the pool pauses for a push (SGLang's pause with abort); the new weight version lands, the pool resumes,
+    and the turn is sent again from the same token ids. The episode keeps its first turn, stays token-exact
+    (every generated token's log-prob is the model's own in the episode's context: nothing was re-tokenised),
+    and each turn records the version that generated it."""
+    cfg = pool_config(max_turns=3)
+    chat = ChatTemplate.from_pretrained(chatty, "tags")
+    task = function_task(0, reply_without_tool_call="action")
+    make = gym_factory(GymsConfig(), cfg.max_turns)
+
+    async def scenario() -> tuple:
+        gate = asyncio.Event()
+        gym = GatedGym(make(task), gate)
+        runner = EpisodeRunner(cfg, chat, lambda _: gym)
+        async with RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path) as pool:
+            for client in pool.clients:
+                await client.update_weight_version("4")
+            session = pool.session("e")
+            episode = asyncio.create_task(runner.run(task, session, "g", episode_id="e"))
+            await until(lambda: gym.steps == 1, "the first turn")  # turn 1 generated; the gym holds at the gate
+            engine = pool.engines[session.history[0]]
+            await engine.client.pause()  # the engine alone: turn 2 is sent and queues there
+            gate.set()
+            await until(lambda: _waiting(engine.url), "the second turn to queue on the paused engine")
+            await pool.pause()  # the push: abort whatever is in flight, hold new requests
+            state = await server_state(engine.url)
+            for client in pool.clients:
+                await client.update_weight_version("5")
+            await pool.resume()
+            return await episode, state, len(session.history)
+
+    episode, state, served = asyncio.run(scenario())
+    assert (state["running"], state["waiting"]) == (0, 0)  # the queued turn was aborted by the pause
+    assert len(episode.turns) >= 2 and served == len(episode.turns)  # the aborted attempt is not a turn
+    assert [t.weight_version for t in episode.turns] == [4] + [5] * (len(episode.turns) - 1)
+    assert episode.weight_version == 4
+    episode.check()
+    for turn in episode.turns:  # the trained tokens are exactly each turn's generated span
+        assert set(episode.turn_index[turn.start : turn.end]) == {turn.index}
+    model = AutoModelForCausalLM.from_pretrained(chatty, dtype=torch.float32)
+    check_logprobs(episode, model)
+
+
+async def _waiting(url: str) -> bool:
+    return (await server_state(url))["waiting"] >= 1

@@ -39,3 +39,27 @@ def test_two_steps_through_sglang(tmp_path: Path, colocate: bool) -> None:
     assert all(r["mismatch/abs_logprob_diff"] < 1e-2 for r in records)  # SGLang's CPU kernels vs Megatron's
     engine_log = tmp_path / name / "engines" / "engine_0.log"
     assert "SGLANG" in engine_log.read_text().upper()  # it was the real server, not the embedded one
+
+
+def test_one_step_off_with_partial_rollouts_through_sglang(tmp_path: Path) -> None:
+    """Step 2's rollout runs on SGLang while step 1 trains; the push lands when training ends (SGLang's pause
+    with abort: turns in flight are generated again on the new weights)."""
+    if not SGLANG_VENV_PYTHON.is_file():
+        pytest.fail(f"{SGLANG_VENV_PYTHON} is missing: run `make sglang` (make test does it)")
+    overrides = [
+        "--config", str(REPO / "configs" / "sglang_cpu.yaml"),
+        f"run.output_dir={tmp_path}",
+        "run.name=async",
+        "rollout.colocate=false",
+        "rollout.mode=one_step_off",
+        "rollout.partial=true",
+    ]  # fmt: skip
+    log = tmp_path / "async.log"
+    with open(log, "wb") as sink:
+        code = subprocess.run(train_command(overrides), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=900)
+    assert code.returncode == 0, "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+    records = read_metrics(tmp_path / "async" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["rollout/staleness_max"] == 0.0 and records[1]["rollout/staleness_max"] <= 1.0
+    assert all(r["sync/verify_max_rel_diff"] <= 1e-6 for r in records)
+    assert all(0.0 < r["tis/weight"] <= 2.0 for r in records)  # truncated IS on by default in this mode

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.tiny_models import make_tiny_model
 from tests.support.tiny_run import REPO, tiny_run, train_command
+from tests.support.warm_start import warm_start
 from userrl_megatron.config import load_config
 from userrl_megatron.data import load_tasks
 from userrl_megatron.observability import read_metrics
@@ -21,8 +22,16 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 STEPS = 6
 
 
-def _overrides(model: Path, out: Path) -> list[str]:
+MODES = {
+    "sync": ["rollout.mode=sync"],
+    "one_step_off": ["rollout.mode=one_step_off"],
+    "over_sampled": ["rollout.mode=one_step_off", "rollout.partial=true", "rollout.over_sample_groups=2"],
+}
+
+
+def _overrides(model: Path, out: Path, mode: str) -> list[str]:
     return [
+        *MODES[mode],
         *tiny_run(model, out, "resume", STEPS),
         "gyms.echo.tasks_per_split=5",  # an epoch boundary falls inside the run
         "checkpoint.every_steps=1",
@@ -36,9 +45,15 @@ def _steps(run: Path) -> list[int]:
     return [r["step"] for r in read_metrics(path)] if path.exists() else []
 
 
-def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", list(MODES))
+def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str) -> None:
+    """one_step_off: the rollout running ahead when the run dies is lost with it; the checkpoint's task stream
+    is the one from before that rollout drew its tasks, so the resumed run draws them again. Over-sampled: the
+    groups carried over are lost too and not drawn again (docs/async.md); every step is still logged once."""
     model = make_tiny_model("qwen3", tmp_path / "tiny", seed=1, tokenizer="char", num_hidden_layers=2)
-    overrides = _overrides(model, tmp_path / "runs")
+    if mode == "over_sampled":
+        model = warm_start(model, letters="abcd")  # a random model scores 0 everywhere: no group has signal
+    overrides = _overrides(model, tmp_path / "runs", mode)
     command = train_command(overrides)
     run = tmp_path / "runs" / "resume"
 
@@ -61,6 +76,8 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path) -> None:
     trained = [r for r in read_metrics(run / "metrics.jsonl") if "actor/loss" in r]
     assert trained and all("timing/logprobs" in r for r in trained)
 
+    if mode == "over_sampled":
+        return
     # The resumed steps used the tasks an uninterrupted run would have used.
     cfg = load_config(overrides=overrides)
     stream = TaskStream(load_tasks(cfg.gyms.train, "train", cfg.gyms), cfg.run.seed)

@@ -21,10 +21,11 @@ Script = str | Generation | BaseException
 class ScriptedEngine:
     """Answers each generate call with the next scripted reply; records every request."""
 
-    def __init__(self, chat: ChatTemplate, replies: list[Script], logprob: float = -0.5) -> None:
+    def __init__(self, chat: ChatTemplate, replies: list[Script], logprob: float = -0.5, version: str = "3") -> None:
         self.chat = chat
         self.replies = list(replies)
         self.logprob = logprob
+        self.version = version  # the weight version it reports (a test may change it between turns)
         self.requests: list[tuple[list[int], SamplingParams]] = []
         self.generated: list[list[int]] = []
 
@@ -37,7 +38,7 @@ class ScriptedEngine:
             ids = [*self.chat.encode(reply), self.chat.stop_token_ids[0]]
             cut = len(ids) > sampling.max_new_tokens
             ids = ids[: sampling.max_new_tokens]
-            reply = Generation(ids, [self.logprob] * len(ids), "length" if cut else "stop", weight_version="3")
+            reply = Generation(ids, [self.logprob] * len(ids), "length" if cut else "stop", weight_version=self.version)
         self.generated.append(list(reply.output_ids))
         return reply
 

@@ -5,7 +5,7 @@ import pytest
 from userrl_megatron.config import load_config
 from userrl_megatron.config.schema import SGLangConfig
 from userrl_megatron.rollout.router import router_command
-from userrl_megatron.trainer.components import _rollout_config
+from userrl_megatron.trainer.components import _rollout_config, algo_config
 
 
 @pytest.mark.parametrize(
@@ -17,6 +17,18 @@ def test_weights_backup_only_when_colocated_without_sync(colocate: str, sync: st
     cfg = load_config(overrides=[f"rollout.colocate={colocate}", f"sync.enabled={sync}"], check=False)
     assert _rollout_config(cfg).sglang.enable_weights_cpu_backup is backup
     assert cfg.rollout.sglang.enable_weights_cpu_backup is False  # the run's own config is left as it was
+
+
+@pytest.mark.parametrize(
+    "mode, tis_cap, actor_cap",
+    [("sync", "-1", 0.0), ("one_step_off", "-1", 2.0), ("one_step_off", "0", 0.0), ("sync", "3.0", 3.0)],
+)
+def test_truncated_importance_sampling_is_on_by_default_only_in_asynchronous_modes(
+    mode: str, tis_cap: str, actor_cap: float
+) -> None:
+    cfg = load_config(overrides=[f"rollout.mode={mode}", f"algo.tis_cap={tis_cap}"])
+    assert algo_config(cfg).tis_cap == actor_cap
+    assert cfg.algo.tis_cap == float(tis_cap)  # the run's own config is left as it was
 
 
 def test_router_command() -> None:

@@ -137,6 +137,8 @@ def test_recorded_embedded_shape_matches_the_fetched_model() -> None:
         ("gyms.turtle.success_threshold=1.5", "gyms.turtle.success_threshold must be in [0, 1], got 1.5"),
         ("run.total_steps=0", "run.total_steps must be >= 1, got 0"),
         ("checkpoint.keep_last=0", "checkpoint.keep_last must be >= 1, got 0"),
+        ("rollout.max_staleness=0", "rollout.max_staleness must be >= 1, got 0"),
+        ("algo.tis_cap=-0.5", "algo.tis_cap must be -1 (auto) or >= 0, got -0.5"),
     ],
 )
 def test_value_ranges(override: str, message: str) -> None:
@@ -278,3 +280,19 @@ def test_sync_method_against_the_placement() -> None:
         "true or megatron.nnodes = 1"
     ]
     check_config(load_config(overrides=["rollout.colocate=true"]), on_gpu=True)  # auto picks tensor handles
+
+
+def test_asynchronous_rollout_mode_against_placement_and_sync() -> None:
+    from userrl_megatron.config.checks import check_config
+
+    assert problems(["rollout.mode=async"]) == ["rollout.mode = 'async'; choose from sync, one_step_off"]
+    check_config(load_config(overrides=["rollout.mode=one_step_off"]))
+    assert problems(["rollout.mode=one_step_off", "rollout.colocate=true"]) == [
+        "rollout.mode = one_step_off runs the engines while the actor trains: it needs rollout.colocate = false "
+        "(colocated engines release their devices to the actor)"
+    ]
+    assert problems(["rollout.mode=one_step_off", "sync.enabled=false"]) == [
+        "rollout.mode = one_step_off with sync.enabled = false: the engines never get new weights, so every turn's "
+        "staleness grows past rollout.max_staleness; use rollout.mode = sync for the negative control"
+    ]
+    check_config(load_config(overrides=["rollout.colocate=true", "sync.enabled=false"]))  # sync mode: both allowed

@@ -15,7 +15,7 @@ from userrl_megatron.config.schema import RolloutConfig
 from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 from userrl_megatron.rollout.engine import Generation
 from userrl_megatron.rollout.episode import EpisodeRunner
-from userrl_megatron.types import Episode, Message, Task
+from userrl_megatron.types import Episode, Message, SamplingParams, Task
 
 IM_END = 151645
 
@@ -90,7 +90,7 @@ def test_solved_episode_is_token_exact(qwen3: ChatTemplate) -> None:
     # The conversation renders to exactly these ids; the last turn is closed, its feedback not appended.
     assert episode.token_ids == rendered(qwen3, episode)
     assert episode.metadata["messages"][-1] == {"role": "assistant", "content": episode.turns[-1].text}
-    assert episode.weight_version == 3
+    assert episode.weight_version == 3 and [t.weight_version for t in episode.turns] == [3, 3, 3]
     assert [t.info["finish_reason"] for t in episode.turns] == ["stop"] * 3
     assert all(t.info["generate_s"] >= 0 and t.info["step_s"] >= 0 for t in episode.turns)
 
@@ -361,3 +361,17 @@ def test_a_real_simulator_failure_ends_a_real_gym_episode(smollm2: ChatTemplate)
     assert [t.action for t in episode.turns] == ["[action] Did she die?", "[action] Was it an accident?"]
     assert "No" in episode.turns[0].feedback and episode.turns[1].reward == 0.0
     assert server.count == 3
+
+
+def test_each_turn_records_the_weight_version_that_generated_it(qwen3: ChatTemplate) -> None:
+    class Pushed(ScriptedEngine):
+        async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+            reply = await super().generate(input_ids, sampling)
+            self.version = str(int(self.version) + 1)  # a weight push lands between two turns
+            return reply
+
+    engine = Pushed(qwen3, [call("search", "a"), call("search", "b"), call("answer", "3")], version="4")
+    episode = run(qwen3, engine, ScriptedGym([step("x"), step("y"), step("ok", 1.0, done=True)]))
+    assert episode.finish_reason == "done"
+    assert [t.weight_version for t in episode.turns] == [4, 5, 6]
+    assert episode.weight_version == 4  # the episode's own is its oldest turn's

@@ -57,3 +57,16 @@ def test_task_ids_resolve_and_bad_ids_say_why() -> None:
     assert _play("echo-test-9", ["[action] q", "[action] qq"], config) == [(1.0, False), (1.0, True)]
     with pytest.raises(KeyError, match="ids look like echo-train-12"):
         echo_record("nope", config)
+
+
+def test_reply_delay_is_log_normal_with_the_configured_median_and_p99() -> None:
+    import random
+
+    from gyms.echo.env import reply_delay
+
+    rng = random.Random(0)
+    draws = sorted(reply_delay(rng, 0.2, 5.0) for _ in range(20000))
+    assert draws[len(draws) // 2] == pytest.approx(0.2, rel=0.05)
+    assert draws[int(len(draws) * 0.99)] == pytest.approx(5.0, rel=0.15)
+    assert reply_delay(rng, 0.0, 5.0) == 0.0  # no delay by default
+    assert reply_delay(random.Random(1), 0.3, 0.3) == 0.3  # p99 = median: a constant delay

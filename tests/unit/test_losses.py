@@ -126,3 +126,4 @@ def test_truncated_importance_sampling_and_mismatch_metrics() -> None:
     out.loss.backward()
     assert logp.grad.tolist()[0] == pytest.approx([-1.5 / 2, -math.exp(-0.5) / 2, 0.0])
     assert out.means()["tis/weight"] == pytest.approx((1.5 + math.exp(-0.5)) / 2)
+    assert out.means()["tis/clip_frac"] == pytest.approx(1 / 2)  # the first token's weight e^0.5 > 1.5 is cut

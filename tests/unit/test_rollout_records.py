@@ -56,6 +56,7 @@ def test_dump_round_trip(tmp_path: Path) -> None:
                 "action": "[answer] 1",
                 "feedback": "ok",
                 "reward": float(i),
+                "weight_version": 0,
                 "finish_reason": None,
                 "generate_s": 0.25,
                 "step_s": None,

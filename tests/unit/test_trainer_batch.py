@@ -3,21 +3,22 @@
 import pytest
 
 from userrl_megatron.config import AlgoConfig
-from userrl_megatron.trainer.batch import filter_groups, mini_batches, prepare_batch
+from userrl_megatron.trainer.batch import bound_staleness, filter_groups, mini_batches, prepare_batch
 from userrl_megatron.trainer.task_stream import TaskStream
 from userrl_megatron.types import Episode, EpisodeGroup, Message, Task, TrainBatch, Turn
 
 TASK = Task("echo", "t", [Message("user", "hi")])
 
 
-def episode(group: str, rewards: list[float], finish: str = "done") -> Episode:
-    """A prompt of 2 tokens, then per turn 2 generated tokens and 1 environment token."""
+def episode(group: str, rewards: list[float], finish: str = "done", versions: list[int] | None = None) -> Episode:
+    """A prompt of 2 tokens, then per turn 2 generated tokens (of weight version `versions[turn]`, default 0) and 1
+    environment token."""
     ep = Episode(task=TASK, group_id=group, finish_reason=finish)  # type: ignore[arg-type]
     ep.append([1, 2], trained=False)
     for t, reward in enumerate(rewards):
         start = len(ep.token_ids)
         ep.append([10 + t, 20 + t], trained=True, turn=t, logprobs=[-0.5, -1.0])
-        ep.turns.append(Turn(t, start, start + 2, "x", reward=reward))
+        ep.turns.append(Turn(t, start, start + 2, "x", reward=reward, weight_version=(versions or [0] * 9)[t]))
         ep.append([3], trained=False)
     return ep
 
@@ -80,3 +81,28 @@ def test_task_stream_resumes_in_the_same_order() -> None:
         TaskStream(tasks[:4], seed=4).restore(first.state())
     with pytest.raises(ValueError, match="has no tasks"):
         TaskStream([], seed=0)
+
+
+def test_staleness_per_turn_and_its_bound() -> None:
+    # Trainer at version 5; turns generated with versions 5, 4 | 4 | 3, 5 (a group of two).
+    groups = [
+        EpisodeGroup("a", TASK, [episode("a", [1.0, 0.0], versions=[5, 4]), episode("a", [0.0], versions=[4])]),
+        EpisodeGroup("b", TASK, [episode("b", [1.0, 1.0], versions=[3, 5]), episode("b", [0.0], versions=[5])]),
+    ]
+    kept, metrics = bound_staleness(groups, 5, None)
+    assert kept == groups
+    assert metrics == {"rollout/staleness_mean": (0 + 1 + 1 + 2 + 0 + 0) / 6, "rollout/staleness_max": 2.0}
+    kept, metrics = bound_staleness(groups, 5, 1)  # group b holds a turn two versions old: dropped whole
+    assert [g.group_id for g in kept] == ["a"]
+    assert metrics == {"batch/stale_groups": 1.0, "rollout/staleness_mean": 2 / 3, "rollout/staleness_max": 1.0}
+    assert bound_staleness(groups, 5, 2)[1]["batch/stale_groups"] == 0.0
+    assert bound_staleness([], 5, 1) == ([], {"batch/stale_groups": 0.0})
+
+    prepared = prepare_batch(groups, AlgoConfig())
+    assert prepared is not None
+    assert prepared.batch.turn_versions == [[5, 4], [4], [3, 5], [5]]  # the batch says which weights made each turn
+    minis = mini_batches(prepared.batch, 2, seed=0)
+    assert [b.turn_versions for b in minis] == [[[4], [3, 5]], [[5, 4], [5]]]  # the rows move with their episodes
+    assert [[len(v) for v in b.turn_versions] for b in minis] == [
+        [(len(t) - 2) // 3 for t in b.token_ids] for b in minis
+    ]

@@ -112,7 +112,8 @@ def ppo_clip_terms(
 
 
 def truncated_is_weight(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
-    """min(π_old / π_rollout, cap), detached: corrects for the engine sampling a slightly different policy."""
+    """min(π_old / π_rollout, cap), detached: corrects for the engine sampling a different policy (numerical
+    mismatch, or older weights in the asynchronous rollout modes, where π_old is the trainer's policy at the update)."""
     return torch.exp(old_logprobs - rollout_logprobs).clamp(max=cap).detach()
 
 
@@ -137,6 +138,7 @@ def ppo_clip_loss(inputs: LossInputs, cfg: AlgoConfig, normalizer: float | None 
         weight = truncated_is_weight(inputs.old_logprobs, inputs.rollout_logprobs, cfg.tis_cap)
         pg = pg * weight
         sums["tis/weight"] = (weight * mask).sum()
+        sums["tis/clip_frac"] = ((weight >= cfg.tis_cap).float() * mask).sum()  # tokens whose weight was truncated
     per_token = pg
     if cfg.kl_coef > 0:
         if inputs.ref_logprobs is None:

@@ -24,6 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.backend": ("embedded", "sglang"),
     "rollout.sglang.device": ("auto", "cpu", "cuda"),
     "rollout.router": ("none", "sglang"),
+    "rollout.mode": ("sync", "one_step_off"),
     "sync.method": ("auto", "distributed", "tensor"),
     "rollout.router_policy": ("round_robin", "random", "cache_aware", "power_of_two"),
     "algo.adv_estimator": ("grpo", "grpo_multiturn"),
@@ -53,6 +54,7 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
     problems = range_problems(cfg) + env_field_problems(cfg) + _choice_problems(cfg)
     problems += _parallel_problems(cfg, on_gpu) + model_fit_problems(cfg) + _budget_problems(cfg)
     problems += _algo_problems(cfg) + _gym_problems(cfg) + _engine_problems(cfg) + _sync_problems(cfg, on_gpu)
+    problems += _mode_problems(cfg)
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
@@ -175,5 +177,25 @@ def _sync_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
         problems.append(
             "sync.method = tensor hands engines handles to memory on the trainer's node: it needs rollout.colocate = "
             "true or megatron.nnodes = 1"
+        )
+    return problems
+
+
+def _mode_problems(cfg: RootConfig) -> list[str]:
+    """Asynchronous rollouts overlap the engines with the trainer: they need devices of their own and new weights."""
+    mode, problems = cfg.rollout.mode, []
+    if mode != "sync" and cfg.rollout.colocate:
+        problems.append(
+            f"rollout.mode = {mode} runs the engines while the actor trains: it needs rollout.colocate = false "
+            "(colocated engines release their devices to the actor)"
+        )
+    if mode != "sync" and not cfg.sync.enabled:
+        problems.append(
+            f"rollout.mode = {mode} with sync.enabled = false: the engines never get new weights, so every turn's "
+            "staleness grows past rollout.max_staleness; use rollout.mode = sync for the negative control"
+        )
+    if cfg.rollout.partial and mode == "sync":
+        problems.append(
+            "rollout.partial = true needs rollout.mode = one_step_off (in sync mode no rollout runs during a push)"
         )
     return problems

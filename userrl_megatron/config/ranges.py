@@ -14,6 +14,7 @@ PROBABILITY: Rule = ("in [0, 1]", lambda v: 0 <= v <= 1)
 OPEN_PROBABILITY: Rule = ("in (0, 1]", lambda v: 0 < v <= 1)
 BETA: Rule = ("in [0, 1)", lambda v: 0 <= v < 1)
 TOP_K: Rule = ("-1 (disabled) or >= 1", lambda v: v == -1 or v >= 1)
+AUTO_OR_NON_NEGATIVE: Rule = ("-1 (auto) or >= 0", lambda v: v == -1 or v >= 0)
 
 GYMS_WITH_STEP_LIMITS = ("function", "intention", "persuade", "search", "tau", "telepathy", "travel", "turtle", "echo")
 # Numeric options checked elsewhere (parallel sizes and ports: checks.py and layout.py; generator.terms: 1..4)
@@ -63,6 +64,8 @@ RANGES: dict[str, Rule] = {
     "rollout.top_p": OPEN_PROBABILITY,
     "rollout.top_k": TOP_K,
     "rollout.max_concurrent_episodes": COUNT,
+    "rollout.max_staleness": COUNT,
+    "rollout.over_sample_groups": NON_NEGATIVE,
     "rollout.request_timeout_s": POSITIVE,
     "rollout.health_check_interval_s": NON_NEGATIVE,
     "rollout.engine_stall_timeout_s": POSITIVE,
@@ -102,6 +105,8 @@ RANGES: dict[str, Rule] = {
     "gyms.turtle.success_threshold": PROBABILITY,
     "gyms.echo.turns": COUNT,
     "gyms.echo.tasks_per_split": COUNT,
+    "gyms.echo.reply_delay_median_s": NON_NEGATIVE,
+    "gyms.echo.reply_delay_p99_s": NON_NEGATIVE,
     "user_sim.temperature": NON_NEGATIVE,
     "user_sim.max_tokens": COUNT,
     "user_sim.timeout_s": POSITIVE,
@@ -115,7 +120,7 @@ RANGES: dict[str, Rule] = {
     "algo.clip_high": POSITIVE,
     "algo.kl_coef": NON_NEGATIVE,
     "algo.entropy_coef": NON_NEGATIVE,
-    "algo.tis_cap": NON_NEGATIVE,
+    "algo.tis_cap": AUTO_OR_NON_NEGATIVE,
     "algo.ppo_epochs": COUNT,
     "algo.mini_batches_per_step": COUNT,
     "sync.bucket_mb": COUNT,

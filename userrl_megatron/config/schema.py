@@ -103,6 +103,10 @@ class RolloutConfig:
     num_engines: int = 1  # rollout engine servers in the pool
     engine_tp: int = 1  # tensor-parallel size of each engine (SGLang)
     colocate: bool = False  # engines share devices with the actors and take turns (GPU)
+    mode: str = "sync"  # "sync" (rollout, train, push) or "one_step_off" (next step's rollout runs while this trains)
+    max_staleness: int = 1  # groups with a turn lagging the trainer's weights by more versions are dropped
+    partial: bool = False  # one_step_off: push at the end of training, aborting in-flight turns (redone on new weights)
+    over_sample_groups: int = 0  # extra groups in flight; a step trains on the first to finish with unequal scores
     prompts_per_step: int = 4  # tasks sampled per RL step
     n_samples_per_prompt: int = 4  # episodes per task (the GRPO group size)
     max_turns: int = 8  # assistant turns per episode
@@ -177,7 +181,7 @@ class AlgoConfig:
     kl_coef: float = 0.0  # weight of the KL(policy || reference) penalty in the loss (0 = no reference model)
     kl_estimator: str = "k3"  # KL estimator: k1, k2 or k3
     entropy_coef: float = 0.0  # weight of the entropy bonus
-    tis_cap: float = 0.0  # truncated importance sampling cap for rollout/train mismatch (0 disables)
+    tis_cap: float = -1.0  # truncated importance sampling cap (0 disables; -1: 2.0 if rollout.mode is async, else 0)
     ppo_epochs: int = 1  # passes over each step's episodes
     mini_batches_per_step: int = 1  # optimizer steps per RL step (episodes split evenly)
     drop_equal_score_groups: bool = False  # skip groups whose scores are all equal (zero advantage)

@@ -38,6 +38,7 @@ def episode_record(episode: Episode, step: int | None = None) -> dict[str, Any]:
                 "action": turn.action,
                 "feedback": turn.feedback,
                 "reward": turn.reward,
+                "weight_version": turn.weight_version,
                 "finish_reason": turn.info.get("finish_reason"),
                 "generate_s": turn.info.get("generate_s"),
                 "step_s": turn.info.get("step_s"),

@@ -78,9 +78,11 @@ class EpisodeRunner:
         engine_for: EngineFor,
         sampling: SamplingParams | None = None,
         concurrency: int | None = None,
+        gate: asyncio.Semaphore | None = None,
     ) -> list[EpisodeGroup]:
-        """`n_samples` episodes of every task, at most `concurrency` in flight (default: the config's)."""
-        gate = asyncio.Semaphore(concurrency or self.cfg.max_concurrent_episodes)
+        """`n_samples` episodes of every task, at most `concurrency` in flight (default: the config's); `gate`
+        instead shares one limit with other calls running at the same time."""
+        gate = gate or asyncio.Semaphore(concurrency or self.cfg.max_concurrent_episodes)
         groups = [EpisodeGroup(uuid.uuid4().hex[:16], task) for task in tasks]
         done = [0]
 
@@ -194,14 +196,14 @@ class EpisodeRunner:
         content = generation.output_ids
         if generation.finish_reason == "stop" and content and content[-1] in sampling.stop_token_ids:
             content = content[:-1]
-        turn = Turn(index=index, start=start, end=len(episode.token_ids), text=self.chat.decode(content))
+        version = _version_number(generation.weight_version)
+        turn = Turn(index, start, len(episode.token_ids), self.chat.decode(content), weight_version=version)
         turn.info.update(
             generate_s=round(time.perf_counter() - started, 4),
             finish_reason=generation.finish_reason,
             weight_version=generation.weight_version,
         )
         episode.turns.append(turn)
-        version = _version_number(generation.weight_version)
         episode.weight_version = version if index == 0 else min(episode.weight_version, version)
         return turn, generation
 

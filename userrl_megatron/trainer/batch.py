@@ -37,6 +37,25 @@ def filter_groups(groups: list[EpisodeGroup], algo: AlgoConfig) -> tuple[list[Ep
     return kept, metrics
 
 
+def bound_staleness(
+    groups: list[EpisodeGroup], version: int, max_staleness: int | None
+) -> tuple[list[EpisodeGroup], dict[str, float]]:
+    """With a bound, drop the groups whose stalest turn lags more than `max_staleness` versions behind `version`
+    (the trainer's weights) whole: GRPO normalises within a group, so a group is kept or dropped as one. The
+    metrics: the staleness of the kept groups' turns (mean, max) and the count of groups dropped."""
+    metrics: dict[str, float] = {}
+    if max_staleness is not None:
+        kept = [
+            g for g in groups if all(version - t.weight_version <= max_staleness for e in g.episodes for t in e.turns)
+        ]
+        metrics["batch/stale_groups"] = float(len(groups) - len(kept))
+        groups = kept
+    lags = [version - t.weight_version for g in groups for e in g.episodes for t in e.turns]
+    if lags:
+        metrics |= {"rollout/staleness_mean": sum(lags) / len(lags), "rollout/staleness_max": float(max(lags))}
+    return groups, metrics
+
+
 def prepare_batch(groups: list[EpisodeGroup], algo: AlgoConfig) -> Prepared | None:
     """Advantages per token (the configured estimator, normalised within each group) and the TrainBatch.
 
@@ -56,6 +75,7 @@ def prepare_batch(groups: list[EpisodeGroup], algo: AlgoConfig) -> Prepared | No
         loss_mask=masks,
         advantages=advantages,
         rollout_logprobs=[list(e.rollout_logprobs) for e in episodes],
+        turn_versions=[[t.weight_version for t in e.turns] for e in episodes],
     )
     metrics["batch/masked_episodes"] = float(sum(_masked(e, algo) for e in episodes))
     metrics["batch/episodes"] = float(len(episodes))
@@ -85,6 +105,7 @@ def _select(batch: TrainBatch, rows: list[int]) -> TrainBatch:
         old_logprobs=pick(batch.old_logprobs),
         ref_logprobs=pick(batch.ref_logprobs),
         rollout_logprobs=pick(batch.rollout_logprobs),
+        turn_versions=pick(batch.turn_versions),
     )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from userrl_megatron.config import RootConfig
+from userrl_megatron.config import AlgoConfig, RootConfig
 from userrl_megatron.errors import RunError
 from userrl_megatron.types import EpisodeGroup, Task
 
@@ -44,12 +44,22 @@ class Components:
     _released: set[str] = field(default_factory=set)  # engine memory tags released and not resumed yet
     _verified: bool = False  # a sync of this run was verified (read back from the engines)
     _synced: bool = False  # a sync happened: the engines hold the actor's weights, not the HF ones
+    _gate: asyncio.Semaphore | None = None  # episodes in flight over every group of `rollout_group`
 
     async def rollout(self, tasks: list[Task], n: int, temperature: float | None = None) -> list[EpisodeGroup]:
         sampling = self.runner.sampling(temperature)
         groups = await self.runner.run_groups(tasks, n, self.pool.session, sampling, self.pool.concurrency)
         self._check_engines()
         return groups
+
+    async def rollout_group(self, task: Task, n: int) -> EpisodeGroup:
+        """One training group; every group in flight at once shares the pool's concurrency limit."""
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self.pool.concurrency)
+        sampling = self.runner.sampling()
+        [group] = await self.runner.run_groups([task], n, self.pool.session, sampling, gate=self._gate)
+        self._check_engines()
+        return group
 
     def _check_engines(self) -> None:
         if self.pool.exhausted:
@@ -262,6 +272,17 @@ def _rollout_config(cfg: RootConfig) -> Any:
     return rollout
 
 
+ASYNC_TIS_CAP = 2.0  # algo.tis_cap = -1 (auto) in the asynchronous rollout modes
+
+
+def algo_config(cfg: RootConfig) -> AlgoConfig:
+    """The actor's algorithm config: `algo.tis_cap = -1` (auto) resolved to truncated importance sampling at
+    `ASYNC_TIS_CAP` when the rollout runs ahead of the trainer (turns from older weights), and off in sync mode."""
+    if cfg.algo.tis_cap != -1:
+        return cfg.algo
+    return replace(cfg.algo, tis_cap=ASYNC_TIS_CAP if cfg.rollout.mode != "sync" else 0.0)
+
+
 async def bring_up(parts: Components) -> None:
     """Start-up once the actor ranks are built (with their weights, grads and optimizer on the devices): colocated
     with `megatron.offload`, the actor steps aside first, since an engine sizes its KV cache once, from the memory
@@ -311,7 +332,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     placement = create_placement(plan)
     actors = pool = None
     try:
-        spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed)
+        spec = WorkerSpec(cfg.model, cfg.megatron, algo_config(cfg), cfg.sync, cfg.run.seed)
         env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
         actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.errors import RunError
@@ -29,13 +30,15 @@ from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.summary import is_infra_failure, rollout_metrics
-from userrl_megatron.trainer.batch import Prepared, mini_batches, prepare_batch
+from userrl_megatron.trainer.batch import Prepared, bound_staleness, mini_batches, prepare_batch
 from userrl_megatron.trainer.components import Components, start_components
+from userrl_megatron.trainer.group_stream import GroupStream
 from userrl_megatron.trainer.preflight import is_sft_checkpoint
 from userrl_megatron.trainer.run_lock import RunLock
 from userrl_megatron.types import EpisodeGroup, TrainBatch
 
 log = logging.getLogger(__name__)
+Rollout = tuple[list[EpisodeGroup], list[EpisodeGroup], dict[str, float]]  # groups to train on, finished, metrics
 SUMMARY_KEYS = (
     "rollout/reward_mean",
     "rollout/infra_failed",
@@ -63,6 +66,18 @@ class Trainer:
         self.infra_failed_steps = 0  # steps in a row lost mostly to the infrastructure
         self.started_from: Path | None = None  # the SFT checkpoint whose weights step 0 started from
         self.saving: Path | None = None  # a checkpoint being written in the background
+        self.version = 0  # weight version of the trainer's policy (the step of its last update)
+        # one_step_off: the next step's rollout running in the background, and the task stream before its draw
+        self.ahead: tuple[asyncio.Task[Rollout], dict[str, Any]] | None = None
+        self.stream: GroupStream | None = None  # rollout.over_sample_groups: groups in flight across steps
+        if cfg.rollout.over_sample_groups:
+            n = cfg.rollout.n_samples_per_prompt
+            self.stream = GroupStream(
+                lambda task: parts.rollout_group(task, n),
+                parts.tasks.next,
+                cfg.rollout.prompts_per_step,
+                cfg.rollout.over_sample_groups,
+            )
 
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
@@ -73,51 +88,114 @@ class Trainer:
                 await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
         if step == 0 and cfg.eval.before_training and 0 not in self._logged_steps():
             self.tracker.log(await self.evaluate(0), 0)  # the initial policy's score: the "before" of the run
-        while step < cfg.run.total_steps:
-            step += 1
-            timers, metrics = Timers(), {}
-            with timers("step"):
-                with timers("rollout"):
-                    if f"kill_engine_in_rollout@{step}" in cfg.run.faults:
-                        await parts.kill_engine(0)
-                    tasks = parts.tasks.next(cfg.rollout.prompts_per_step)
-                    groups = await parts.rollout(tasks, cfg.rollout.n_samples_per_prompt)
-                if f"kill_engine@{step}" in cfg.run.faults:
-                    await parts.kill_engine(0)
-                prepared = self.prepare(groups, step)
-                if prepared is not None:  # else no update, and no new weights to send
-                    await parts.enter_training()
-                    if self.needs_scoring():
-                        with timers("logprobs"):
-                            await self.score(prepared.batch)
-                    with timers("train"):
-                        metrics |= await self.update(prepared.batch, step)
-                    metrics |= prepared.metrics  # the actor reports the rollout/trainer mismatch/*
-                    if cfg.sync.enabled:
-                        with timers("sync"):
-                            metrics |= await self.sync(step)
-                    await parts.enter_rollout()
-                if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
-                    with timers("eval"):
-                        metrics |= await self.evaluate(step)
-            metrics = self.summarize(step, groups, metrics | timers.pop())
-            if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                with timers("checkpoint"):  # with async_save: until the tensors are copied to host memory
-                    async with parts.actor_on_device():
-                        self.save(step, metrics)
-                metrics |= timers.pop()
-            self.commit_saves(wait=False)
-            self.tracker.log(metrics, step)  # after the checkpoint: a logged step is never trained twice
-            self.progress.done(step)
+        self.version = step  # the trainer's weights: the step of their last update
+        try:
+            while step < cfg.run.total_steps:
+                step = await self.run_step(step + 1)
+        finally:
+            await self.drop_ahead()
         await self.finish(step)
+        return step
+
+    async def run_step(self, step: int) -> int:
+        """One RL step. With `rollout.mode: one_step_off` the rollout of step + 1 runs on the engines while this
+        step trains; it finishes before the new weights go to the engines (with `rollout.partial` the push comes
+        at once: the turns in flight are aborted and generated again on the new weights), so its turns lag the
+        trainer by at most one version (`rollout/staleness_*`), which the truncated importance weights correct.
+        Groups carried over by `rollout.over_sample_groups` can lag more: `rollout.max_staleness` bounds that."""
+        cfg, parts = self.cfg, self.parts
+        timers, metrics = Timers(), {}
+        with timers("step"):
+            with timers("rollout_wait"):
+                groups, finished, metrics = await self.take_rollout(step)
+            if f"kill_engine@{step}" in cfg.run.faults:
+                await parts.kill_engine(0)
+            if cfg.rollout.mode == "one_step_off" and step < cfg.run.total_steps:
+                self.start_rollout(step + 1)
+            bound = cfg.rollout.max_staleness if cfg.sync.enabled else None  # else the engines keep version 0
+            fresh, stale = bound_staleness(groups, self.version, bound)
+            metrics |= stale
+            prepared = self.prepare(fresh, step, finished)
+            if prepared is not None:
+                await parts.enter_training()
+                if self.needs_scoring():
+                    with timers("logprobs"):
+                        await self.score(prepared.batch)
+                with timers("train"):
+                    metrics |= await self.update(prepared.batch, step)
+                self.version = step
+                metrics |= prepared.metrics  # the actor reports the rollout/trainer mismatch/*
+            if self.ahead is not None and not cfg.rollout.partial:
+                with timers("rollout_wait"):  # the engines finish the next step's episodes before the push
+                    await asyncio.wait([self.ahead[0]])
+            if prepared is not None:
+                if cfg.sync.enabled:
+                    with timers("sync"):
+                        metrics |= await self.sync(step)
+                await parts.enter_rollout()
+            if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
+                with timers("eval"):
+                    metrics |= await self.evaluate(step)
+        metrics = self.summarize(step, finished, metrics | timers.pop())
+        if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+            with timers("checkpoint"):  # with async_save: until the tensors are copied to host memory
+                async with parts.actor_on_device():
+                    self.save(step, metrics)
+            metrics |= timers.pop()
+        self.commit_saves(wait=False)
+        self.tracker.log(metrics, step)  # after the checkpoint: a logged step is never trained twice
+        self.progress.done(step)
         return step
 
     # ---- the pieces of a step ----
 
-    def prepare(self, groups: list[EpisodeGroup], step: int) -> Prepared | None:
-        """The step's batch; None when nothing is left to train on, or when most episodes were lost to the
-        infrastructure (such a step says nothing about the policy; too many in a row stop the run)."""
-        episodes = [e for g in groups for e in g.episodes]
+    def start_rollout(self, step: int) -> None:
+        """Start step `step`'s rollout in the background. A checkpoint taken meanwhile saves the task stream as it
+        was before this rollout drew its tasks, so a resumed run generates these episodes again."""
+        before = self.parts.tasks.state()
+        self.ahead = (asyncio.create_task(self.rollout_groups(step)), before)
+
+    async def take_rollout(self, step: int) -> Rollout:
+        """Step `step`'s rollout (started now in sync mode)."""
+        if self.ahead is None:
+            self.start_rollout(step)
+        assert self.ahead is not None
+        job, self.ahead = self.ahead[0], None
+        return await job
+
+    async def rollout_groups(self, step: int) -> Rollout:
+        """The groups to train on, the groups that finished (for the step's rollout statistics) and metrics:
+        with `rollout.over_sample_groups` the first groups with signal (`GroupStream`), else all of them."""
+        started = time.perf_counter()
+        cfg = self.cfg.rollout
+        if self.stream is None:
+            tasks = self.parts.tasks.next(cfg.prompts_per_step)  # drawn before the first await: see start_rollout
+        if f"kill_engine_in_rollout@{step}" in self.cfg.run.faults:
+            await self.parts.kill_engine(0)
+        if self.stream is None:
+            groups = await self.parts.rollout(tasks, cfg.n_samples_per_prompt)
+            used, finished, metrics = groups, groups, {}
+        else:
+            used, finished, metrics = await self.stream.collect()
+        return used, finished, metrics | {"timing/rollout": time.perf_counter() - started}
+
+    async def drop_ahead(self) -> None:
+        """Cancel the rollouts still running (carried groups at the end of the run, or the run stopped)."""
+        if self.ahead is not None:
+            job, self.ahead = self.ahead[0], None
+            job.cancel()
+            with contextlib.suppress(BaseException):
+                await job
+        if self.stream is not None:
+            await self.stream.close()
+
+    # ---- the pieces of a step ----
+
+    def prepare(self, groups: list[EpisodeGroup], step: int, finished: list[EpisodeGroup]) -> Prepared | None:
+        """The step's batch from `groups`; None when nothing is left to train on, or when most episodes that
+        `finished` in the step's rollout were lost to the infrastructure (such a step says nothing about the
+        policy; too many in a row stop the run)."""
+        episodes = [e for g in finished for e in g.episodes]
         failed = sum(map(is_infra_failure, episodes))
         if episodes and failed / len(episodes) > self.cfg.rollout.max_infra_failure_rate:
             self.infra_failed_steps += 1
@@ -166,7 +244,8 @@ class Trainer:
         """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them).
         With `checkpoint.async_save` the files are written while the run goes on (`commit_saves`). A failed
         write leaves the previous checkpoint and `latest` as they were, and stops the run."""
-        state = {"step": step, "tasks": self.parts.tasks.state(), "best": self.best, "record": record or {}}
+        tasks = self.ahead[1] if self.ahead is not None else self.parts.tasks.state()
+        state = {"step": step, "tasks": tasks, "best": self.best, "record": record or {}}
         path = self.run_dir / "checkpoints" / f"step_{step}"
         ckpt = self.cfg.checkpoint
         with self._checkpoint_failure(path):
