@@ -189,8 +189,6 @@ class Trainer:
         if self.stream is not None:
             await self.stream.close()
 
-    # ---- the pieces of a step ----
-
     def prepare(self, groups: list[EpisodeGroup], step: int, finished: list[EpisodeGroup]) -> Prepared | None:
         """The step's batch from `groups`; None when nothing is left to train on, or when most episodes that
         `finished` in the step's rollout were lost to the infrastructure (such a step says nothing about the
