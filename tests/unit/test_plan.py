@@ -159,8 +159,10 @@ def test_saves_and_exports_onload_the_actor(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_the_log_prob_pass_is_planned_only_when_it_runs() -> None:
     quickstart = str(REPO / "configs" / "quickstart.yaml")
-    assert "log-probs" not in {r.phase for r in plan_run(load_config([quickstart])).rows}
-    assert "log-probs" in {r.phase for r in plan_run(load_config([quickstart], ["algo.ppo_epochs=2"])).rows}
+    on_policy = ["algo.kl_coef=0"]  # one optimizer step per RL step and no reference model: no scoring pass
+    assert "log-probs" not in {r.phase for r in plan_run(load_config([quickstart], on_policy)).rows}
+    for scored in (["algo.kl_coef=0", "algo.ppo_epochs=2"], []):  # old log-probs; reference log-probs (KL)
+        assert "log-probs" in {r.phase for r in plan_run(load_config([quickstart], scored)).rows}
 
 
 def test_cli_names_the_phase_and_the_shortfall(capsys: pytest.CaptureFixture[str]) -> None:
