@@ -30,6 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_prefill_tokens": args.max_prefill_tokens,
         "prefix_cache_tokens": args.prefix_cache_tokens,
         "random_seed": args.random_seed,
+        "enable_return_routed_experts": args.enable_return_routed_experts or None,
         "health_check_timeout_s": args.health_check_timeout,
     }
     cfg = replace(EmbeddedServerConfig(), **{k: v for k, v in overrides.items() if v is not None})
@@ -125,6 +126,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-prefill-tokens", type=int, help="prompt tokens prefilled per scheduler iteration")
     p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (0 disables)")
     p.add_argument("--random-seed", type=int, help="seed of sampled requests without sampling_seed")
+    p.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="record MoE routing so /generate can return routed_experts (as SGLang's flag)",
+    )
     p.add_argument("--health-check-timeout", type=float, help="seconds /health waits for a forward")
     p.add_argument("--served-model-name", default="", help="name /v1/models reports (default: --model)")
     p.add_argument("--weight-version", default="default", help="starting weight-version label")

@@ -60,6 +60,7 @@ class EngineCore:
             weight_version,
             cfg.random_seed,
             cfg.prefix_cache_tokens,
+            cfg.enable_return_routed_experts,
         )
         self.groups: dict[str, tuple[Any, str]] = {}  # group name -> (process group, backend)
         self._receive_buffers: dict[str, FlatBuffer] = {}  # device -> the flat bucket buffer reused across updates
@@ -464,6 +465,7 @@ class EngineCore:
             "max_running_requests": self.cfg.max_running_requests,
             "max_prefill_tokens": self.cfg.max_prefill_tokens,
             "prefix_cache_tokens": self.cfg.prefix_cache_tokens,
+            "enable_return_routed_experts": self.cfg.enable_return_routed_experts,
             "weight_version": self.weight_version,
             "startup_time": self.startup_time,
             "internal_states": [

@@ -151,6 +151,8 @@ def make_request(core: EngineCore, item: GenerateItem) -> Request:
         return_logprob=item.return_logprob,
         logprob_start_len=item.logprob_start_len,
         top_logprobs_num=item.top_logprobs_num,
+        return_routed_experts=item.return_routed_experts,
+        routed_experts_start_len=item.routed_experts_start_len,
     )
 
 

@@ -2,6 +2,8 @@
 
 from typing import Any
 
+import numpy as np
+
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.rollout.engine import EngineError, Generation
 from userrl_megatron.rollout.server.core import EngineCore
@@ -28,14 +30,25 @@ class LocalEngine:
     def close(self) -> None:
         self.core.shutdown()
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, routed_experts_start_len: int | None = None
+    ) -> Generation:
         try:
             spec = parse_sampling_params(sampling.to_dict(), self.core.model.spec.vocab_size)
             self.core.check_input(input_ids, spec.max_new_tokens)
         except ValueError as e:
             raise EngineError(str(e)) from e
-        request = await self.core.generate(Request(list(input_ids), spec, return_logprob=True))
-        return generation_of(request)
+        routed = routed_experts_start_len is not None
+        if routed and not self.core.scheduler.records_routing:
+            raise EngineError("routed experts need an engine started with enable_return_routed_experts")
+        request = Request(
+            list(input_ids),
+            spec,
+            return_logprob=True,
+            return_routed_experts=routed,
+            routed_experts_start_len=routed_experts_start_len or 0,
+        )
+        return generation_of(await self.core.generate(request))
 
     async def health(self) -> bool:
         return await self.core.health()
@@ -118,7 +131,17 @@ def generation_of(request: Request) -> Generation:
         weight_version=request.weight_version,
         prompt_tokens=len(request.input_ids),
         latency_s=request.finished_at - request.created,
+        routed_experts=_routed(request),
     )
+
+
+def _routed(request: Request) -> np.ndarray | None:
+    if not request.return_routed_experts:
+        return None
+    rows = max(len(request.input_ids) + len(request.output_ids) - 1 - request.routed_experts_start_len, 0)
+    if not request.routed:
+        return np.zeros((rows, 0), dtype=np.int32)
+    return request.routed[0].reshape(rows, -1).numpy().copy()
 
 
 def _check(result: tuple[bool, str]) -> None:

@@ -4,6 +4,10 @@ Names are those of the HF checkpoint on disk (what SGLang and the trainer's weig
 models (Qwen3-MoE) hold their experts fused in memory under transformers 5: `mlp.experts.gate_up_proj`
 [experts, 2 x width, hidden] and `mlp.experts.down_proj` [experts, hidden, width]; the checkpoint's per-expert
 `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight` are views into them (`_tensor_of`).
+
+Routing capture (rollout routing replay): each MoE layer's router (`mlp.gate`, transformers' top-k router)
+returns the expert ids it picked per token; a forward hook keeps them when a forward asks for them, so the
+scheduler can return them as SGLang's `routed_experts`.
 """
 
 import logging
@@ -35,6 +39,7 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...]
     num_layers: int
     tie_word_embeddings: bool
+    experts_per_token: int = 0  # top-k of the MoE router; 0 for a dense model
 
 
 class EngineModel:
@@ -62,8 +67,22 @@ class EngineModel:
             eos_token_ids=_eos_token_ids(self.model),
             num_layers=config.num_hidden_layers,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            experts_per_token=int(getattr(config, "num_experts_per_tok", 0) or 0),
         )
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        self._routers = _routers(self.model, self.spec.num_layers)
+        self._routing: list[torch.Tensor] | None = None  # per MoE layer, top-k ids of the running forward
+        for router in self._routers:
+            router.register_forward_hook(self._keep_routing)
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether every layer has a top-k router whose choices `forward(..., routing=True)` can return."""
+        return bool(self._routers)
+
+    def _keep_routing(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._routing is not None:
+            self._routing.append(output[2])
 
     def forward(
         self,
@@ -72,18 +91,34 @@ class EngineModel:
         cache: Any,
         attention_mask: torch.Tensor | None = None,
         all_logits: bool = False,
-    ) -> torch.Tensor:
-        """Float32 logits of the last position of each row ([B, V]), or of every position ([B, L, V])."""
-        out = self.model(
-            input_ids=input_ids.to(self.device),
-            position_ids=position_ids.to(self.device),
-            attention_mask=None if attention_mask is None else attention_mask.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=0 if all_logits else 1,
-        )
+        routing: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Float32 logits of the last position of each row ([B, V]), or of every position ([B, L, V]).
+
+        With `routing` (MoE models only) also the expert ids each layer's router chose for every input position,
+        int32 [B, L, layers, top_k], in the router's order (highest probability first)."""
+        if routing and not self.is_moe:
+            raise ValueError("routed experts need a mixture-of-experts model")
+        self._routing = [] if routing else None
+        try:
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                position_ids=position_ids.to(self.device),
+                attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=0 if all_logits else 1,
+            )
+            chosen = self._routing
+        finally:
+            self._routing = None
         logits = out.logits.float()
-        return logits if all_logits else logits[:, -1, :]
+        logits = logits if all_logits else logits[:, -1, :]
+        if chosen is None:
+            return logits
+        batch, length = input_ids.shape
+        ids = torch.stack([c.reshape(batch, length, -1) for c in chosen], dim=2)
+        return logits, ids.to("cpu", torch.int32)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy tensors into the parameters of the same HF name; returns how many were loaded.
@@ -143,6 +178,17 @@ class EngineModel:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _routers(model: torch.nn.Module, num_layers: int) -> list[torch.nn.Module]:
+    """The top-k router of every decoder layer in layer order, or [] unless every layer has one (the layout
+    SGLang's capture assumes: one row of ids per layer)."""
+    routers = {}
+    for name, module in model.named_modules():
+        match = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.gate", name)
+        if match and hasattr(module, "top_k") and hasattr(module, "num_experts"):
+            routers[int(match[1])] = module
+    return [routers[i] for i in range(num_layers)] if len(routers) == num_layers else []
 
 
 def _eos_token_ids(model: Any) -> tuple[int, ...]:

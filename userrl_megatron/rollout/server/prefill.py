@@ -25,10 +25,11 @@ class PrefillRow:
 
 
 def run_prefill(
-    model: EngineModel, rows: list[PrefillRow], all_logits: bool = False
-) -> tuple[torch.Tensor, list[LayerKV]]:
-    """(logits, each row's KV over all of its tokens). Logits are [rows, vocab], or [1, length, vocab] with
-    `all_logits` (one row without reuse only)."""
+    model: EngineModel, rows: list[PrefillRow], all_logits: bool = False, routing: bool = False
+) -> tuple[torch.Tensor, list[LayerKV], list[torch.Tensor] | None]:
+    """(logits, each row's KV over all of its tokens, each row's routed experts or None). Logits are
+    [rows, vocab], or [1, length, vocab] with `all_logits` (one row without reuse only). With `routing` (MoE),
+    row i's routed experts are int32 [new tokens of row i, layers, top_k], for positions reused … len(tokens)."""
     assert not all_logits or (len(rows) == 1 and rows[0].reused == 0)
     past = max(r.reused for r in rows)
     new = max(len(r.tokens) - r.reused for r in rows)
@@ -45,7 +46,10 @@ def run_prefill(
     if past:
         cache = DynamicCache(ddp_cache_data=_past_block(rows, past), config=model.model.config)
     padded = not bool(mask.all())
-    logits = model.forward(ids, positions, cache, attention_mask=mask if padded else None, all_logits=all_logits)
+    out = model.forward(
+        ids, positions, cache, attention_mask=mask if padded else None, all_logits=all_logits, routing=routing
+    )
+    logits, routed = out if routing else (out, None)
     layers = [(layer.keys, layer.values) for layer in cache.layers]
     per_row = []
     for i, r in enumerate(rows):
@@ -62,7 +66,10 @@ def run_prefill(
                     for k, v in layers
                 ]
             )
-    return logits, per_row
+    routed_rows = None
+    if routed is not None:
+        routed_rows = [routed[i, new - (len(r.tokens) - r.reused) :] for i, r in enumerate(rows)]
+    return logits, per_row, routed_rows
 
 
 def _past_block(rows: list[PrefillRow], past: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

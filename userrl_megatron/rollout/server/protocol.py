@@ -4,10 +4,13 @@ Messages are SGLang's own (its serde-style contract errors, `GenerateReqInput` c
 a real server's 400s handles ours.
 """
 
+import base64
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from userrl_megatron.rollout.server.model import EngineModel
 from userrl_megatron.rollout.server.scheduler import Request
@@ -115,6 +118,10 @@ def contract_error(body: Any) -> str | None:
                 _or_list(x, lambda e, exp: _expect(isinstance(e, bool), e, exp), "BoolOrList")
             elif key in ("logprob_start_len", "top_logprobs_num"):
                 _or_list(x, lambda e, exp: _expect(_is_int(e), e, exp), "Int64OrList")
+            elif key == "routed_experts_start_len":
+                _expect(_is_int(x), x, "i64")
+            elif key == "return_routed_experts":
+                _expect(isinstance(x, bool), x, "a boolean")
     except ContractError as e:
         return str(e)
     return None
@@ -131,6 +138,8 @@ class GenerateItem:
     logprob_start_len: int
     top_logprobs_num: int
     return_text_in_logprobs: bool
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0  # first position whose routing is returned (0 … prompt length)
 
 
 def parse_generate(body: dict[str, Any], model: EngineModel) -> tuple[list[GenerateItem], bool]:
@@ -167,6 +176,10 @@ def parse_generate(body: dict[str, Any], model: EngineModel) -> tuple[list[Gener
         raise ValueError("The n parameter must be the same for all requests in a batch.")
     n = ns.pop()
     rids = _rids(body.get("rid"), batch, single and n == 1)
+    return_routed = bool(body.get("return_routed_experts"))
+    routed_start = int(body.get("routed_experts_start_len") or 0)
+    if return_routed:
+        _check_routed_start(routed_start, prompts)
     items = []
     for prompt, params, lp, start, top, rid in zip(
         prompts,
@@ -188,9 +201,26 @@ def parse_generate(body: dict[str, Any], model: EngineModel) -> tuple[list[Gener
                     logprob_start_len=int(start) if lp else -1,
                     top_logprobs_num=int(top),
                     return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
+                    return_routed_experts=return_routed,
+                    routed_experts_start_len=routed_start,
                 )
             )
     return items, single and n == 1
+
+
+def _check_routed_start(start: int, prompts: list[list[int]]) -> None:
+    """SGLang's checks of `routed_experts_start_len` (it must lie within every prompt)."""
+    if start < 0:
+        raise ValueError(
+            f"recv_req.routed_experts_start_len={start} is lower than 0. "
+            "Please use a non-negative routed_experts_start_len."
+        )
+    shortest = min(len(p) for p in prompts)
+    if start > shortest:
+        raise ValueError(
+            f"recv_req.routed_experts_start_len={start} is higher than the number of input tokens "
+            f"len(req.origin_input_ids)={shortest}. Please use a smaller routed_experts_start_len."
+        )
 
 
 def _rids(rid: Any, batch: int, single: bool) -> list[str]:
@@ -250,6 +280,10 @@ def generate_response(request: Request, item: GenerateItem, model: EngineModel, 
     # request finishes), no cache-tier details, no data-parallel rank.
     meta["weight_versions"] = [{"version": request.weight_version, "start": 0, "end": len(request.output_ids)}]
     meta.update(cached_tokens_details=None, dp_rank=None)
+    if final and item.return_routed_experts and request.routed:
+        # SGLang's format: base64 of int32 [positions start … prompt + output - 2, layers, top_k], C order.
+        ids = request.routed[0].to(torch.int32).contiguous().numpy()
+        meta["routed_experts"] = base64.b64encode(ids.tobytes()).decode("ascii")
     if final:
         meta["e2e_latency"] = request.finished_at - request.created
         meta["response_sent_to_client_ts"] = time.time()

@@ -39,6 +39,8 @@ class Request:
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1: no input-token log-probs
     top_logprobs_num: int = 0
+    return_routed_experts: bool = False  # record the MoE routing of positions routed_experts_start_len … end - 1
+    routed_experts_start_len: int = 0
     on_token: Callable[["Request"], None] | None = None  # called on the scheduler thread after each token
     on_finish: Callable[["Request"], None] | None = None  # called on the scheduler thread once
     output_ids: list[int] = field(default_factory=list)
@@ -53,6 +55,7 @@ class Request:
     created: float = field(default_factory=time.perf_counter)
     finished_at: float = 0.0
     matched_stop_text: str | None = None  # the stop string that ended the request, if any
+    routed: list[torch.Tensor] = field(default_factory=list)  # int32 [n, layers, top_k] chunks from the start len
     _generator: torch.Generator | None = None
 
     @property
@@ -78,8 +81,14 @@ class Scheduler:
         weight_version: str = "default",
         seed: int = 0,
         prefix_cache_tokens: int = 0,
+        enable_return_routed_experts: bool = False,
     ):
+        if enable_return_routed_experts and not model.is_moe:
+            raise ValueError(
+                f"enable_return_routed_experts needs a mixture-of-experts model; {model.spec.model_type} is dense"
+            )
         self.model = model
+        self.records_routing = enable_return_routed_experts  # SGLang's --enable-return-routed-experts
         self.max_running = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
         self.weight_version = weight_version
@@ -266,7 +275,12 @@ class Scheduler:
         if _wants_input(request):  # prompt log-probs need every position's logits: no reuse
             return PrefillRow(tokens)
         reused, prefix = self.prefix.lookup(tokens)
-        return PrefillRow(tokens, reused, prefix)
+        if self._routes(request):  # positions from the start length on must run through the routers
+            reused = min(reused, request.routed_experts_start_len)
+        return PrefillRow(tokens, reused, prefix if reused else None)
+
+    def _routes(self, request: Request) -> bool:
+        return self.records_routing and request.return_routed_experts
 
     def _prefill(self, batch: list[tuple[Request, PrefillRow]]) -> None:
         requests = [request for request, _ in batch]
@@ -277,8 +291,15 @@ class Scheduler:
             if not request.output_ids:
                 request.cached_tokens = row.reused
         want_input = _wants_input(requests[0])
-        logits, layers = run_prefill(self.model, [row for _, row in batch], all_logits=want_input)
+        routing = any(self._routes(r) for r in requests)
+        logits, layers, routed = run_prefill(
+            self.model, [row for _, row in batch], all_logits=want_input, routing=routing
+        )
         self.last_progress = time.perf_counter()
+        if routed is not None:
+            for (request, row), ids in zip(batch, routed, strict=True):
+                if self._routes(request):  # a re-prefill (after a retract) recomputes every recorded position
+                    request.routed = [ids[request.routed_experts_start_len - row.reused :]]
         if want_input:
             self._record_input_logprobs(requests[0], logits[0])
             logits = logits[:, -1, :]
@@ -300,7 +321,13 @@ class Scheduler:
         cache, mask = self._kv.begin_step()
         input_ids = torch.tensor([[r.output_ids[-1]] for r in running])
         positions = torch.tensor([[n] for n in self._kv.lengths])
-        logits = self.model.forward(input_ids, positions, cache, attention_mask=mask)
+        routing = any(self._routes(r) for r in running)
+        out = self.model.forward(input_ids, positions, cache, attention_mask=mask, routing=routing)
+        logits, routed = out if routing else (out, None)
+        if routed is not None:
+            for row, request in enumerate(running):
+                if self._routes(request):
+                    request.routed.append(routed[row])
         self._kv.end_step()
         self.last_progress = time.perf_counter()
         self.decode_steps += 1
@@ -350,6 +377,9 @@ class Scheduler:
         return None
 
     def _finish(self, request: Request, reason: dict[str, Any]) -> None:
+        if self._routes(request) and request.routed:  # SGLang returns positions start … prompt + output - 2
+            rows = len(request.input_ids) + len(request.output_ids) - 1 - request.routed_experts_start_len
+            request.routed = [torch.cat(request.routed)[: max(rows, 0)]]
         request.finish_reason = reason
         request.weight_version = self.weight_version
         request.finished_at = time.perf_counter()
