@@ -109,6 +109,14 @@ class Episode:
     finish_reason: FinishReason | None = None
     weight_version: int = 0  # oldest engine weight version among its turns (Turn.weight_version)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # MoE routing replay: int32 [n, layers x top_k] chunks, in order, the experts the engine routed positions
+    # 0 … routed_length - 1 to (every position it ran, prompt and replies included; empty without replay)
+    routed_experts: list[Any] = field(default_factory=list)
+
+    @property
+    def routed_length(self) -> int:
+        """Positions from the start whose engine routing is recorded."""
+        return sum(len(chunk) for chunk in self.routed_experts)
 
     @property
     def turn_rewards(self) -> list[float]:
@@ -164,6 +172,8 @@ class TrainBatch:
     ref_logprobs: list[list[float]] | None = None
     rollout_logprobs: list[list[float]] | None = None
     turn_versions: list[list[int]] | None = None  # weight version of each assistant turn, per episode
+    # MoE routing replay: per episode int32 [n, layers x top_k], the engine's experts for positions 0 … n - 1
+    routed_experts: list[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -18,13 +18,16 @@ from userrl_megatron.config.schema import GymsConfig
 from userrl_megatron.types import Episode, Message, Task
 
 
-def make_chatty_model(out_dir: Path, eos_scale: float = 60.0, seed: int = 0, **overrides: object) -> Path:
-    """A tiny Llama with the character tokenizer (tests.support.char_tokenizer) and a scaled `<|im_end|>` row."""
+def make_chatty_model(
+    out_dir: Path, eos_scale: float = 60.0, seed: int = 0, family: str = "llama", **overrides: object
+) -> Path:
+    """A tiny model of `family` (Llama by default) with the character tokenizer (tests.support.char_tokenizer)
+    and a scaled `<|im_end|>` row."""
     from transformers import AutoTokenizer
 
     overrides.setdefault("max_position_embeddings", 4096)
     overrides.setdefault("eos_token_id", None)
-    make_tiny_model("llama", out_dir, seed=seed, tokenizer="char", **overrides)
+    make_tiny_model(family, out_dir, seed=seed, tokenizer="char", **overrides)
     eos = AutoTokenizer.from_pretrained(out_dir).convert_tokens_to_ids("<|im_end|>")
     weights_file = out_dir / "model.safetensors"
     weights = load_file(weights_file)

@@ -34,6 +34,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "algo.kl_estimator": ("k1", "k2", "k3"),
     "algo.user_sim_failure": ("drop", "mask", "keep"),
+    "algo.routing_replay": ("none", "rollout"),
     "gyms.persuade.reward_baseline": ("best", "previous"),
     "gyms.search.judge": ("llm", "exact"),
     "gyms.search.backend": ("offline", "web"),

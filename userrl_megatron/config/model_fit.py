@@ -87,6 +87,11 @@ def model_fit_problems(cfg: RootConfig) -> list[str]:
     except (KeyError, TypeError, ValueError) as e:
         return [f"model.path = {cfg.model.path}: its config.json lacks or mangles {e}"]
     problems = model_layout_problems(cfg.megatron, arch) + moe_training_problems(cfg.megatron, arch)
+    if cfg.algo.routing_replay != "none" and not arch.is_moe:
+        problems.append(
+            f"algo.routing_replay = {cfg.algo.routing_replay} needs a mixture-of-experts model; "
+            f"{arch.family} is dense (set it to none)"
+        )
     engine_tp = cfg.rollout.engine_tp
     if cfg.rollout.backend == "sglang" and engine_tp > 1 and arch.num_heads % engine_tp:
         problems.append(f"rollout.engine_tp = {engine_tp} must divide the model's {arch.num_heads} attention heads")

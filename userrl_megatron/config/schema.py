@@ -81,6 +81,7 @@ class SGLangConfig:
     device: str = "auto"  # "auto" (cuda when the engine was given a GPU, else cpu), "cpu" or "cuda"
     max_total_tokens: int = 0  # KV-cache size in tokens (0 = SGLang sizes it from memory; set it on CPU)
     enable_weights_cpu_backup: bool = False  # keep weights across memory release (forced on: colocated with sync off)
+    enable_return_routed_experts: bool = False  # MoE: record routing for return_routed_experts (on: routing replay)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class EmbeddedServerConfig:
     max_prefill_tokens: int = 8192  # prompt tokens prefilled per scheduler iteration (at least one request)
     prefix_cache_tokens: int = 16384  # tokens of finished sequences whose KV is kept for reuse (0 disables)
     random_seed: int = 0  # seed of sampled requests that carry no sampling_seed
+    enable_return_routed_experts: bool = False  # MoE: /generate may return routed_experts (SGLang flag of that name)
     health_check_timeout_s: float = 20.0  # /health answers 503 when no forward completes within this time
     startup_timeout_s: float = 300.0  # how long to wait for a launched server's /health_generate to answer 200
 
@@ -186,6 +188,7 @@ class AlgoConfig:
     mini_batches_per_step: int = 1  # optimizer steps per RL step (episodes split evenly)
     drop_equal_score_groups: bool = False  # skip groups whose scores are all equal (zero advantage)
     user_sim_failure: str = "mask"  # user-simulator failures: "drop" the episode, "mask" (in baseline, no loss), "keep"
+    routing_replay: str = "none"  # MoE: "rollout" replays the engines' expert choices in the trainer, "none" reroutes
 
 
 @dataclass

@@ -6,11 +6,14 @@ SGLang servers and the embedded server alike.
 """
 
 import asyncio
+import base64
 import json
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
+
+import numpy as np
 
 from userrl_megatron.types import SamplingParams
 
@@ -29,14 +32,20 @@ class Generation:
     weight_version: str = "default"
     prompt_tokens: int = 0
     latency_s: float = 0.0
+    # MoE routing replay: the expert ids the engine routed each position to, int32 [positions, layers x top_k],
+    # for positions routed_experts_start_len … prompt + output - 2 (SGLang's rows); None unless asked for
+    routed_experts: np.ndarray | None = None
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
     """What the episode runner and the weight sync need from an engine."""
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
-        """Continue `input_ids`; the output never includes the input."""
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, routed_experts_start_len: int | None = None
+    ) -> Generation:
+        """Continue `input_ids`; the output never includes the input. With `routed_experts_start_len` (MoE
+        routing replay) the engine also returns the experts it routed positions start … end − 2 to."""
         ...
 
     async def health(self) -> bool:
@@ -173,17 +182,27 @@ class SGLangClient:
 
     # ---- generation ----
 
-    def generate_payload(self, input_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
-        """The `/generate` body: token ids in, output ids and their log-probs out."""
-        return {"input_ids": list(input_ids), "sampling_params": sampling.to_dict(), "return_logprob": True}
+    def generate_payload(
+        self, input_ids: list[int], sampling: SamplingParams, routed_experts_start_len: int | None = None
+    ) -> dict[str, Any]:
+        """The `/generate` body: token ids in, output ids and their log-probs (and routed experts) out."""
+        body = {"input_ids": list(input_ids), "sampling_params": sampling.to_dict(), "return_logprob": True}
+        if routed_experts_start_len is not None:
+            body.update(return_routed_experts=True, routed_experts_start_len=routed_experts_start_len)
+        return body
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
-        status, body = await self._request(
-            "POST", "/generate", self.generate_payload(input_ids, sampling), timeout_s=self.timeout_s
-        )
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, routed_experts_start_len: int | None = None
+    ) -> Generation:
+        payload = self.generate_payload(input_ids, sampling, routed_experts_start_len)
+        status, body = await self._request("POST", "/generate", payload, timeout_s=self.timeout_s)
         if status != 200:
             raise EngineError(f"/generate: {_message(body)} (HTTP {status})")
         meta = body["meta_info"]
+        routed = None
+        if routed_experts_start_len is not None:
+            rows = len(input_ids) + len(body["output_ids"]) - 1 - routed_experts_start_len
+            routed = decode_routed_experts(meta.get("routed_experts"), max(rows, 0))
         return Generation(
             output_ids=list(body["output_ids"]),
             output_logprobs=[float(lp) for lp, _, _ in meta["output_token_logprobs"]],
@@ -191,6 +210,7 @@ class SGLangClient:
             weight_version=str(meta.get("weight_version", "default")),
             prompt_tokens=int(meta.get("prompt_tokens", len(input_ids))),
             latency_s=float(meta.get("e2e_latency", 0.0)),
+            routed_experts=routed,
         )
 
     async def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
@@ -365,3 +385,22 @@ def _message(body: Any) -> str:
         if "message" in body:
             return str(body["message"])
     return str(body)
+
+
+def decode_routed_experts(encoded: str | None, rows: int) -> np.ndarray:
+    """SGLang's `meta_info.routed_experts` (base64 of int32 [rows, layers, top_k]) as int32 [rows, layers x top_k].
+
+    A missing field means the server records no routing (SGLang without `--enable-return-routed-experts`)."""
+    if encoded is None:
+        raise EngineError(
+            "/generate returned no routed_experts: start the engine with --enable-return-routed-experts "
+            "(algo.routing_replay: rollout sets it for engines this project launches)"
+        )
+    ids = np.frombuffer(base64.b64decode(encoded), dtype=np.int32)
+    if (rows == 0 and ids.size) or (rows and ids.size % rows):
+        _bad_routing(ids.size, rows)
+    return ids.reshape(rows, -1 if rows else 0).copy()
+
+
+def _bad_routing(size: int, rows: int) -> NoReturn:
+    raise EngineError(f"/generate returned {size} routed expert ids, not a multiple of its {rows} positions")

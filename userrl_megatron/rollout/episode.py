@@ -30,7 +30,9 @@ GymFactory = Callable[[Task], Gym]
 class TurnEngine(Protocol):
     """What an episode needs from an engine: a `RolloutEngine`, or a pool's per-episode session."""
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation: ...
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, routed_experts_start_len: int | None = None
+    ) -> Generation: ...
 
 
 EngineFor = Callable[[str], TurnEngine]  # episode id -> the engine that serves it (sticky per episode)
@@ -60,6 +62,7 @@ class EpisodeRunner:
         self.chat = chat
         self.make_gym = make_gym
         self.heartbeat_s = HEARTBEAT_S  # seconds between `rollout: N/M episodes done` lines of run_groups
+        self.routing_replay = False  # ask the engine for its MoE routing every turn (algo.routing_replay: rollout)
 
     def sampling(self, temperature: float | None = None) -> SamplingParams:
         """Sampling of one turn under the config (the turn's token limit is applied per call)."""
@@ -182,12 +185,23 @@ class EpisodeRunner:
     ) -> tuple[Turn, Generation]:
         """Generate one assistant turn and append it, trained, with its log-probs."""
         started = time.perf_counter()
+        routed_from = episode.routed_length if self.routing_replay else None
         try:
-            generation = await engine.generate(episode.token_ids, sampling)
+            if routed_from is None:
+                generation = await engine.generate(episode.token_ids, sampling)
+            else:  # the engine routes the new context and the reply; earlier positions are recorded already
+                generation = await engine.generate(episode.token_ids, sampling, routed_experts_start_len=routed_from)
         except Exception as e:
             raise _EpisodeEnd("engine_error", _describe(e)) from e
         if generation.finish_reason == "abort":
             raise _EpisodeEnd("engine_error", "the engine aborted the request")
+        if routed_from is not None:
+            rows = len(episode.token_ids) + len(generation.output_ids) - 1 - routed_from
+            routed = generation.routed_experts
+            if routed is None or len(routed) != rows:
+                got = "none" if routed is None else len(routed)
+                raise _EpisodeEnd("engine_error", f"the engine returned routed experts for {got} positions, not {rows}")
+            episode.routed_experts.append(routed)
         ids, logprobs = generation.output_ids, generation.output_logprobs
         if len(logprobs) != len(ids):
             raise _EpisodeEnd("engine_error", f"the engine returned {len(ids)} tokens but {len(logprobs)} log-probs")

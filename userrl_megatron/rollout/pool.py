@@ -438,9 +438,11 @@ class EngineSession:
         self.engine: Engine | None = None
         self.history: list[int] = []  # engine index that served each generate
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, routed_experts_start_len: int | None = None
+    ) -> Generation:
         if self.pool.router_client is not None:
-            return await self._generate_routed(input_ids, sampling)
+            return await self._generate_routed(input_ids, sampling, routed_experts_start_len)
         failovers = 0
         while True:
             await self.pool._running.wait()
@@ -450,7 +452,7 @@ class EngineSession:
             assert engine.client is not None
             engine.outstanding += 1
             try:
-                generation = await engine.client.generate(input_ids, sampling)
+                generation = await engine.client.generate(input_ids, sampling, routed_experts_start_len)
             except EngineError:
                 if failovers >= self.pool.cfg.generate_failovers or not await self.pool._failed(engine, epoch):
                     raise
@@ -468,13 +470,15 @@ class EngineSession:
             self.history.append(engine.index)
             return generation
 
-    async def _generate_routed(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def _generate_routed(
+        self, input_ids: list[int], sampling: SamplingParams, routed_experts_start_len: int | None = None
+    ) -> Generation:
         """Through sglang-router (it picks the engine and retries); turns aborted by a pause are sent again."""
         client = self.pool.router_client
         assert client is not None
         while True:
             await self.pool._running.wait()
-            generation = await client.generate(input_ids, sampling)
+            generation = await client.generate(input_ids, sampling, routed_experts_start_len)
             if generation.finish_reason == "abort" and not self.pool._running.is_set():
                 continue
             return generation

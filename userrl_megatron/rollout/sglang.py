@@ -65,6 +65,8 @@ def sglang_command(
         command.append("--enable-memory-saver")
     if cfg.enable_weights_cpu_backup:
         command.append("--enable-weights-cpu-backup")
+    if cfg.enable_return_routed_experts:
+        command.append("--enable-return-routed-experts")
     if served_model_name:
         command += ["--served-model-name", served_model_name]
     return command + list(cfg.extra_args)

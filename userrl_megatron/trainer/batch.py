@@ -3,6 +3,8 @@
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from userrl_megatron.algo.advantages import episode_advantages
 from userrl_megatron.config.schema import AlgoConfig
 from userrl_megatron.types import Episode, EpisodeGroup, TrainBatch
@@ -76,6 +78,7 @@ def prepare_batch(groups: list[EpisodeGroup], algo: AlgoConfig) -> Prepared | No
         advantages=advantages,
         rollout_logprobs=[list(e.rollout_logprobs) for e in episodes],
         turn_versions=[[t.weight_version for t in e.turns] for e in episodes],
+        routed_experts=_routed_experts(episodes),
     )
     metrics["batch/masked_episodes"] = float(sum(_masked(e, algo) for e in episodes))
     metrics["batch/episodes"] = float(len(episodes))
@@ -106,7 +109,15 @@ def _select(batch: TrainBatch, rows: list[int]) -> TrainBatch:
         ref_logprobs=pick(batch.ref_logprobs),
         rollout_logprobs=pick(batch.rollout_logprobs),
         turn_versions=pick(batch.turn_versions),
+        routed_experts=pick(batch.routed_experts),
     )
+
+
+def _routed_experts(episodes: list[Episode]) -> list[np.ndarray] | None:
+    """Each episode's recorded engine routing as one int32 [n, layers x top_k] array; None without replay."""
+    if not any(e.routed_experts for e in episodes):
+        return None
+    return [np.concatenate(e.routed_experts) if e.routed_experts else np.zeros((0, 0), np.int32) for e in episodes]
 
 
 def _dropped(episode: Episode, algo: AlgoConfig) -> bool:

@@ -265,10 +265,17 @@ def _nested_sum(values: Any) -> float:
 
 def _rollout_config(cfg: RootConfig) -> Any:
     """The pool's config: colocated SGLang engines without weight sync must keep a CPU copy of their weights,
-    since nothing refills the weight memory they release while the actor trains."""
+    since nothing refills the weight memory they release while the actor trains; routing replay needs engines
+    that record their MoE routing."""
     rollout = cfg.rollout
     if rollout.colocate and not cfg.sync.enabled and not rollout.sglang.enable_weights_cpu_backup:
         rollout = replace(rollout, sglang=replace(rollout.sglang, enable_weights_cpu_backup=True))
+    if cfg.algo.routing_replay == "rollout":
+        rollout = replace(
+            rollout,
+            sglang=replace(rollout.sglang, enable_return_routed_experts=True),
+            embedded=replace(rollout.embedded, enable_return_routed_experts=True),
+        )
     return rollout
 
 
@@ -336,6 +343,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
         env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
         actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
+        runner.routing_replay = cfg.algo.routing_replay == "rollout"
         pool = RolloutPool(_rollout_config(cfg), str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
         parts = Components(cfg, actors, pool, runner, TaskStream(train_tasks, cfg.run.seed), eval_tasks, user_sim)
         pool.on_restart = parts.repair
