@@ -21,6 +21,9 @@ token; ours counts trained tokens or rows. The actor scales the aux-loss gradien
 of the whole batch), so each step minimises Σ loss / N + coef · Σ_layers Σ_mb (T_mb / T) aux_mb, whatever N,
 the micro-batch split and the layout. (Megatron trains MoE with TP > 1 only under sequence parallelism, whose
 TP reduction of the router gradient this relies on.)
+
+With `algo.routing_replay: rollout` the MoE routers replay the experts the rollout engine chose for every
+position it ran, in both the log-prob and the training forwards (`routing.py`).
 """
 
 import logging
@@ -44,7 +47,7 @@ from userrl_megatron.config.schema import AlgoConfig, MegatronConfig, ModelConfi
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.convert.hf_io import HFWeights
 from userrl_megatron.convert.rules import Converter
-from userrl_megatron.megatron import checkpoint, cpu, parallel
+from userrl_megatron.megatron import checkpoint, cpu, parallel, routing
 from userrl_megatron.megatron import optimizer as optim
 from userrl_megatron.megatron.checkpoint_writer import CheckpointWriter
 from userrl_megatron.megatron.export import export_hf, export_hf_dir
@@ -92,6 +95,7 @@ class MicroBatch:
     width: int  # longest episode: the width of the per-token row tensors
     input: ModelInput
     loss: dict[str, torch.Tensor] = field(default_factory=dict)  # [len(rows), width] row tensors
+    replay_target: routing.RoutingTarget | None = None  # the engine's experts (algo.routing_replay: rollout)
 
 
 class MegatronActor:
@@ -115,7 +119,9 @@ class MegatronActor:
         if self.layout.cp > 1 and not use_te:
             raise ConfigError("megatron.context_parallel_size > 1 needs the Transformer Engine layer spec")
         self.converter = Converter(self.arch, te_layout=use_te)
+        self._check_routing_replay()
         chunks = build_chunks(self.arch, megatron, self.dtype, use_te, initialize=not load_weights)
+        self.replay = routing.install(chunks) if algo.routing_replay == "rollout" else []
         if load_weights:
             source = HFSource(HFWeights(self.hf_dir), self.converter)
             load_full_weights(chunks, source, self.converter, self.layout.tp_rank, self.layout.tp)
@@ -328,6 +334,18 @@ class MegatronActor:
 
     # ---- internals ----------------------------------------------------------------------------------
 
+    def _check_routing_replay(self) -> None:
+        if self.algo.routing_replay == "none":
+            return
+        if not self.arch.is_moe:
+            raise ConfigError(
+                f"algo.routing_replay = {self.algo.routing_replay} needs a mixture-of-experts model; "
+                f"{self.arch.family} is dense (set it to none)"
+            )
+        if self.cfg.recompute != "none" and self.layout.pp > 1:
+            # 1F1B runs several forwards before their backwards; a recomputed forward would see a later target
+            raise ConfigError("algo.routing_replay = rollout does not support megatron.recompute with pipeline stages")
+
     def _check_tokens(self, batch: TrainBatch) -> None:
         if len(batch) == 0:
             raise ValueError("TrainBatch is empty")
@@ -405,6 +423,17 @@ class MegatronActor:
             model_input = padded_input(seqs, align)
         width = max(len(s) for s in seqs)
         mb = MicroBatch(rows=rows, width=width, input=model_input.to(self.device))
+        if self.replay and batch.routed_experts is not None:
+            lay = self.layout
+            mb.replay_target = routing.routing_target(
+                model_input,
+                [batch.routed_experts[r] for r in rows],
+                self.arch.num_layers,
+                self.arch.moe_top_k,
+                lay.tp,
+                lay.tp_rank,
+                self.cfg.sequence_parallel,
+            )
         if train:
             fields = {"mask": batch.loss_mask, "advantages": batch.advantages}
             for name in ("old_logprobs", "ref_logprobs", "rollout_logprobs"):
@@ -418,15 +447,18 @@ class MegatronActor:
         micro-batch on the last stage, [] elsewhere."""
         iterators = [iter(micro_batches) for _ in self.chunks]
         forward_backward = get_forward_backward_func()
-        return forward_backward(
-            forward_step_func=partial(self._forward_step, score=score),
-            data_iterator=iterators if len(iterators) > 1 else iterators[0],
-            model=self.chunks,
-            num_microbatches=len(micro_batches),
-            seq_length=max(mb.input.tokens.shape[1] for mb in micro_batches),
-            micro_batch_size=max(mb.input.tokens.shape[0] for mb in micro_batches),
-            forward_only=forward_only,
-        )
+        try:
+            return forward_backward(
+                forward_step_func=partial(self._forward_step, score=score),
+                data_iterator=iterators if len(iterators) > 1 else iterators[0],
+                model=self.chunks,
+                num_microbatches=len(micro_batches),
+                seq_length=max(mb.input.tokens.shape[1] for mb in micro_batches),
+                micro_batch_size=max(mb.input.tokens.shape[0] for mb in micro_batches),
+                forward_only=forward_only,
+            )
+        finally:
+            routing.set_target(self.replay, None)
 
     def _forward_step(
         self, data_iterator: Iterator[MicroBatch], model: torch.nn.Module, *, score: Callable[..., tuple]
@@ -447,6 +479,7 @@ class MegatronActor:
                 max_seqlen_kv=inp.max_seqlen,
             )
         extra = {"padding_mask": inp.row < 0} if self.arch.is_moe else {}  # True = padding, outside routing statistics
+        routing.set_target(self.replay, mb.replay_target)
         output = model(inp.tokens, inp.position_ids, None, packed_seq_params=packed, **extra)
         return output, partial(score, mb)
 
