@@ -31,6 +31,14 @@ def test_truncated_importance_sampling_is_on_by_default_only_in_asynchronous_mod
     assert cfg.algo.tis_cap == float(tis_cap)  # the run's own config is left as it was
 
 
+def test_routing_replay_turns_on_the_engines_routing_capture() -> None:
+    cfg = load_config(overrides=["algo.routing_replay=rollout"], check=False)
+    rollout = _rollout_config(cfg)
+    assert rollout.sglang.enable_return_routed_experts and rollout.embedded.enable_return_routed_experts
+    plain = _rollout_config(load_config(check=False))
+    assert not plain.sglang.enable_return_routed_experts and not plain.embedded.enable_return_routed_experts
+
+
 def test_router_command() -> None:
     command = router_command(SGLangConfig(python="py"), ["http://a:1", "http://b:2"], 30100, 29100, "cache_aware")
     assert command == [

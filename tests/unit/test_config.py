@@ -111,6 +111,11 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
             "megatron.expert_model_parallel_size = 2 must divide the data-parallel size 3",
         ),
         (["run.device=cpu", "megatron.context_parallel_size=2", "megatron.devices_per_node=2"], "needs CUDA"),
+        (
+            ["algo.routing_replay=rollout"],
+            "algo.routing_replay = rollout needs a mixture-of-experts model; llama is dense (set it to none)",
+        ),
+        (["algo.routing_replay=all"], "algo.routing_replay = 'all'; choose from none, rollout"),
     ],
 )
 def test_cross_field_checks(overrides: list[str], message: str) -> None:

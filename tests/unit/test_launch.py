@@ -137,3 +137,12 @@ def test_serve_sglang_reports_a_server_that_does_not_start(tmp_path: Path) -> No
     out = subprocess.run([*command, "--sglang-python", "/bin/false"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.startswith("userrl: error: SGLang did not start: engine server exited with code 1 before")
+
+
+def test_routed_experts_flags() -> None:
+    sglang = sglang_command(SGLangConfig(enable_return_routed_experts=True), "/m", 1, 30000, python="py")
+    assert "--enable-return-routed-experts" in sglang
+    assert "--enable-return-routed-experts" not in sglang_command(SGLangConfig(), "/m", 1, 30000, python="py")
+    embedded = embedded_server_command("/m", EmbeddedServerConfig(enable_return_routed_experts=True), 8000)
+    assert "--enable-return-routed-experts" in embedded
+    assert "--enable-return-routed-experts" not in embedded_server_command("/m", EmbeddedServerConfig(), 8000)

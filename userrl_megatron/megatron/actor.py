@@ -191,6 +191,9 @@ class MegatronActor:
         metrics = self._reduce_metrics(outputs, rollout=batch.rollout_logprobs is not None)
         if self.arch.is_moe and aux_loss_coef(self.arch, self.cfg) > 0:
             metrics.update(self._aux_loss_metric())
+        if self.replay:  # positions whose experts came from the engine (the rest: the trainer's own routing)
+            replayed = sum(len(r) for r in batch.routed_experts or [])
+            metrics["actor/routing_replayed"] = replayed / sum(len(t) for t in batch.token_ids)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(elapsed, op=torch.distributed.ReduceOp.MAX)  # the slowest rank's time
         elapsed = float(elapsed)
