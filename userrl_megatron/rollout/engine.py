@@ -200,7 +200,8 @@ class SGLangClient:
             raise EngineError(f"/generate: {_message(body)} (HTTP {status})")
         meta = body["meta_info"]
         routed = None
-        if routed_experts_start_len is not None:
+        aborted = (meta.get("finish_reason") or {}).get("type", "abort") == "abort"
+        if routed_experts_start_len is not None and not (aborted and "routed_experts" not in meta):
             rows = len(input_ids) + len(body["output_ids"]) - 1 - routed_experts_start_len
             routed = decode_routed_experts(meta.get("routed_experts"), max(rows, 0))
         return Generation(

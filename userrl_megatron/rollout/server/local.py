@@ -136,11 +136,9 @@ def generation_of(request: Request) -> Generation:
 
 
 def _routed(request: Request) -> np.ndarray | None:
-    if not request.return_routed_experts:
+    if not request.return_routed_experts or not request.routed:  # not asked, or aborted before any forward
         return None
     rows = max(len(request.input_ids) + len(request.output_ids) - 1 - request.routed_experts_start_len, 0)
-    if not request.routed:
-        return np.zeros((rows, 0), dtype=np.int32)
     return request.routed[0].reshape(rows, -1).numpy().copy()
 
 
