@@ -71,9 +71,13 @@ async def until(condition: Callable[[], Awaitable[bool] | bool], what: str) -> N
         await asyncio.sleep(0.05)
 
 
-async def server_state(url: str) -> dict:
+async def server_info(url: str) -> dict:
     async with aiohttp.ClientSession() as http, http.get(url + "/server_info") as response:
-        return (await response.json())["internal_states"][0]
+        return await response.json()
+
+
+async def server_state(url: str) -> dict:
+    return (await server_info(url))["internal_states"][0]
 
 
 def test_routing_pause_and_health_checks(
@@ -81,7 +85,9 @@ def test_routing_pause_and_health_checks(
 ) -> None:
     monkeypatch.setattr(RolloutPool, "heartbeat_s", 0.2)  # the servers take seconds to start: a few beats
     caplog.set_level(logging.INFO, logger="userrl_megatron")
-    cfg = pool_config(health_check_interval_s=0.5)
+    # Two threads each (the cores shared would give one, as Ray's OMP_NUM_THREADS=1 would: not telling).
+    embedded = EmbeddedServerConfig(base_port=0, max_running_requests=16, threads=2)
+    cfg = pool_config(health_check_interval_s=0.5, embedded=embedded)
     chat = ChatTemplate.from_pretrained(chatty, "tags")
     prompt = chat.prompt_ids(function_task(0).prompt)
     turn = SamplingParams(max_new_tokens=8, stop_token_ids=chat.stop_token_ids)
@@ -90,6 +96,7 @@ def test_routing_pause_and_health_checks(
         async with RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path) as pool:
             assert "rollout pool: 0/2 embedded engines up, " in caplog.text  # a heartbeat while they start
             assert len(pool.urls) == 2 and len(set(pool.urls)) == 2
+            assert [(await server_info(url))["cpu_threads"] for url in pool.urls] == [2, 2]
             assert pool.concurrency == 2 * cfg.max_concurrent_episodes
             a, b = pool.session("a"), pool.session("b")
             await asyncio.gather(a.generate(prompt, turn), b.generate(prompt, turn))

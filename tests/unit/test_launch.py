@@ -1,6 +1,7 @@
 """Engine launch: the SGLang and `userrl serve` command lines, and the shared wait-for-health failure paths
 (the healthy path runs with the embedded server in tests/e2e)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -104,6 +105,23 @@ def test_embedded_server_command() -> None:
         "--served-model-name", "policy",
         "--parent-pid", "42",
     ]  # fmt: skip
+
+
+def test_engine_threads_share_the_cores_unless_set() -> None:
+    """Ray gives an actor holding one CPU OMP_NUM_THREADS=1, which the engine would inherit: the launch names
+    its threads, by default the machine's cores shared among the engines."""
+    from dataclasses import replace
+
+    from userrl_megatron.config.schema import RolloutConfig
+    from userrl_megatron.rollout.pool import engine_threads
+
+    cores = os.cpu_count() or 1
+    assert engine_threads(RolloutConfig(num_engines=1)) == cores
+    assert engine_threads(RolloutConfig(num_engines=2 * cores)) == 1
+    pinned = RolloutConfig(num_engines=1, embedded=EmbeddedServerConfig(threads=3))
+    assert engine_threads(pinned) == 3
+    command = embedded_server_command("/m", replace(pinned.embedded, threads=engine_threads(pinned)), 1)
+    assert command[command.index("--threads") + 1] == "3"
 
 
 def test_a_server_that_exits_fails_fast_with_its_log(tmp_path: Path) -> None:

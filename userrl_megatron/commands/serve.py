@@ -30,11 +30,16 @@ def _serve(args: argparse.Namespace) -> int:
         "max_prefill_tokens": args.max_prefill_tokens,
         "prefix_cache_tokens": args.prefix_cache_tokens,
         "random_seed": args.random_seed,
+        "threads": args.threads,
         "enable_return_routed_experts": args.enable_return_routed_experts or None,
         "health_check_timeout_s": args.health_check_timeout,
     }
     cfg = replace(EmbeddedServerConfig(), **{k: v for k, v in overrides.items() if v is not None})
     port = args.port if args.port is not None else cfg.base_port
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     path = str(resolve_model(args.model))
     core = EngineCore(path, cfg, args.dtype or "float32", args.served_model_name or args.model, args.weight_version)
 
@@ -125,6 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-running-requests", type=int, help="requests decoded together")
     p.add_argument("--max-prefill-tokens", type=int, help="prompt tokens prefilled per scheduler iteration")
     p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (0 disables)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores)")
     p.add_argument("--random-seed", type=int, help="seed of sampled requests without sampling_seed")
     p.add_argument(
         "--enable-return-routed-experts",

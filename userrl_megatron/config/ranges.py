@@ -77,6 +77,7 @@ RANGES: dict[str, Rule] = {
     "rollout.embedded.max_running_requests": COUNT,
     "rollout.embedded.max_prefill_tokens": COUNT,
     "rollout.embedded.prefix_cache_tokens": NON_NEGATIVE,
+    "rollout.embedded.threads": NON_NEGATIVE,
     "rollout.embedded.context_length": NON_NEGATIVE,
     "rollout.embedded.random_seed": NON_NEGATIVE,
     "rollout.embedded.health_check_timeout_s": POSITIVE,

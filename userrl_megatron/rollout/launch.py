@@ -151,6 +151,8 @@ def embedded_server_command(
         "--random-seed", str(cfg.random_seed),
         "--health-check-timeout", str(cfg.health_check_timeout_s),
     ]  # fmt: skip
+    if cfg.threads:
+        command += ["--threads", str(cfg.threads)]
     if cfg.enable_return_routed_experts:
         command.append("--enable-return-routed-experts")
     if served_model_name:

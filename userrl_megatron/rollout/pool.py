@@ -22,7 +22,7 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -312,7 +312,7 @@ class RolloutPool:
             self.dtype,
             base_port + index if base_port else 0,
             rollout.engine_tp,
-            rollout.embedded,
+            replace(rollout.embedded, threads=engine_threads(rollout)),
             rollout.sglang,
             log_path,
         )
@@ -482,6 +482,13 @@ class EngineSession:
             if generation.finish_reason == "abort" and not self.pool._running.is_set():
                 continue
             return generation
+
+
+def engine_threads(rollout: RolloutConfig) -> int:
+    """Torch threads of each embedded engine: `rollout.embedded.threads`, else this machine's cores shared among
+    the engines. Ray sets OMP_NUM_THREADS=1 in an actor holding one CPU bundle, which the server would inherit,
+    leaving it one core while the trainer, waiting for the rollout, leaves the others idle."""
+    return rollout.embedded.threads or max(1, (os.cpu_count() or 1) // rollout.num_engines)
 
 
 @functools.cache

@@ -461,6 +461,7 @@ class EngineCore:
             "served_model_name": self.served_model_name,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
+            "cpu_threads": torch.get_num_threads(),
             "context_length": self.model.spec.context_length,
             "max_running_requests": self.cfg.max_running_requests,
             "max_prefill_tokens": self.cfg.max_prefill_tokens,
