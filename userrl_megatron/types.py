@@ -160,6 +160,11 @@ class EpisodeGroup:
         """Return of each episode."""
         return [e.total_reward for e in self.episodes]
 
+    @property
+    def has_signal(self) -> bool:
+        """Its episodes scored differently: equal scores give zero GRPO advantages (no signal, only cost)."""
+        return len(set(self.scores)) > 1
+
 
 @dataclass
 class TrainBatch:

@@ -88,3 +88,30 @@ def test_a_step_without_enough_signal_takes_what_finished() -> None:
         assert (metrics["rollout/groups_dropped"], metrics["rollout/groups_carried"]) == (2.0, 0.0)
 
     asyncio.run(scenario())
+
+
+def test_signal_is_judged_on_the_episodes_the_trainer_keeps() -> None:
+    """A group whose only differing episode failed in the engine has no signal once that episode is dropped: the
+    stream, given the trainer's test, drops it instead of using it (it would train on nothing)."""
+    from userrl_megatron.config.schema import AlgoConfig
+    from userrl_megatron.trainer.batch import filter_groups, trainable_part
+
+    groups = Groups({"t0": [0, 0, 1], "t1": [0, 1, 1]})
+    algo = AlgoConfig(drop_equal_score_groups=True)
+
+    async def run(t: Task) -> EpisodeGroup:
+        finished = await groups.run(t)
+        if t.task_id == "t0":
+            finished.episodes[2].finish_reason = "engine_error"
+        return finished
+
+    async def scenario() -> None:
+        groups.finish("t0", "t1")
+        stream = GroupStream(run, groups.draw, need=2, extra=0, has_signal=lambda g: trainable_part(g, algo).has_signal)
+        used, finished, metrics = await stream.collect()
+        assert [g.group_id for g in used] == ["t1"] and metrics["rollout/groups_dropped"] == 1.0
+        # filter_groups, the trainer's own filter, agrees: t0 is dropped there too.
+        kept, dropped = filter_groups(finished, algo)
+        assert [g.group_id for g in kept] == ["t1"] and dropped["batch/dropped_groups"] == 1.0
+
+    asyncio.run(scenario())

@@ -27,16 +27,20 @@ def filter_groups(groups: list[EpisodeGroup], algo: AlgoConfig) -> tuple[list[Ep
     groups whose returns are all equal (their advantages are zero: no learning signal, only cost)."""
     kept, dropped_episodes, dropped_groups = [], 0, 0
     for group in groups:
-        episodes = [e for e in group.episodes if not _dropped(e, algo)]
-        dropped_episodes += len(group.episodes) - len(episodes)
-        if not episodes or (
-            algo.drop_equal_score_groups and len(set(EpisodeGroup("", group.task, episodes).scores)) == 1
-        ):
+        trained = trainable_part(group, algo)
+        dropped_episodes += len(group.episodes) - len(trained.episodes)
+        if not trained.episodes or (algo.drop_equal_score_groups and not trained.has_signal):
             dropped_groups += 1
             continue
-        kept.append(EpisodeGroup(group.group_id, group.task, episodes))
+        kept.append(trained)
     metrics = {"batch/dropped_episodes": float(dropped_episodes), "batch/dropped_groups": float(dropped_groups)}
     return kept, metrics
+
+
+def trainable_part(group: EpisodeGroup, algo: AlgoConfig) -> EpisodeGroup:
+    """The group without the episodes training drops (broken ones; user-simulator failures when
+    `algo.user_sim_failure` is "drop"): what its scores, and so its signal, are computed over."""
+    return EpisodeGroup(group.group_id, group.task, [e for e in group.episodes if not _dropped(e, algo)])
 
 
 def bound_staleness(

@@ -30,7 +30,7 @@ from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.summary import is_infra_failure, rollout_metrics
-from userrl_megatron.trainer.batch import Prepared, bound_staleness, mini_batches, prepare_batch
+from userrl_megatron.trainer.batch import Prepared, bound_staleness, mini_batches, prepare_batch, trainable_part
 from userrl_megatron.trainer.components import Components, start_components
 from userrl_megatron.trainer.group_stream import GroupStream
 from userrl_megatron.trainer.preflight import is_sft_checkpoint
@@ -77,6 +77,7 @@ class Trainer:
                 parts.tasks.next,
                 cfg.rollout.prompts_per_step,
                 cfg.rollout.over_sample_groups,
+                lambda group: trainable_part(group, cfg.algo).has_signal,
             )
 
     async def fit(self) -> int:

@@ -22,8 +22,10 @@ class GroupStream:
         draw: Callable[[int], list[Task]],
         need: int,
         extra: int,
+        has_signal: Callable[[EpisodeGroup], bool] = lambda group: group.has_signal,
     ) -> None:
         self.run_group, self.draw, self.need, self.extra = run_group, draw, need, extra
+        self.has_signal = has_signal  # the trainer's test: over the episodes it would train on
         self.running: dict[asyncio.Task[EpisodeGroup], int] = {}  # in flight -> the order it was started in
         self.ready: list[EpisodeGroup] = []  # finished with signal, beyond what its step needed
         self._started = 0
@@ -46,7 +48,7 @@ class GroupStream:
                 del self.running[job]
                 group = job.result()
                 finished.append(group)
-                if len(set(group.scores)) < 2:
+                if not self.has_signal(group):
                     dropped += 1
                 elif len(used) < self.need:
                     used.append(group)
