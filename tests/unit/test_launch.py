@@ -118,6 +118,8 @@ def test_engine_threads_share_the_cores_unless_set() -> None:
     cores = os.cpu_count() or 1
     assert engine_threads(RolloutConfig(num_engines=1)) == cores
     assert engine_threads(RolloutConfig(num_engines=2 * cores)) == 1
+    # one_step_off: the trainer computes while the engines generate, so they take half the cores.
+    assert engine_threads(RolloutConfig(num_engines=1, mode="one_step_off")) == max(1, cores // 2)
     pinned = RolloutConfig(num_engines=1, embedded=EmbeddedServerConfig(threads=3))
     assert engine_threads(pinned) == 3
     command = embedded_server_command("/m", replace(pinned.embedded, threads=engine_threads(pinned)), 1)

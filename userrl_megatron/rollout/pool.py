@@ -486,9 +486,13 @@ class EngineSession:
 
 def engine_threads(rollout: RolloutConfig) -> int:
     """Torch threads of each embedded engine: `rollout.embedded.threads`, else this machine's cores shared among
-    the engines. Ray sets OMP_NUM_THREADS=1 in an actor holding one CPU bundle, which the server would inherit,
-    leaving it one core while the trainer, waiting for the rollout, leaves the others idle."""
-    return rollout.embedded.threads or max(1, (os.cpu_count() or 1) // rollout.num_engines)
+    the engines, in `one_step_off` mode half of them (the trainer computes alongside). Ray sets
+    OMP_NUM_THREADS=1 in an actor holding one CPU bundle, which the server would inherit: one core for the
+    rollout while the trainer, waiting for it in `sync` mode, leaves the others idle."""
+    cores = os.cpu_count() or 1
+    if rollout.mode == "one_step_off":
+        cores //= 2
+    return rollout.embedded.threads or max(1, cores // rollout.num_engines)
 
 
 @functools.cache
