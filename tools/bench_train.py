@@ -71,10 +71,11 @@ def synthetic_model(name: str, root: Path) -> Path:
     return folder
 
 
-def make_batch(vocab: int, episodes: int, seq_len: int, seed: int = 0) -> TrainBatch:
-    """Episodes of `seq_len` tokens: a quarter prompt (untrained), the rest trained with random advantages."""
+def make_batch(vocab: int, episodes: int, seq_len: int, seed: int = 0, trained_share: float = 0.75) -> TrainBatch:
+    """Episodes of `seq_len` tokens: the last `trained_share` of each trained with random advantages, the rest
+    (prompt, user turns) not."""
     rng = random.Random(seed)
-    prompt = seq_len // 4
+    prompt = seq_len - max(1, round(seq_len * trained_share))
     ids = [[rng.randrange(vocab) for _ in range(seq_len)] for _ in range(episodes)]
     mask = [[0] * prompt + [1] * (seq_len - prompt) for _ in range(episodes)]
     adv = [[rng.gauss(0, 1) * m for m in row] for row in mask]
@@ -128,7 +129,7 @@ def _bench_rank(rank: int, world: int, port: int, args: dict) -> dict:
     actor = MegatronActor(
         ModelConfig(path=args["model_dir"], dtype=args["dtype"]), cfg, AlgoConfig(), 0, load_weights=args["weights"]
     )
-    batch = make_batch(actor.arch.vocab_size, args["episodes"], args["seq_len"])
+    batch = make_batch(actor.arch.vocab_size, args["episodes"], args["seq_len"], trained_share=args["trained_share"])
     hf_step = HFStep(Path(args["model_dir"]), batch, actor.dtype) if args["compare_hf"] else None
     times, hf_times = [], []
     for step in range(args["warmup"] + args["steps"]):
@@ -182,6 +183,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--episodes", type=int, default=8, help="episodes per train_step (the global batch)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per episode")
+    p.add_argument("--trained-share", type=float, default=0.75, help="share of each episode's tokens trained")
     p.add_argument("--micro-batch-tokens", type=int, default=1024)
     p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
     p.add_argument("--steps", type=int, default=5, help="timed steps")
@@ -225,6 +227,7 @@ def main() -> None:
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu x{os.cpu_count()}",
             "episodes": args.episodes,
             "seq_len": args.seq_len,
+            "trained_share": args.trained_share,
             "tokens_per_step": sum(lengths),
             "step_time_s": step_time,
             "tokens_per_s": sum(lengths) / step_time,

@@ -58,11 +58,21 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     return out
 
 
+def trained_half(seqs: list[list[int]]) -> list[list[int]]:
+    """A loss mask training the second half of each sequence, and nothing of the third one."""
+    return [[int(i != 2 and t >= len(s) // 2) for t in range(len(s))] for i, s in enumerate(seqs)]
+
+
 def _compare(actor, model: dict) -> dict:
     logprobs, entropy = actor.compute_logprobs(TrainBatch(model["seqs"], [], []), with_entropy=True)
+    mask = trained_half(model["seqs"])
+    # Only the trained tokens: the output layer runs at their positions alone (the rest must be 0.0).
+    trained = actor.compute_logprobs(TrainBatch(model["seqs"], mask, []), trained_only=True)
+    expected = [[v * m for v, m in zip(lp, row, strict=True)] for lp, row in zip(model["logprobs"], mask, strict=True)]
     return {
         "logprobs": max_abs_diff(logprobs, model["logprobs"]),
         "entropy": max_abs_diff(entropy, model["entropy"]),
+        "trained_only": max_abs_diff(trained, expected),
         "values": logprobs,
     }
 
@@ -129,6 +139,7 @@ def test_tp2_pp2_dp2_match_transformers(models: dict) -> None:
             r = results[0][(layout, family)]
             assert r["logprobs"] <= TOL, (layout, family, r["logprobs"])
             assert r["entropy"] <= TOL, (layout, family, r["entropy"])
+            assert r["trained_only"] <= TOL, (layout, family, r["trained_only"])
             assert r["values"] == results[1][(layout, family)]["values"]  # identical on every rank
             assert results[0][(layout, family, "export")] is True
             assert results[1][(layout, family, "export")] is None
@@ -152,6 +163,7 @@ def test_tp2_x_pp2_matches_transformers(models: dict) -> None:
     for family in FAMILIES:
         assert results[0][family]["logprobs"] <= TOL, (family, results[0][family]["logprobs"])
         assert results[0][family]["entropy"] <= TOL
+        assert results[0][family]["trained_only"] <= TOL
         assert all(r[family]["values"] == results[0][family]["values"] for r in results)
         assert [r[(family, "export")] for r in results] == [True, None, None, None]
 
@@ -181,6 +193,7 @@ def test_tp3_and_interleaved_pp3_match_transformers_and_train(tmp_path: Path) ->
     for name in ("tp3", "pp3_vpp2"):
         assert results[0][name]["logprobs"] <= TOL, (name, results[0][name]["logprobs"])
         assert results[0][name]["entropy"] <= TOL
+        assert results[0][name]["trained_only"] <= TOL
         assert all(r[name]["values"] == results[0][name]["values"] for r in results)
         assert results[0][(name, "export")] is True
         assert results[0][(name, "losses")] == pytest.approx(expected, abs=1e-5), name

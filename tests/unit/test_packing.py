@@ -12,6 +12,7 @@ from userrl_megatron.megatron.packing import (
     rows_tensor,
     split_micro_batches,
     to_rows,
+    trained_positions,
     zigzag_positions,
 )
 
@@ -85,6 +86,20 @@ def test_to_rows_places_each_score_on_the_token_it_scores() -> None:
     values = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]])
     rows = to_rows(values, inp, rows=2, width=3)
     assert torch.equal(rows, torch.tensor([[0.0, 0.1, 0.2], [0.0, 0.4, 0.0]]))
+
+
+def test_trained_positions_index_the_hidden_states_and_score_like_the_full_input() -> None:
+    seqs, mask = [[5, 6, 7], [8, 9]], rows_tensor([[0, 1, 1], [0, 0]], 3)  # tokens 6 and 7 trained, row 1 not
+    # Padded [b=2, s=3]: the model's hidden states are [s, b], flattened to s * 2 + b.
+    index, sub = trained_positions(padded_input(seqs), mask)
+    assert index.tolist() == [0, 2]  # (b0, s0) and (b0, s1): the positions predicting tokens 6 and 7
+    assert (sub.labels.tolist(), sub.row.tolist(), sub.col.tolist()) == ([[6, 7]], [[0, 0]], [[0, 1]])
+    assert to_rows(torch.tensor([[0.5, 0.25]]), sub, rows=2, width=3).tolist() == [[0.0, 0.5, 0.25], [0.0] * 3]
+    # Packed [1, 6] (the sequences padded to 4 and 2 positions): the flat index is the position.
+    mask = rows_tensor([[0, 0, 1], [0, 1]], 3)
+    index, sub = trained_positions(packed_input(seqs, align=2), mask)
+    assert index.tolist() == [1, 4] and sub.labels.tolist() == [[7, 9]]
+    assert trained_positions(padded_input(seqs), torch.zeros(2, 3)) is None
 
 
 def test_rows_tensor_right_pads() -> None:

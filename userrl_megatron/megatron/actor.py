@@ -69,6 +69,7 @@ from userrl_megatron.megatron.packing import (
     rows_tensor,
     split_micro_batches,
     to_rows,
+    trained_positions,
 )
 from userrl_megatron.model_store import resolve_model
 from userrl_megatron.types import TrainBatch
@@ -96,6 +97,13 @@ class MicroBatch:
     input: ModelInput
     loss: dict[str, torch.Tensor] = field(default_factory=dict)  # [len(rows), width] row tensors
     replay_target: routing.RoutingTarget | None = None  # the engine's experts (algo.routing_replay: rollout)
+    head_index: torch.Tensor | None = None  # set: the output layer runs at these positions only (trained_positions)
+    scored_input: ModelInput | None = None  # the positions the logits cover: `input`, or those of head_index
+
+    @property
+    def targets(self) -> ModelInput:
+        """Labels and positions of the logits the model returns for this micro-batch."""
+        return self.input if self.scored_input is None else self.scored_input
 
 
 class MegatronActor:
@@ -146,24 +154,28 @@ class MegatronActor:
     # ---- log-probs ----------------------------------------------------------------------------------
 
     @overload
-    def compute_logprobs(self, batch: TrainBatch, with_entropy: Literal[False] = False) -> list[list[float]]: ...
+    def compute_logprobs(
+        self, batch: TrainBatch, with_entropy: Literal[False] = False, trained_only: bool = False
+    ) -> list[list[float]]: ...
 
     @overload
     def compute_logprobs(
-        self, batch: TrainBatch, with_entropy: Literal[True]
+        self, batch: TrainBatch, with_entropy: Literal[True], trained_only: bool = False
     ) -> tuple[list[list[float]], list[list[float]]]: ...
 
     def compute_logprobs(
-        self, batch: TrainBatch, with_entropy: bool = False
+        self, batch: TrainBatch, with_entropy: bool = False, trained_only: bool = False
     ) -> list[list[float]] | tuple[list[list[float]], list[list[float]]]:
         """Per-token log-probs of every episode (position 0 is 0.0: token t is scored given tokens < t),
-        identical on every rank. With `with_entropy`, returns (log-probs, entropies) aligned the same way."""
+        identical on every rank. With `with_entropy`, returns (log-probs, entropies) aligned the same way.
+        With `trained_only`, only the tokens `batch.loss_mask` trains are scored (the rest are 0.0), which skips
+        the output layer and the softmax everywhere else: what the old and reference log-probs need."""
         cpu.enter_mode()
         self.parking.require("a log-prob pass")
         self._check_tokens(batch)
         for chunk in self.chunks:
             chunk.eval()
-        micro_batches = self._plan(batch, train=False)
+        micro_batches = self._plan(batch, train=False, trained_only=trained_only)
         with torch.no_grad():
             outputs = self._run(micro_batches, partial(self._score_forward, with_entropy=with_entropy), True)
         keys = ("logprobs", "entropy") if with_entropy else ("logprobs",)
@@ -219,7 +231,7 @@ class MegatronActor:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        micro_batches = self._plan(batch, train=True)
+        micro_batches = self._plan(batch, train=True, trained_only=True)
         if self.arch.is_moe:
             self._set_aux_loss_scale(batch, len(micro_batches))
         return self._run(micro_batches, self._score_train, forward_only=False)
@@ -390,7 +402,7 @@ class MegatronActor:
         if self.algo.loss_agg == "seq-mean-token-mean" and self.layout.cp > 1:
             raise ValueError("algo.loss_agg = seq-mean-token-mean is not supported with context parallelism")
 
-    def _plan(self, batch: TrainBatch, train: bool) -> list[MicroBatch]:
+    def _plan(self, batch: TrainBatch, train: bool, trained_only: bool) -> list[MicroBatch]:
         """This rank's micro-batches (same on every rank of its pipeline), with dummies where needed."""
         lay = self.layout
         lengths = [len(t) for t in batch.token_ids]
@@ -407,7 +419,7 @@ class MegatronActor:
         if lay.vpp > 1:
             count = -(-count // lay.pp) * lay.pp
         groups += [[] for _ in range(count - len(groups))]
-        return [self._micro_batch(batch, rows, train, align) for rows in groups]
+        return [self._micro_batch(batch, rows, train, trained_only, align) for rows in groups]
 
     def _split(self, share: list[int], lengths: list[int], align: int) -> list[list[int]]:
         return split_micro_batches(share, lengths, self.cfg.micro_batch_tokens, self.packed, align) if share else []
@@ -418,7 +430,9 @@ class MegatronActor:
             return 2 * lay.cp * lay.tp
         return lay.tp if self.cfg.sequence_parallel else 1
 
-    def _micro_batch(self, batch: TrainBatch, rows: list[int], train: bool, align: int) -> MicroBatch:
+    def _micro_batch(
+        self, batch: TrainBatch, rows: list[int], train: bool, trained_only: bool, align: int
+    ) -> MicroBatch:
         seqs = [batch.token_ids[r] for r in rows] or [[0]]  # an empty micro-batch: one token, nothing scored
         if self.packed:
             model_input = packed_input(seqs, align, self.layout.cp, self.layout.cp_rank)
@@ -426,6 +440,12 @@ class MegatronActor:
             model_input = padded_input(seqs, align)
         width = max(len(s) for s in seqs)
         mb = MicroBatch(rows=rows, width=width, input=model_input.to(self.device))
+        # Under sequence parallelism each TP rank holds a slice of the positions, gathered inside the output
+        # layer: the full output layer runs there.
+        if trained_only and rows and not self.cfg.sequence_parallel:
+            picked = trained_positions(model_input, rows_tensor([batch.loss_mask[r] for r in rows], width))
+            if picked is not None:
+                mb.head_index, mb.scored_input = picked[0].to(self.device), picked[1].to(self.device)
         if self.replay and batch.routed_experts is not None:
             lay = self.layout
             mb.replay_target = routing.routing_target(
@@ -481,26 +501,30 @@ class MegatronActor:
                 max_seqlen_q=inp.max_seqlen,
                 max_seqlen_kv=inp.max_seqlen,
             )
-        extra = {"padding_mask": inp.row < 0} if self.arch.is_moe else {}  # True = padding, outside routing statistics
+        extra: dict[str, Any] = {"padding_mask": inp.row < 0} if self.arch.is_moe else {}  # True = padding (routing)
+        if mb.head_index is not None:
+            extra |= {"output_processor": _logits_at, "output_processor_context": mb.head_index}
         routing.set_target(self.replay, mb.replay_target)
         output = model(inp.tokens, inp.position_ids, None, packed_seq_params=packed, **extra)
         return output, partial(score, mb)
 
     def _score_forward(self, mb: MicroBatch, logits: torch.Tensor, with_entropy: bool) -> tuple:
         """Loss-function hook of `compute_logprobs`: per-token log-probs (and entropies) as row tensors."""
-        logprobs, entropy = vocab_parallel_logprobs(logits, mb.input.labels, self.arch.vocab_size, with_entropy)
-        out = {"logprobs": to_rows(logprobs, mb.input, len(mb.rows), mb.width)}
+        targets = mb.targets
+        logprobs, entropy = vocab_parallel_logprobs(logits, targets.labels, self.arch.vocab_size, with_entropy)
+        out = {"logprobs": to_rows(logprobs, targets, len(mb.rows), mb.width)}
         if entropy is not None:
-            out["entropy"] = to_rows(entropy, mb.input, len(mb.rows), mb.width)
+            out["entropy"] = to_rows(entropy, targets, len(mb.rows), mb.width)
         return logits.new_zeros(()), torch.ones((), dtype=torch.int, device=logits.device), out
 
     def _score_train(self, mb: MicroBatch, logits: torch.Tensor) -> tuple:
         """Loss-function hook of `train_step`: (loss sum, its count, metric sums) of one micro-batch."""
+        targets = mb.targets
         logprobs, entropy = vocab_parallel_logprobs(
-            logits, mb.input.labels, self.arch.vocab_size, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0
+            logits, targets.labels, self.arch.vocab_size, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0
         )
         rows, width = len(mb.rows), mb.width
-        current = to_rows(logprobs, mb.input, rows, width)
+        current = to_rows(logprobs, targets, rows, width)
         old = mb.loss.get("old_logprobs")
         inputs = LossInputs(
             logprobs=current,
@@ -509,7 +533,7 @@ class MegatronActor:
             mask=mb.loss["mask"],
             ref_logprobs=mb.loss.get("ref_logprobs"),
             rollout_logprobs=mb.loss.get("rollout_logprobs"),
-            entropy=to_rows(entropy, mb.input, rows, width),
+            entropy=to_rows(entropy, targets, rows, width),
         )
         result = compute_policy_loss(inputs, self.algo, normalizer=1.0)
         count = loss_count(self.algo.loss_agg, rows, float(result.num_tokens), self.layout.cp_rank)
@@ -566,3 +590,21 @@ class MegatronActor:
         )
         keys = set(compute_policy_loss(probe, self.algo, normalizer=1.0).token_sums)
         return keys | {"actor/loss", "tokens", "count"}
+
+
+def _logits_at(
+    *,
+    hidden_states: torch.Tensor,
+    output_layer: torch.nn.Module,
+    output_weight: torch.Tensor | None,
+    runtime_gather_output: bool | None,
+    context: torch.Tensor,
+    **_: Any,
+) -> torch.Tensor:
+    """Megatron's `output_processor` hook: the output layer at the positions `context` (indices into the
+    [s, b] hidden states flattened) only, as logits [1, k, V / tp]. A step trains a few percent of its tokens
+    (the policy's replies, not the prompts and user turns); the LM head and the softmax over the vocabulary
+    are skipped everywhere else."""
+    picked = hidden_states.flatten(0, 1).index_select(0, context).unsqueeze(1)
+    logits, _ = output_layer(picked, weight=output_weight, runtime_gather_output=runtime_gather_output)
+    return logits.transpose(0, 1)

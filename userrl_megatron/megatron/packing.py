@@ -160,6 +160,23 @@ def to_rows(values: torch.Tensor, inp: ModelInput, rows: int, width: int) -> tor
     return out.view(rows, width)
 
 
+def trained_positions(inp: ModelInput, mask: torch.Tensor) -> tuple[torch.Tensor, ModelInput] | None:
+    """The positions whose next token is trained (`mask` [rows, width]: 1 at trained tokens, as `to_rows` lays
+    them out): their indices into the model's hidden states flattened from [s, b], and `inp` cut down to them
+    as one row [1, k], in the same order. None when no position is trained."""
+    scored = inp.scored & (inp.row >= 0)
+    keep = torch.zeros_like(scored)
+    keep[scored] = mask[inp.row[scored], inp.col[scored] + 1] > 0
+    if not keep.any():
+        return None
+    b, s = inp.tokens.shape
+    index = torch.arange(s * b).view(s, b).t()[keep]
+    picked = {
+        f.name: getattr(inp, f.name) for f in dataclasses.fields(inp) if f.name not in ("cu_seqlens", "max_seqlen")
+    }
+    return index, ModelInput(**{k: v[keep][None] for k, v in picked.items()})
+
+
 def rows_tensor(lists: Sequence[Sequence[float]], width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Ragged per-token lists -> a right-padded [len(lists), width] tensor (zeros beyond each list)."""
     out = torch.zeros(len(lists), width, dtype=dtype)

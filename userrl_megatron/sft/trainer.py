@@ -195,7 +195,7 @@ class SFTTrainer:
         for _, indices in schedule([len(s) for s in self.val.samples], self.cfg.sft.batch_tokens, 0, 1):
             samples = [self.val.samples[i] for i in indices]
             batch = train_batch([s.token_ids for s in samples], [s.loss_mask for s in samples])
-            logprobs = self.actors.call("compute_logprobs", batch)
+            logprobs = self.actors.call("compute_logprobs", batch, True)  # the assistant tokens only
             for lp, mask in zip(logprobs, batch.loss_mask, strict=True):
                 nll -= sum(v for v, m in zip(lp, mask, strict=True) if m)
                 tokens += sum(mask)

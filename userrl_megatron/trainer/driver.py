@@ -223,7 +223,7 @@ class Trainer:
     async def score(self, batch: TrainBatch) -> None:
         """Old log-probs (recomputed by the trainer when the update is off-policy) and reference log-probs for KL."""
         if not self.on_policy():
-            batch.old_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_logprobs", batch)
+            batch.old_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_logprobs", batch, True)
         if self.cfg.algo.kl_coef > 0:
             batch.ref_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_ref_logprobs", batch)
 

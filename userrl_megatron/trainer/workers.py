@@ -65,8 +65,8 @@ class MegatronWorker:
 
     # ---- the actor interface ----
 
-    def compute_logprobs(self, batch: TrainBatch) -> list[list[float]] | None:
-        out = self.actor.compute_logprobs(batch)
+    def compute_logprobs(self, batch: TrainBatch, trained_only: bool = False) -> list[list[float]] | None:
+        out = self.actor.compute_logprobs(batch, trained_only=trained_only)
         return out if self.rank == 0 else None
 
     def compute_ref_logprobs(self, batch: TrainBatch) -> list[list[float]] | None:
@@ -75,7 +75,7 @@ class MegatronWorker:
             raise RuntimeError("reference log-probs need algo.kl_coef > 0 at start-up")
         self.actor.parking.require("the reference-weights swap")
         with self.reference.swapped_in(self._parameters()):
-            out = self.actor.compute_logprobs(batch)
+            out = self.actor.compute_logprobs(batch, trained_only=True)  # the KL term covers trained tokens only
         return out if self.rank == 0 else None
 
     def train_step(self, batch: TrainBatch) -> dict[str, float] | None:
