@@ -3,9 +3,10 @@
 Launches `userrl serve` (SmolLM2-135M-Instruct by default), then for each concurrency c runs c episodes at once,
 each `--turns` turns long: a turn sends the whole conversation so far (prompt, earlier outputs, a fixed
 environment reply), as the multi-turn rollout does, so the prefix cache is exercised. Writes JSON with tokens/s
-per concurrency and the ratio to concurrency 1 (the target: >= 4x at 32 on 2 CPU cores).
+per concurrency (and thread count) and the ratio to the first level (the target: >= 4x at 32 on 2 CPU cores).
 
     python tools/bench_engine.py --out runs/bench_engine.json
+    python tools/bench_engine.py --threads 1 2 --concurrency 32  # one thread (what Ray gave the pool's engines) vs two
 """
 
 import argparse
@@ -58,17 +59,20 @@ async def main(args: argparse.Namespace) -> dict:
 
     path = str(resolve_model(args.model))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    cfg = EmbeddedServerConfig(device="cpu", max_running_requests=max(args.concurrency))
-    server = launch_embedded(path, cfg, args.port)
-    try:
-        async with SGLangClient(server.url, timeout_s=3600) as client:
-            await level(client, tokenizer, 1, 1, args)  # warm-up
-            results = []
-            for c in args.concurrency:
-                results.append(await level(client, tokenizer, c, max(c, args.min_episodes), args))
-                print(json.dumps(results[-1]))
-    finally:
-        server.stop()
+    results = []
+    for threads in args.threads:  # one server per thread count (0: torch's default, every core)
+        cfg = EmbeddedServerConfig(device="cpu", max_running_requests=max(args.concurrency), threads=threads)
+        server = launch_embedded(path, cfg, args.port)
+        try:
+            async with SGLangClient(server.url, timeout_s=3600) as client:
+                await level(client, tokenizer, 1, 1, args)  # warm-up
+                for c in args.concurrency:
+                    results.append(
+                        {"threads": threads} | await level(client, tokenizer, c, max(c, args.min_episodes), args)
+                    )
+                    print(json.dumps(results[-1]))
+        finally:
+            server.stop()
     base = results[0]["tokens_per_s"]
     for r in results:
         r["ratio_to_first"] = r["tokens_per_s"] / base
@@ -81,6 +85,7 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--min-episodes", type=int, default=4, help="episodes at each level (at least c)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[0], help="engine CPU threads (0: all cores)")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--port", type=int, default=31999)
