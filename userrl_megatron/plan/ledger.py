@@ -95,7 +95,8 @@ class LedgerActors:
         if missing:
             self.ledger.complain(f"{what} runs while the {', '.join(missing)} are offloaded (it would crash)")
 
-    def _compute_logprobs(self, batch: Any) -> None:
+    def _compute_logprobs(self, batch: Any, trained_only: bool = False) -> None:
+        # Planned at full size: the logits of trained positions only are never larger.
         self._need("a log-prob pass")
         m = self.memory
         self._temporary("log-probs", {"actor activations": m.forward_activations, "actor logits": m.forward_logits})
