@@ -171,10 +171,8 @@ def trained_positions(inp: ModelInput, mask: torch.Tensor) -> tuple[torch.Tensor
         return None
     b, s = inp.tokens.shape
     index = torch.arange(s * b).view(s, b).t()[keep]
-    picked = {
-        f.name: getattr(inp, f.name) for f in dataclasses.fields(inp) if f.name not in ("cu_seqlens", "max_seqlen")
-    }
-    return index, ModelInput(**{k: v[keep][None] for k, v in picked.items()})
+    sub = [t[keep][None] for t in (inp.tokens, inp.position_ids, inp.labels, inp.row, inp.col)]
+    return index, ModelInput(*sub)
 
 
 def rows_tensor(lists: Sequence[Sequence[float]], width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
