@@ -86,10 +86,16 @@ def generate_function(cfg: FunctionGeneratorConfig, split: str, index: int) -> d
 
     The stream is seeded by (seed, split, index), so a task id always maps to the same rule and test case.
     """
+    if cfg.balanced and cfg.max_input < len(VARIABLES):
+        raise ValueError(f"balanced FunctionGym tasks need distinct inputs: max_input >= 4, not {cfg.max_input}")
     rng = random.Random(f"function:{cfg.seed}:{split}:{index}")
+    first = VARIABLES[index % len(VARIABLES)] if cfg.balanced else None
     for _ in range(10_000):  # rejection sampling; sensible settings accept a draw within a few tries
-        rule = Rule(random_rule(rng, cfg.terms, cfg.operators))
-        test_case = [rng.randint(1, cfg.max_input) for _ in VARIABLES]
+        rule = Rule(random_rule(rng, cfg.terms, cfg.operators, first))
+        if cfg.balanced:
+            test_case = rng.sample(range(1, cfg.max_input + 1), len(VARIABLES))
+        else:
+            test_case = [rng.randint(1, cfg.max_input) for _ in VARIABLES]
         try:
             value = rule(test_case)
             integral = abs(value) <= MAX_EXPECTED and float(value).is_integer()
@@ -105,14 +111,18 @@ def generate_function(cfg: FunctionGeneratorConfig, split: str, index: int) -> d
     raise ValueError(f"no rule with an integral result found for {cfg}; allow more operators or larger inputs")
 
 
-def random_rule(rng: random.Random, terms: int, operators: list[str]) -> str:
-    """A random rule over `terms` distinct inputs, joined by the binary operators in `operators`.
+def random_rule(rng: random.Random, terms: int, operators: list[str], first: str | None = None) -> str:
+    """A random rule over `terms` distinct inputs, joined by the binary operators in `operators`; `first`, when
+    given, is the leftmost input.
 
     `**` in `operators` squares a term or a parenthesised sub-expression one time in five.
     """
     binary = [op for op in operators if op != "**"]
     square = "**" in operators
-    names = rng.sample(VARIABLES, terms)
+    if first is None:
+        names = rng.sample(VARIABLES, terms)
+    else:
+        names = [first, *rng.sample([v for v in VARIABLES if v != first], terms - 1)]
 
     def build(items: list[str]) -> tuple[str, str | None]:  # (text, top-level operator or None)
         if len(items) == 1:

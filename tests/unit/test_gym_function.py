@@ -171,6 +171,22 @@ def test_generator_is_seeded_and_splits_are_disjoint() -> None:
     assert train[7]["id"] == "fgen-train-0-7" and test[0]["id"] == "fgen-test-0-0"
 
 
+@pytest.mark.parametrize("terms", [1, 3])
+def test_balanced_tasks_make_every_input_position_score_chance(terms: int) -> None:
+    cfg = FunctionGeneratorConfig(terms=terms, operators=["+", "-", "*"], balanced=True)
+    records = [generate_function(cfg, "test", i) for i in range(64)]
+    assert [r["rule"].lstrip("(")[0] for r in records[:8]] == list("abcdabcd")  # task i starts with input i mod 4
+    for record in records:
+        assert len(set(record["test_case"])) == 4, record  # distinct inputs: no position wins by coincidence
+        assert Rule(record["rule"])(record["test_case"]) == record["expected_result"]
+    if terms == 1:
+        for position in range(4):  # "always answer input `position`" solves exactly a quarter of the tasks
+            solved = sum(r["test_case"][position] == r["expected_result"] for r in records)
+            assert solved == 16
+    with pytest.raises(ValueError, match="max_input >= 4, not 3"):
+        generate_function(dataclasses.replace(cfg, max_input=3), "test", 0)
+
+
 def test_random_rule_parenthesises_by_precedence() -> None:
     import random
 

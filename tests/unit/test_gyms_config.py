@@ -48,6 +48,10 @@ def test_gym_settings_load_from_overrides() -> None:
             "gyms.function.generator.operators needs one of + - * / when terms > 1",
         ),
         (
+            ["gyms.function.generator.balanced=true", "gyms.function.generator.max_input=3"],
+            "gyms.function.generator.balanced needs four distinct inputs: max_input >= 4, got 3",
+        ),
+        (
             ["gyms.persuade.reward_baseline=worst"],
             "gyms.persuade.reward_baseline = 'worst'; choose from best, previous",
         ),

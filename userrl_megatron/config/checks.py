@@ -151,6 +151,10 @@ def _gym_problems(cfg: RootConfig) -> list[str]:
         problems.append(f"gyms.function.generator.operators: unknown {unknown}; choose from {allowed}")
     if gen.terms > 1 and not [op for op in gen.operators if op != "**"]:
         problems.append("gyms.function.generator.operators needs one of + - * / when terms > 1")
+    if gen.balanced and gen.max_input < 4:
+        problems.append(
+            f"gyms.function.generator.balanced needs four distinct inputs: max_input >= 4, got {gen.max_input}"
+        )
     if gen.prompt_style not in ("userrl", "compact"):
         problems.append(f"gyms.function.generator.prompt_style = {gen.prompt_style!r}; choose from userrl, compact")
     return problems
