@@ -39,35 +39,17 @@ MODES: dict[str, list[str]] = {
         "rollout.max_staleness=2",
     ],
 }
-SETTINGS = [
-    "run.seed=3",
-    "rollout.prompts_per_step=8",
-    "rollout.n_samples_per_prompt=8",
-    "rollout.max_turns=3",
-    "rollout.max_response_tokens=256",
-    "gyms.echo.alphabet=a",
-    "checkpoint.every_steps=0",
-    "logging.rollout_dump_every=0",
-]
 FINAL_STEPS = 3  # the final reward: the mean over this many last steps
-
-
-def make_policy(scratch: Path) -> Path:
-    """The learning test's policy: a tiny random Qwen3, format-warmed to say one random letter of "abcd"."""
-    from tests.support.tiny_models import make_tiny_model
-    from tests.support.warm_start import warm_start
-
-    model = make_tiny_model("qwen3", scratch / "tiny", seed=3, tokenizer="char", num_hidden_layers=2)
-    return warm_start(model, letters="abcd")
 
 
 def run_mode(name: str, policy: Path, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One `userrl train` run of the mode; its figures from metrics.jsonl."""
-    from tests.support.tiny_run import tiny_run, train
+    from tests.support.tiny_run import LEARNING_SETTINGS, tiny_run, train
 
     delay = [f"gyms.echo.reply_delay_median_s={args.median}", f"gyms.echo.reply_delay_p99_s={args.p99}"]
     started = time.perf_counter()
-    records = train([*tiny_run(policy, scratch, name, args.steps), *SETTINGS, *delay, *MODES[name]], timeout_s=1800)
+    overrides = [*tiny_run(policy, scratch, name, args.steps), *LEARNING_SETTINGS, *delay, *MODES[name]]
+    records = train(overrides, timeout_s=1800)
     wall = time.perf_counter() - started
     step_seconds = sum(r["timing/step"] for r in records)
     rewards = [round(r["rollout/reward_mean"], 4) for r in records]
@@ -108,9 +90,11 @@ def main() -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown or "sync" not in modes:
         raise SystemExit(f"--modes: {unknown or 'sync is missing'}; choose from {', '.join(MODES)} (sync included)")
+    from tests.support.tiny_run import learning_policy
+
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        policy = make_policy(scratch)
+        policy = learning_policy(scratch)
         results = {}
         for name in modes:
             results[name] = run_mode(name, policy, scratch, args)

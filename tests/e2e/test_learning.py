@@ -12,35 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tiny_models import make_tiny_model
-from tests.support.tiny_run import tiny_run, train
-from tests.support.warm_start import warm_start
+from tests.support.tiny_run import LEARNING_SETTINGS, learning_policy, tiny_run, train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS = 14
-SETTINGS = [
-    "run.seed=3",
-    "rollout.prompts_per_step=8",
-    "rollout.n_samples_per_prompt=8",
-    "rollout.max_turns=3",
-    "rollout.max_response_tokens=256",
-    "gyms.echo.alphabet=a",
-    "checkpoint.every_steps=0",
-    "logging.rollout_dump_every=0",
-]
 
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = make_tiny_model(
-        "qwen3", tmp_path_factory.mktemp("policy") / "tiny", seed=3, tokenizer="char", num_hidden_layers=2
-    )
-    return warm_start(model, letters="abcd")
+    return learning_policy(tmp_path_factory.mktemp("policy"))
 
 
 def _train(policy: Path, out: Path, name: str, *extra: str) -> list[dict]:
-    return train([*tiny_run(policy, out, name, STEPS), *SETTINGS, *extra])
+    return train([*tiny_run(policy, out, name, STEPS), *LEARNING_SETTINGS, *extra])
 
 
 def _reward(records: list[dict], steps: slice) -> float:

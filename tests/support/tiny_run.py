@@ -34,6 +34,28 @@ def tiny_run(model: Path, out: Path, name: str, steps: int) -> list[str]:
     ]
 
 
+# The learning task (tests/e2e/test_learning.py, tools/bench_async.py): EchoGym asking for "a" every turn, graded.
+LEARNING_SETTINGS = [
+    "run.seed=3",
+    "rollout.prompts_per_step=8",
+    "rollout.n_samples_per_prompt=8",
+    "rollout.max_turns=3",
+    "rollout.max_response_tokens=256",
+    "gyms.echo.alphabet=a",
+    "checkpoint.every_steps=0",
+    "logging.rollout_dump_every=0",
+]
+
+
+def learning_policy(scratch: Path) -> Path:
+    """The learning task's policy: a tiny random Qwen3, format-warmed to say one random letter of "abcd"."""
+    from tests.support.tiny_models import make_tiny_model
+    from tests.support.warm_start import warm_start
+
+    model = make_tiny_model("qwen3", scratch / "tiny", seed=3, tokenizer="char", num_hidden_layers=2)
+    return warm_start(model, letters="abcd")
+
+
 def train_command(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "userrl_megatron", "train", *overrides]
 
