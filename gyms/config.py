@@ -21,9 +21,7 @@ class FunctionGeneratorConfig:
     max_input: int = 9  # test-case inputs are drawn from 1..max_input
     reveal_test_case: bool = True  # state the test case in the first user message (no [search] needed)
     prompt_style: str = "userrl"  # "userrl" (UserRL's tool prompt) or "compact" (rule shown, 2 solved examples)
-    # Task i's rule starts with input i mod 4 (with terms 1 it *is* that input) and the test case's inputs are
-    # distinct: a policy that always answers the same position scores exactly chance on any 4k tasks.
-    balanced: bool = False
+    balanced: bool = False  # task i's rule starts with input i mod 4, inputs distinct: a fixed position scores chance
 
 
 @dataclass
