@@ -171,8 +171,13 @@ def trained_positions(inp: ModelInput, mask: torch.Tensor) -> tuple[torch.Tensor
         return None
     b, s = inp.tokens.shape
     index = torch.arange(s * b).view(s, b).t()[keep]
-    sub = [t[keep][None] for t in (inp.tokens, inp.position_ids, inp.labels, inp.row, inp.col)]
-    return index, ModelInput(*sub)
+    return index, ModelInput(
+        tokens=inp.tokens[keep][None],
+        position_ids=inp.position_ids[keep][None],
+        labels=inp.labels[keep][None],
+        row=inp.row[keep][None],
+        col=inp.col[keep][None],
+    )
 
 
 def rows_tensor(lists: Sequence[Sequence[float]], width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
