@@ -73,9 +73,9 @@ def synthetic_model(name: str, root: Path) -> Path:
 
 def make_batch(vocab: int, episodes: int, seq_len: int, seed: int = 0, trained_share: float = 0.75) -> TrainBatch:
     """Episodes of `seq_len` tokens: the last `trained_share` of each trained with random advantages, the rest
-    (prompt, user turns) not."""
+    (prompt, user turns) not. The first token is never trained (nothing precedes it to score it)."""
     rng = random.Random(seed)
-    prompt = seq_len - max(1, round(seq_len * trained_share))
+    prompt = seq_len - min(seq_len - 1, max(1, round(seq_len * trained_share)))
     ids = [[rng.randrange(vocab) for _ in range(seq_len)] for _ in range(episodes)]
     mask = [[0] * prompt + [1] * (seq_len - prompt) for _ in range(episodes)]
     adv = [[rng.gauss(0, 1) * m for m in row] for row in mask]
