@@ -1,6 +1,7 @@
 """tools/bench_train.py's synthetic batch: what `--trained-share` trains."""
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load_make_batch():
+def load_make_batch() -> Callable:
     import userrl_megatron.megatron  # noqa: F401  (before megatron.core, which the script imports)
 
     spec = importlib.util.spec_from_file_location("bench_train", REPO / "tools" / "bench_train.py")
