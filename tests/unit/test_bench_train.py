@@ -9,7 +9,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load_make_batch() -> Callable:
+@pytest.fixture(scope="module")
+def make_batch() -> Callable:
     import userrl_megatron.megatron  # noqa: F401  (before megatron.core, which the script imports)
 
     spec = importlib.util.spec_from_file_location("bench_train", REPO / "tools" / "bench_train.py")
@@ -19,8 +20,10 @@ def load_make_batch() -> Callable:
 
 
 @pytest.mark.parametrize(("share", "trained"), [(1.0, 7), (0.5, 4), (0.1, 1), (0.0, 1)])
-def test_the_last_share_of_each_episode_is_trained_never_its_first_token(share: float, trained: int) -> None:
-    batch = load_make_batch()(vocab=50, episodes=3, seq_len=8, trained_share=share)
+def test_the_last_share_of_each_episode_is_trained_never_its_first_token(
+    make_batch: Callable, share: float, trained: int
+) -> None:
+    batch = make_batch(vocab=50, episodes=3, seq_len=8, trained_share=share)
     assert batch.loss_mask == [[0] * (8 - trained) + [1] * trained] * 3
     for mask, advantages in zip(batch.loss_mask, batch.advantages, strict=True):
         assert [a != 0 for a in advantages] == [m == 1 for m in mask]
