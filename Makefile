@@ -10,7 +10,7 @@ ARGS ?=
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: install sglang test test-fast lint format quickstart sft-quickstart clean
+.PHONY: install sglang test test-under-load test-fast lint format quickstart sft-quickstart clean
 
 $(STAMP): setup.py requirements/runtime.txt requirements/dev.txt requirements/models.txt tools/install_venv.sh tools/venv_torch.sh
 	bash tools/install_venv.sh $(VENV)
@@ -35,6 +35,12 @@ format: $(STAMP)
 # The CI command: lint, then every test that does not need a GPU (the conformance suite also runs real SGLang).
 test: lint $(SGLANG_STAMP)
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+# The same suite while one busy process a core competes for the CPU (tools/under_load.py starts and stops them):
+# a test that passes only on an idle machine fails here. LOAD_WORKERS sets how many (default: one a core).
+LOAD_WORKERS ?=
+test-under-load: lint $(SGLANG_STAMP)
+	$(PY) tools/under_load.py $(if $(LOAD_WORKERS),--workers $(LOAD_WORKERS)) -- $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 # The inner loop: skip tests marked slow.
 test-fast: lint $(SGLANG_STAMP)
