@@ -1,5 +1,6 @@
 """Chat in token space against the real Qwen3 and SmolLM2 tokenizers, and the reply parsers."""
 
+import copy
 import pytest
 
 from gyms.tools import INTERACT_TOOL, TAG_FORMAT_INSTRUCTIONS, ToolCallError
@@ -138,8 +139,20 @@ def test_hermes_on_a_template_without_tools_is_an_error(smollm2: ChatTemplate) -
         f"the chat template of {smollm2.tokenizer.name_or_path!r} ignores tools, so the policy would never see them; "
         "set model.tool_format=tags"
     )
-    with pytest.raises(ValueError, match=r"model.tool_format = 'json'; choose from hermes, tags"):
+    with pytest.raises(ValueError, match=r"model.tool_format = 'json'; choose from auto, hermes, tags"):
         ChatTemplate(smollm2.tokenizer, "json")
+
+
+def test_auto_picks_hermes_where_the_template_asks_for_tool_calls_and_tags_elsewhere(
+    qwen3: ChatTemplate, smollm2: ChatTemplate
+) -> None:
+    assert ChatTemplate(qwen3.tokenizer, "auto").tool_format == "hermes"
+    assert ChatTemplate(smollm2.tokenizer, "auto").tool_format == "tags"
+    assert ChatTemplate(smollm2.tokenizer).tool_format == "tags"  # auto is the default
+    # A template that shows the schemas but not in Hermes blocks (Llama 3.1 style JSON) gets tags too.
+    tokenizer = copy.copy(qwen3.tokenizer)
+    tokenizer.chat_template = qwen3.tokenizer.chat_template.replace("<tool_call>", "<function>")
+    assert ChatTemplate(tokenizer, "auto").tool_format == "tags"
 
 
 def test_parse_hermes_tool_calls() -> None:

@@ -1,4 +1,4 @@
-"""`userrl rollout --config ... [k=v ...]`: run episodes of a dataset on the engine pool, without training.
+"""`userrl rollout [--model M] [--config ...] [k=v ...]`: run episodes of a dataset on the engine pool, without training.
 
 Writes every episode (each turn's tokens, text, reward and timing) to rollouts.jsonl and prints a per-gym
 summary table with the run's throughput.
@@ -28,7 +28,7 @@ def _rollout(args: argparse.Namespace) -> int:
     from userrl_megatron.observability.dumps import write_episodes
     from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, [*args.overrides, *([f"model.path={args.model}"] if args.model else [])])
     if args.samples < 1 or args.limit < 0:
         raise UserError(f"--samples must be >= 1 and --limit >= 0, got {args.samples} and {args.limit}")
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -105,6 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add `rollout`."""
     p = sub.add_parser("rollout", help="run episodes of a dataset on the engine pool (no training)")
     add_config_args(p)
+    p.add_argument("--model", default=None, metavar="M", help="policy: HF dir or embedded model (model.path)")
     p.add_argument("--split", choices=("train", "test"), default="test", help="gyms.train or gyms.test sources")
     p.add_argument("--limit", type=int, default=0, help="first N tasks only (0 = all)")
     p.add_argument("--samples", type=int, default=1, help="episodes per task")

@@ -15,7 +15,7 @@ from userrl_megatron.config.schema import RootConfig
 CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("auto", "cpu", "cuda"),
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "model.tool_format": ("hermes", "tags"),
+    "model.tool_format": ("auto", "hermes", "tags"),
     "megatron.transformer_impl": ("auto", "transformer_engine", "local"),
     "megatron.recompute": ("none", "selective", "full"),
     "megatron.lr_schedule": ("constant", "linear", "cosine"),

@@ -35,7 +35,7 @@ class ModelConfig:
     path: str = "smollm2-135m-instruct"  # HF model directory, or the name of an embedded model (userrl model list)
     dtype: str = "float32"  # parameter dtype for training and rollout: float32, bfloat16 or float16
     max_context_length: int = 2048  # longest token sequence (prompt + all turns) the model is asked to handle
-    tool_format: str = "hermes"  # how the policy calls the gym: "hermes" <tool_call> JSON, or "tags" ([action] ...)
+    tool_format: str = "auto"  # "hermes" (<tool_call> JSON), "tags" ([action] lines), "auto" (hermes if templated)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 from gyms.tools import TAG_FORMAT_INSTRUCTIONS, ToolCallError, tool_call_to_action
 from userrl_megatron.types import Message
 
-TOOL_FORMATS = ("hermes", "tags")
+TOOL_FORMATS = ("auto", "hermes", "tags")
 
 # Probe conversation the deltas are cut from. Its assistant message ends with a marker and is tried plain and
 # with a reasoning block: thinking templates (Qwen3) render the latest assistant turn with `<think>` and earlier
@@ -28,6 +28,14 @@ TOOL_FORMATS = ("hermes", "tags")
 _PROBE = [Message("system", "S"), Message("user", "U")]
 _MARKER = "PROBE-7f3a"
 _PROBE_ASSISTANT = (_MARKER, f"<think>\nR\n</think>\n\n{_MARKER}")
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_tool",
+        "description": "D",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+    },
+}
 
 
 class ChatTemplateError(ValueError):
@@ -45,17 +53,21 @@ class ToolCall:
 class ChatTemplate:
     """Incremental chat-template rendering in token space for one tokenizer and one tool format."""
 
-    def __init__(self, tokenizer: Any, tool_format: str = "hermes") -> None:
+    def __init__(self, tokenizer: Any, tool_format: str = "auto") -> None:
+        """`tool_format` "auto" becomes "hermes" when the template presents tool schemas and asks for
+        `<tool_call>` blocks (Qwen2.5, Qwen3, Hermes), else "tags"; `self.tool_format` is always the resolved one."""
         if tool_format not in TOOL_FORMATS:
             raise ValueError(f"model.tool_format = {tool_format!r}; choose from {', '.join(TOOL_FORMATS)}")
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
         self.tokenizer = tokenizer
-        self.tool_format = tool_format
         self._suffix_cache: dict[str, str] = {}
+        if tool_format == "auto":
+            tool_format = "hermes" if self.presents_hermes_tools() else "tags"
+        self.tool_format = tool_format
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, tool_format: str = "hermes") -> "ChatTemplate":
+    def from_pretrained(cls, path: str | Path, tool_format: str = "auto") -> "ChatTemplate":
         """The chat template of the tokenizer saved in the model directory `path`."""
         from transformers import AutoTokenizer
 
@@ -78,6 +90,11 @@ class ChatTemplate:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     # ---- tools -----------------------------------------------------------------------------------------------
+
+    def presents_hermes_tools(self) -> bool:
+        """Whether the template writes tool schemas into the prompt and asks for `<tool_call>` blocks."""
+        with_tools = self.render(_PROBE, [_PROBE_TOOL], generation=True)
+        return with_tools != self.render(_PROBE, None, generation=True) and "<tool_call>" in with_tools
 
     def present(
         self, messages: list[Message], tools: list[dict[str, Any]]
