@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 TP2 = ["megatron.tensor_model_parallel_size=2", "megatron.devices_per_node=2"]
 PP2 = ["megatron.pipeline_model_parallel_size=2", "megatron.devices_per_node=2"]
 KEY = "sk-proj-Q3vX9kLm2Rt7Yw1Zp8Nc4Hb6Jd0Fg5Ts"
+DEFAULT = ", the default; for another model put its configs/model/*.yaml first or set model.path"
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
@@ -40,9 +41,9 @@ def problems(overrides: list[str]) -> list[str]:
 def test_tp2_on_smollm2_names_heads_and_kv_heads() -> None:
     assert problems(TP2) == [
         "megatron.tensor_model_parallel_size = 2 must divide the model's 9 attention heads "
-        "(model.path = smollm2-135m-instruct)",
+        f"(model.path = smollm2-135m-instruct{DEFAULT})",
         "megatron.tensor_model_parallel_size = 2 must divide the model's 3 key/value heads (num_key_value_heads) "
-        "(model.path = smollm2-135m-instruct)",
+        f"(model.path = smollm2-135m-instruct{DEFAULT})",
     ]
     load_config(overrides=["megatron.tensor_model_parallel_size=3", "megatron.devices_per_node=3"])  # 9 and 3
 
@@ -74,7 +75,7 @@ def test_recompute_choices_are_checked_against_the_model() -> None:
     # SmolLM2-135M has 30 layers: 15 per stage at PP=2
     assert problems(["megatron.recompute=full", "megatron.recompute_num_layers=16", *PP2]) == [
         "megatron.recompute_num_layers = 16 exceeds the 15 layers of a pipeline stage (per virtual chunk) "
-        "(model.path = smollm2-135m-instruct)"
+        f"(model.path = smollm2-135m-instruct{DEFAULT})"
     ]
     load_config(overrides=["megatron.recompute=full", "megatron.recompute_num_layers=15", *PP2])
     assert problems(["megatron.recompute=selective", "megatron.recompute_modules=[mlp,attention]"]) == [
@@ -110,7 +111,7 @@ def test_published_shapes_check_cluster_paths_that_are_not_here() -> None:
     load_config(overrides=["model.path=/nowhere/my-model", *TP2])
     sglang = ["rollout.backend=sglang", "rollout.engine_tp=2"]
     assert problems(sglang) == [
-        "rollout.engine_tp = 2 must divide the model's 9 attention heads (model.path = smollm2-135m-instruct)"
+        f"rollout.engine_tp = 2 must divide the model's 9 attention heads (model.path = smollm2-135m-instruct{DEFAULT})"
     ]
 
 
@@ -182,6 +183,68 @@ def test_validate_prints_one_error_line_per_problem(tmp_path: Path, capsys: pyte
     assert "9 attention heads" in lines[1] and KEY not in "\n".join(lines)
     qwen = [str(REPO / "configs" / "model" / "qwen3-8b.yaml")]
     assert main(["config", "validate", "--config", *qwen, str(REPO / "configs/layout/qwen3-8b-h100x8.yaml")]) == 0
+
+
+@pytest.mark.parametrize("layout", sorted((REPO / "configs" / "layout").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_layout_file_alone_plans_the_model_it_was_made_for(layout: Path) -> None:
+    model_file = REPO / "configs" / "model" / f"{layout.stem.rsplit('-', 1)[0]}.yaml"
+    alone = load_config([layout])
+    assert alone == load_config([model_file, layout])
+    assert alone.model == load_config([model_file]).model and alone.model.path.startswith("/models/Qwen3-")
+    recipe = REPO / "configs" / "quickstart.yaml"  # a file given before the layout keeps its model
+    assert load_config([recipe, layout], check=False).model.path == "smollm2-135m-instruct"
+
+
+def test_bases_sit_beneath_every_given_file(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.yaml").write_text("model:\n  path: /models/A\n  max_context_length: 4096\n")
+    (tmp_path / "layout.yaml").write_text("base: m/model.yaml\nrollout:\n  num_engines: 2\n")
+    (tmp_path / "both.yaml").write_text("base: [layout.yaml]\nmodel:\n  max_context_length: 8192\n")
+    (tmp_path / "recipe.yaml").write_text("model:\n  path: /models/B\n")
+    cfg = load_config([tmp_path / "both.yaml"])
+    assert (cfg.model.path, cfg.model.max_context_length, cfg.rollout.num_engines) == ("/models/A", 8192, 2)
+    cfg = load_config([tmp_path / "recipe.yaml", tmp_path / "layout.yaml"])
+    assert (cfg.model.path, cfg.model.max_context_length, cfg.rollout.num_engines) == ("/models/B", 4096, 2)
+    assert load_config([tmp_path / "layout.yaml"], ["model.path=/models/C"]).model.path == "/models/C"
+
+
+def test_bad_bases_are_named(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    (tmp_path / "c.yaml").write_text("base: nowhere.yaml\n")
+    (tmp_path / "d.yaml").write_text("base: {model: x}\n")
+    (tmp_path / "e.yaml").write_text("base: e_base.yaml\n")
+    (tmp_path / "e_base.yaml").write_text("model:\n  pth: x\n")
+    with pytest.raises(ConfigError) as e:
+        load_config([tmp_path / "a.yaml"])
+    assert e.value.problems == [
+        f"{tmp_path / 'a.yaml'}: the base files form a cycle: "
+        f"{(tmp_path / 'a.yaml').resolve()} -> {(tmp_path / 'b.yaml').resolve()} -> {(tmp_path / 'a.yaml').resolve()}"
+    ]
+    with pytest.raises(ConfigError) as e:
+        load_config([tmp_path / "c.yaml"])
+    assert e.value.problems == [
+        f"{tmp_path / 'c.yaml'}: base file not found: nowhere.yaml (looked for {tmp_path / 'nowhere.yaml'})"
+    ]
+    with pytest.raises(ConfigError) as e:
+        load_config([tmp_path / "d.yaml"])
+    assert e.value.problems == [
+        f"{tmp_path / 'd.yaml'}: base must be a file path or a list of them (relative to the file), got {{'model': 'x'}}"
+    ]
+    with pytest.raises(ConfigError) as e:
+        load_config([tmp_path / "e.yaml"])
+    assert e.value.problems == [f"{tmp_path / 'e_base.yaml'}: unknown key 'model.pth' (did you mean 'model.path'?)"]
+
+
+def test_a_layout_planned_against_the_default_model_names_the_fix(tmp_path: Path) -> None:
+    layout = tmp_path / "my-layout.yaml"  # a layout without a base
+    layout.write_text("megatron:\n  devices_per_node: 8\n  tensor_model_parallel_size: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config([layout])
+    assert e.value.problems[0] == (
+        "megatron.tensor_model_parallel_size = 2 must divide the model's 9 attention heads "
+        f"(model.path = smollm2-135m-instruct{DEFAULT})"
+    )
 
 
 def test_train_refuses_before_starting_anything(tmp_path: Path) -> None:

@@ -1,11 +1,18 @@
 """Load a RootConfig: dataclass defaults, then each YAML file in order, then dotted `key=value` overrides.
 
+A file may rest on others: its top-level `base:` (a path or a list, relative to the file) names files merged
+beneath every given file (their own bases beneath them), so a base sets only what no given file sets. A layout
+file names the model it was made for this way (`base: ../model/qwen3-8b.yaml`): `--config
+configs/layout/qwen3-8b-h100x8.yaml` alone plans Qwen3-8B, and `--config my_recipe.yaml --config <that layout>`
+keeps the recipe's `model.path`.
+
 Unknown keys and wrong types are reported with the dotted key, the closest valid key and the expected type,
 before any work starts. Callers get typed dataclasses, never an OmegaConf DictConfig.
 """
 
 import dataclasses
 import difflib
+import os
 import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -33,10 +40,11 @@ class ConfigError(ValueError):
 def load_config(files: Sequence[str | Path] = (), overrides: Sequence[str] = (), check: bool = True) -> RootConfig:
     """Resolve the configuration from defaults, YAML files (in order) and `a.b=value` overrides."""
     merged = OmegaConf.structured(RootConfig)
-    for path in files:
-        raw = _read_yaml(Path(path))
-        _check_keys(raw, RootConfig, prefix="", source=str(path))
-        merged = _merge(merged, raw, source=str(path))
+    stacks = [_with_bases(Path(path)) for path in files]
+    bases = {source: raw for stack in stacks for source, raw in stack[:-1]}  # each base once, first place kept
+    for source, raw in [*bases.items(), *(stack[-1] for stack in stacks)]:
+        _check_keys(raw, RootConfig, prefix="", source=source)
+        merged = _merge(merged, raw, source=source)
     if overrides:
         raw = _parse_overrides(overrides)
         _check_keys(raw, RootConfig, prefix="", source="command line")
@@ -58,6 +66,28 @@ def to_yaml(cfg: RootConfig) -> str:
 def save_config(cfg: RootConfig, path: str | Path) -> None:
     """Write the resolved configuration to `path`."""
     Path(path).write_text(to_yaml(cfg))
+
+
+def _with_bases(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+    """(source name, keys) of `path`'s bases, depth first, then of `path` itself: the order they merge in."""
+    if path.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
+        raise ConfigError(f"{path}: the base files form a cycle: {cycle}")
+    raw = _read_yaml(path)
+    bases = raw.pop("base", None)
+    if bases is None:
+        bases = []
+    elif isinstance(bases, str):
+        bases = [bases]
+    elif not (isinstance(bases, list) and all(isinstance(b, str) for b in bases)):
+        raise ConfigError(f"{path}: base must be a file path or a list of them (relative to the file), got {bases!r}")
+    merged: list[tuple[str, dict[str, Any]]] = []
+    for base in bases:
+        base_path = Path(os.path.normpath(path.parent / base))
+        if not base_path.is_file():
+            raise ConfigError(f"{path}: base file not found: {base} (looked for {base_path})")
+        merged += _with_bases(base_path, (*chain, path.resolve()))
+    return [*merged, (str(path), raw)]
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from userrl_megatron.config.layout import model_layout_problems, moe_training_problems
-from userrl_megatron.config.schema import RootConfig
+from userrl_megatron.config.schema import ModelConfig, RootConfig
 from userrl_megatron.convert.arch import Architecture, UnsupportedModelError
 
 _QWEN3 = {"model_type": "qwen3", "vocab_size": 151936, "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1e6}
@@ -95,4 +95,7 @@ def model_fit_problems(cfg: RootConfig) -> list[str]:
     engine_tp = cfg.rollout.engine_tp
     if cfg.rollout.backend == "sglang" and engine_tp > 1 and arch.num_heads % engine_tp:
         problems.append(f"rollout.engine_tp = {engine_tp} must divide the model's {arch.num_heads} attention heads")
-    return [f"{p} (model.path = {cfg.model.path})" for p in problems]
+    where = f"model.path = {cfg.model.path}"
+    if cfg.model.path == ModelConfig.path:
+        where += ", the default; for another model put its configs/model/*.yaml first or set model.path"
+    return [f"{p} ({where})" for p in problems]
