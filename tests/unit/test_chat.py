@@ -1,6 +1,7 @@
 """Chat in token space against the real Qwen3 and SmolLM2 tokenizers, and the reply parsers."""
 
 import copy
+
 import pytest
 
 from gyms.tools import INTERACT_TOOL, TAG_FORMAT_INSTRUCTIONS, ToolCallError

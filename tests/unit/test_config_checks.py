@@ -229,7 +229,8 @@ def test_bad_bases_are_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_config([tmp_path / "d.yaml"])
     assert e.value.problems == [
-        f"{tmp_path / 'd.yaml'}: base must be a file path or a list of them (relative to the file), got {{'model': 'x'}}"
+        f"{tmp_path / 'd.yaml'}: base must be a file path or a list of them (relative to the file), "
+        "got {'model': 'x'}"
     ]
     with pytest.raises(ConfigError) as e:
         load_config([tmp_path / "e.yaml"])

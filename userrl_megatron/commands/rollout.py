@@ -1,4 +1,4 @@
-"""`userrl rollout [--model M] [--config ...] [k=v ...]`: run episodes of a dataset on the engine pool, without training.
+"""`userrl rollout [--model M] [--config ...] [k=v ...]`: run episodes of a dataset on the engine pool, no training.
 
 Writes every episode (each turn's tokens, text, reward and timing) to rollouts.jsonl and prints a per-gym
 summary table with the run's throughput.
