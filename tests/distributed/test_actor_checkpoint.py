@@ -86,7 +86,7 @@ def test_resume_under_another_layout_continues_exactly(tmp_path: Path) -> None:
     assert meta["layout"] == {"world_size": 2, "tp": 1, "pp": 1, "cp": 1, "vpp": 1}
     assert not any(p.name.startswith(".") for p in root.iterdir())  # no temporary leftovers
     assert "ffn_hidden_size" in r["other_model"] and "(128, 192)" in r["other_model"]
-    assert {p.name for p in (root / "step_5" / "hf").iterdir()} >= {"config.json"}
+    assert {p.name for p in (root / "step_5" / "hf_metadata").iterdir()} >= {"config.json"}
 
 
 def _save_before_first_step(rank: int, world: int, port: int, model_dir: Path, root: str, batches: list) -> dict:

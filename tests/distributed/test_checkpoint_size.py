@@ -29,7 +29,7 @@ def _save_both_ways(rank: int, world: int, port: int, model_dir: Path, root: str
 
 
 def _bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and "hf" not in p.parts[-2:])
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and "hf_metadata" not in p.parts[-2:])
 
 
 def test_checkpoint_without_optimizer_state_is_the_model_alone(tmp_path: Path) -> None:

@@ -11,11 +11,13 @@ from tests.support.tiny_models import tiny_config
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.megatron.checkpoint_files import (
     FORMAT_VERSION,
+    HF_METADATA,
     LATEST,
     META_FILE,
     CheckpointError,
     check_compatible,
     commit,
+    hf_metadata_dir,
     prune,
     read_metadata,
     resolve,
@@ -83,3 +85,13 @@ def test_compatibility_checks_model_and_vocab_padding() -> None:
         check_compatible(meta, dataclasses.replace(ARCH, num_layers=6), tp=1)
     with pytest.raises(CheckpointError, match="checkpoint format 0 is not 1"):
         check_compatible({**meta, "format_version": 0}, ARCH, tp=1)
+
+
+def test_the_hf_metadata_folder_is_not_named_like_an_export_and_old_checkpoints_still_read(tmp_path: Path) -> None:
+    assert HF_METADATA == "hf_metadata"
+    new, old = tmp_path / "new", tmp_path / "old"
+    (new / HF_METADATA).mkdir(parents=True)
+    (old / "hf").mkdir(parents=True)  # written before the rename
+    assert hf_metadata_dir(new) == new / HF_METADATA
+    assert hf_metadata_dir(old) == old / "hf"
+    assert hf_metadata_dir(tmp_path / "none") == tmp_path / "none" / HF_METADATA

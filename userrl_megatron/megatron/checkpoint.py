@@ -49,7 +49,7 @@ from userrl_megatron.convert.rules import INPUT_NORM, MLP_NORM
 from userrl_megatron.megatron.checkpoint_files import (
     EXTRA_FILE,
     FORMAT_VERSION,
-    HF_FILES,
+    HF_METADATA,
     META_FILE,
     CheckpointError,
     check_compatible,
@@ -119,7 +119,7 @@ def save_state(
             meta = {"format_version": FORMAT_VERSION, "saved_at": time.time(), **metadata, **contents}
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
             (tmp / EXTRA_FILE).write_text(extra_json + "\n")
-            copy_metadata(hf_dir, tmp / HF_FILES)
+            copy_metadata(hf_dir, tmp / HF_METADATA)
             write_manifest(tmp)
             commit(tmp, path, pointer)
             if keep_last is not None:

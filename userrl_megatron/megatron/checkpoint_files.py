@@ -17,12 +17,20 @@ FORMAT_VERSION = 1
 META_FILE = "userrl_checkpoint.json"
 EXTRA_FILE = "extra_state.json"
 LATEST = "latest"
-HF_FILES = "hf"
+HF_METADATA = "hf_metadata"  # the policy's HF config.json and tokenizer, no weights (what an export copies beside them)
+LEGACY_HF_METADATA = "hf"  # the same folder in checkpoints written before it was renamed
 MANIFEST_FILE = "files.json"  # every file's size, written last: a truncated or missing file shows before loading
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, or was saved for another model."""
+
+
+def hf_metadata_dir(checkpoint: str | Path) -> Path:
+    """The folder of `checkpoint` (a resolved checkpoint directory) holding its HF config and tokenizer."""
+    folder = Path(checkpoint) / HF_METADATA
+    legacy = Path(checkpoint) / LEGACY_HF_METADATA
+    return legacy if not folder.is_dir() and legacy.is_dir() else folder
 
 
 def resolve(path: str | Path) -> Path:

@@ -120,7 +120,7 @@ def _mcore_to_hf_rank(
         chunks = build_chunks(arch, cfg, DTYPES[meta["dtype"]], use_te)
         checkpoint.load_model(ckpt, chunks, arch, layout.tp)
         converter = Converter(arch, te_layout=use_te)
-        export_hf_dir(chunks, converter, layout, out_dir, Path(ckpt) / checkpoint_files.HF_FILES, DTYPES[dtype])
+        export_hf_dir(chunks, converter, layout, out_dir, checkpoint_files.hf_metadata_dir(ckpt), DTYPES[dtype])
         if rank == 0:
             log.info("wrote %s", out_dir)
     finally:
