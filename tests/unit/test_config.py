@@ -26,6 +26,14 @@ def test_defaults_are_valid_and_typed() -> None:
     assert isinstance(cfg.rollout.sglang.extra_args, list)
 
 
+def test_an_unnamed_run_is_named_after_its_command_and_model() -> None:
+    assert load_config().run.name == "train-smollm2-135m-instruct"
+    assert load_config(overrides=["model.path=/models/Qwen3-8B/"], check=False).run.name == "train-Qwen3-8B"
+    assert load_config(command="sft").run.name == "sft-smollm2-135m-instruct"
+    assert load_config(overrides=["run.name=mine"], command="sft").run.name == "mine"
+    assert load_config([REPO / "configs" / "quickstart.yaml"]).run.name == "quickstart"
+
+
 def test_yaml_files_merge_in_order_then_overrides(tmp_path: Path) -> None:
     a = _write(tmp_path, "a.yaml", "rollout:\n  max_turns: 3\n  temperature: 0.5\nrun:\n  name: a\n")
     b = _write(tmp_path, "b.yaml", "rollout:\n  max_turns: 5\n")

@@ -28,7 +28,8 @@ def _rollout(args: argparse.Namespace) -> int:
     from userrl_megatron.observability.dumps import write_episodes
     from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 
-    cfg = load_config(args.config, [*args.overrides, *([f"model.path={args.model}"] if args.model else [])])
+    model = [f"model.path={args.model}"] if args.model else []
+    cfg = load_config(args.config, [*args.overrides, *model], command="rollout")
     if args.samples < 1 or args.limit < 0:
         raise UserError(f"--samples must be >= 1 and --limit >= 0, got {args.samples} and {args.limit}")
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -4,6 +4,8 @@
 import argparse
 import asyncio
 
+DEFAULT_PORT = 30000  # SGLang's own default: clients written for it find the embedded server at the same place
+
 
 def _serve(args: argparse.Namespace) -> int:
     if args.backend == "sglang":
@@ -35,7 +37,6 @@ def _serve(args: argparse.Namespace) -> int:
         "health_check_timeout_s": args.health_check_timeout,
     }
     cfg = replace(EmbeddedServerConfig(), **{k: v for k, v in overrides.items() if v is not None})
-    port = args.port if args.port is not None else cfg.base_port
     if cfg.threads:
         import torch
 
@@ -48,7 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         watch = asyncio.ensure_future(_watch_parent(args.parent_pid, stop)) if args.parent_pid else None
-        await serve(core, cfg.host, port, stop)
+        await serve(core, cfg.host, args.port, stop)
         if watch is not None:
             watch.cancel()
 
@@ -56,7 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         asyncio.run(run())
     except OSError as e:
-        raise UserError(f"cannot serve on {cfg.host}:{port}: {e}") from e
+        raise UserError(f"cannot serve on {cfg.host}:{args.port}: {e}") from e
     finally:
         core.shutdown()
     return 0
@@ -79,11 +80,10 @@ def _serve_sglang(args: argparse.Namespace) -> int:
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     want = args.device or "auto"
     device = "cuda" if want.startswith("cuda") or (want == "auto" and _has_cuda()) else "cpu"
-    port = args.port if args.port is not None else cfg.base_port
     dtype = "auto" if args.dtype is None else args.dtype
     try:
         server = launch_sglang(
-            cfg, str(resolve_model(args.model)), 1, port, dtype, device=device,
+            cfg, str(resolve_model(args.model)), 1, args.port, dtype, device=device,
             served_model_name=args.served_model_name,
         )  # fmt: skip
     except EngineError as e:
@@ -124,7 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="embedded", choices=("embedded", "sglang"), help="which server to run")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default float32 (SGLang: auto)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="HTTP port (default rollout.embedded.base_port)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT}, as SGLang's)")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--context-length", type=int, help="longest prompt + output (default: the model's)")
     p.add_argument("--max-running-requests", type=int, help="requests decoded together")

@@ -13,7 +13,7 @@ def _sft(args: argparse.Namespace) -> int:
     from userrl_megatron.observability.run_log import run_log
     from userrl_megatron.trainer.preflight import check_before_start, run_directory
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, command="sft")
     import torch
 
     check_before_start(cfg, on_gpu=torch.cuda.is_available() and cfg.run.device != "cpu")

@@ -37,8 +37,13 @@ class ConfigError(ValueError):
         return (type(self), (self.problems,))
 
 
-def load_config(files: Sequence[str | Path] = (), overrides: Sequence[str] = (), check: bool = True) -> RootConfig:
-    """Resolve the configuration from defaults, YAML files (in order) and `a.b=value` overrides."""
+def load_config(
+    files: Sequence[str | Path] = (), overrides: Sequence[str] = (), check: bool = True, command: str = "train"
+) -> RootConfig:
+    """Resolve the configuration from defaults, YAML files (in order) and `a.b=value` overrides.
+
+    `command` names the run when `run.name` is left empty: `<command>-<model directory name>`, so runs of other
+    models or other commands never share (and resume from) one run directory."""
     merged = OmegaConf.structured(RootConfig)
     stacks = [_with_bases(Path(path)) for path in files]
     bases = {source: raw for stack in stacks for source, raw in stack[:-1]}  # each base once, first place kept
@@ -51,6 +56,8 @@ def load_config(files: Sequence[str | Path] = (), overrides: Sequence[str] = (),
         merged = _merge(merged, raw, source="command line")
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, RootConfig)
+    if not cfg.run.name:
+        cfg.run.name = f"{command}-{Path(cfg.model.path.rstrip('/')).name or 'model'}"
     if check:
         from userrl_megatron.config.checks import check_config
 

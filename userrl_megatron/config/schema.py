@@ -21,7 +21,7 @@ from gyms.config import (
 
 @dataclass
 class RunConfig:
-    name: str = "quickstart"  # run name; the run directory is <output_dir>/<name>
+    name: str = ""  # run name; the run directory is <output_dir>/<name>; empty: <command>-<model directory name>
     output_dir: str = "runs"  # parent folder of run directories
     seed: int = 42  # seed for data order, sampling and model initialisation
     total_steps: int = 4  # RL steps to train (one step = rollout + update + weight sync)

@@ -45,9 +45,9 @@ def eval_config(files: Sequence[str], overrides: Sequence[str]) -> RootConfig:
     command line's overrides (which therefore win over both)."""
     from userrl_megatron.config import load_config
 
-    first = load_config(files, overrides)
+    first = load_config(files, overrides, command="eval")
     settings = [f"gyms.{s}" for s in first.eval.gym_settings]
-    return load_config(files, [*settings, *overrides]) if settings else first
+    return load_config(files, [*settings, *overrides], command="eval") if settings else first
 
 
 def eval_tasks(cfg: RootConfig) -> list[Task]:

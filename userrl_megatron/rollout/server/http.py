@@ -420,7 +420,8 @@ async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event) -> 
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    log.info("serving %s on http://%s:%d", core.served_model_name, host, port)
+    bound = runner.addresses[0][1] if runner.addresses else port  # the port the system picked for port 0
+    log.info("serving %s on http://%s:%d", core.served_model_name, host, bound)
     try:
         await stop.wait()
     finally:
