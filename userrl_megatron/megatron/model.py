@@ -16,6 +16,7 @@ Each pipeline stage holds `virtual_pipeline_model_parallel_size` chunks. Paramet
 number layers from 0; `global_name` turns them into the model-wide names the conversion rules use.
 """
 
+import importlib
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LAYER_PREFIX = "decoder.layers."
+# apex's CUDA extension behind Megatron's gradient accumulation fusion: megatron-core's
+# `tensor_parallel/layers.py` imports it by this name, and its plain ColumnParallelLinear (the output layer, even
+# with Transformer Engine's layer spec) raises at construction when the fusion is on and the import failed.
+FUSION_KERNEL = "fused_weight_gradient_mlp_cuda"
 
 
 def recompute_settings(cfg: MegatronConfig) -> dict[str, object]:
@@ -99,13 +104,48 @@ def use_transformer_engine(impl: str) -> bool:
     return chosen
 
 
+def importable(module: str) -> bool:
+    """Whether `import module` succeeds here (the test megatron-core itself makes: ImportError means no)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def gradient_accumulation_fusion(use_te: bool, kernel_importable: Callable[[str], bool] = importable) -> bool:
+    """Whether to fuse weight-gradient accumulation into the GEMMs: with Transformer Engine, and only when apex's
+    kernel (`FUSION_KERNEL`) imports, since Megatron's output layer needs it. Without it, logs one line saying so."""
+    if not use_te:
+        return False
+    if kernel_importable(FUSION_KERNEL):
+        return True
+    log.warning(
+        "gradient accumulation fusion: off, apex's %s kernel is not importable (Megatron's output layer needs "
+        "it): weight gradients go to the fp32 main_grad in a separate add (more memory traffic, same result). "
+        "To get it, build NVIDIA apex with its CUDA extensions: pip install -v --no-build-isolation "
+        '--config-settings "--build-option=--cpp_ext" --config-settings "--build-option=--cuda_ext" '
+        "git+https://github.com/NVIDIA/apex",
+        FUSION_KERNEL,
+    )
+    return False
+
+
 def transformer_config(
     arch: Architecture, cfg: MegatronConfig, dtype: torch.dtype, use_te: bool, initialize: bool = False
 ) -> TransformerConfig:
     """Megatron's TransformerConfig for `arch` under the parallel layout and options of `cfg`."""
+    return TransformerConfig(**transformer_fields(arch, cfg, dtype, use_te, initialize))
+
+
+def transformer_fields(
+    arch: Architecture, cfg: MegatronConfig, dtype: torch.dtype, use_te: bool, initialize: bool = False
+) -> dict[str, object]:
+    """The fields of `transformer_config` (Megatron checks them when the config is made: with `use_te`, only
+    where Transformer Engine is installed)."""
     on_gpu = torch.cuda.is_available()
     vpp = cfg.virtual_pipeline_model_parallel_size
-    return TransformerConfig(
+    return dict(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_heads,
@@ -139,7 +179,7 @@ def transformer_config(
         bias_dropout_fusion=use_te,
         masked_softmax_fusion=use_te,
         apply_rope_fusion=use_te,
-        gradient_accumulation_fusion=use_te,  # TE's GEMMs accumulate weight grads into the fp32 main_grad
+        gradient_accumulation_fusion=gradient_accumulation_fusion(use_te),  # weight grads straight into main_grad
         deallocate_pipeline_outputs=on_gpu,
         **recompute_settings(cfg),
         **moe_settings(arch, cfg, use_te),
