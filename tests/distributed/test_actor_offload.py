@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.distributed import build_actor, init_world, megatron_config, random_batch, spawn
 from tests.support.tiny_models import make_tiny_model
-from userrl_megatron.megatron.offload import actor_storages
+from userrl_megatron.megatron.offload import HOST_CHUNK_BYTES, actor_storages
 from userrl_megatron.types import TrainBatch
 
 pytestmark = pytest.mark.distributed
@@ -41,6 +41,7 @@ def _cycle(rank: int, world: int, port: int, model_dir: Path, batch: TrainBatch,
     out["train_state_out"] = _error(lambda: moved.train_step(batch))
     moved.offload()
     out["all_out"] = _resident(moved)
+    out["host"] = (moved.parking.arena.used, moved.parking.arena.nbytes)
     out["logprobs_all_out"] = _error(lambda: moved.compute_logprobs(batch))
     out["save_all_out"] = _error(lambda: moved.save(ckpt))
     moved.onload()
@@ -57,6 +58,8 @@ def test_offload_frees_storage_and_onload_restores_it_exactly(tmp_path: Path) ->
         full = r["full"]
         assert all(full[kind] > 0 for kind in ("weights", "optimizer state", "grads")), full
         assert r["state_out"] == {"weights": full["weights"], "optimizer state": 0, "grads": 0}
+        # weights and optimizer state copied end to end into one 256 MiB chunk of host memory; grads not at all
+        assert r["host"] == (full["weights"] + full["optimizer state"], HOST_CHUNK_BYTES)
         assert r["logprobs_state_out"] == r["before"]
         assert r["train_state_out"] == "a training step: the actor's grads, optimizer state are offloaded; onload first"
         assert r["all_out"] == {"weights": 0, "optimizer state": 0, "grads": 0}
@@ -78,7 +81,7 @@ def _reference_swap(rank: int, world: int, port: int, model_dir: Path, batches: 
     initial = actor.compute_logprobs(batches[0])
     actor.train_step(batches[1])
     trained = actor.compute_logprobs(batches[0])
-    buffers = [b.data_ptr() for b in reference.parked + reference.reference]
+    buffers = [b.data_ptr() for b in reference.parked.chunks + reference.reference.chunks]
     swaps = []
     for _ in range(2):
         with reference.swapped_in(params):
@@ -88,7 +91,7 @@ def _reference_swap(rank: int, world: int, port: int, model_dir: Path, batches: 
         "initial": initial,
         "trained": trained,
         "swaps": swaps,
-        "same_buffers": buffers == [b.data_ptr() for b in reference.parked + reference.reference],
+        "same_buffers": buffers == [b.data_ptr() for b in reference.parked.chunks + reference.reference.chunks],
     }
 
 

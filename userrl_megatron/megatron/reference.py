@@ -1,9 +1,10 @@
 """The reference policy for the KL term: the initial weights, kept in host memory and swapped into the actor's
 parameters for a reference log-prob pass, then swapped back.
 
-Both host copies (the reference, and the trained weights while they step out) are allocated once for the run,
-pinned when CUDA is there, and every copy is non-blocking with one synchronisation per direction: a swap costs
-two host<->device transfers of the weights and no allocation.
+Both host copies (the reference, and the trained weights while they step out) are regions of a `HostArena`
+(`offload.py`: chunks of a power of two, pinned when CUDA is there, allocated once for the run), and every copy is
+non-blocking with one synchronisation per direction: a swap costs two host<->device transfers of the weights and
+no allocation.
 """
 
 import contextlib
@@ -11,33 +12,45 @@ from collections.abc import Iterator
 
 import torch
 
+from userrl_megatron.megatron.offload import HostArena, restore_bytes, save_bytes, tensor_bytes
+
 
 class ReferenceWeights:
     """A host copy of `parameters` as they are now, and room to park them while the copy is swapped in."""
 
     def __init__(self, parameters: list[torch.nn.Parameter]) -> None:
-        self.reference = [_host_buffer(p) for p in parameters]
-        self.parked = [_host_buffer(p) for p in parameters]
-        _copy(self.reference, parameters)
+        pinned = torch.cuda.is_available()
+        self.reference, self.parked = HostArena(pinned), HostArena(pinned)
+        self._reference = [self.reference.take(_nbytes(p)) for p in parameters]
+        self._parked = [self.parked.take(_nbytes(p)) for p in parameters]
+        _save(self._reference, parameters)
 
     @contextlib.contextmanager
     def swapped_in(self, parameters: list[torch.nn.Parameter]) -> Iterator[None]:
         """Run the body with the reference weights in `parameters`; the trained weights come back after it."""
-        _copy(self.parked, parameters)
-        _copy(parameters, self.reference)
+        _save(self._parked, parameters)
+        _restore(parameters, self._reference)
         try:
             yield
         finally:
-            _copy(parameters, self.parked)
+            _restore(parameters, self._parked)
 
 
-def _host_buffer(p: torch.Tensor) -> torch.Tensor:
-    return torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=p.device.type == "cuda")
+def _nbytes(p: torch.Tensor) -> int:
+    return p.numel() * p.element_size()
 
 
 @torch.no_grad()
-def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    for d, s in zip(dst, src, strict=True):
-        d.copy_(s, non_blocking=True)
+def _save(regions: list[list[torch.Tensor]], parameters: list[torch.nn.Parameter]) -> None:
+    for region, p in zip(regions, parameters, strict=True):
+        save_bytes(region, tensor_bytes(p))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def _restore(parameters: list[torch.nn.Parameter], regions: list[list[torch.Tensor]]) -> None:
+    for p, region in zip(parameters, regions, strict=True):
+        restore_bytes(tensor_bytes(p), region)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
