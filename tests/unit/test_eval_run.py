@@ -7,6 +7,7 @@ scheduling and the cache, not a model."""
 import asyncio
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -160,6 +161,18 @@ def test_progress_line_counts_cached_episodes_and_running_means() -> None:
     assert progress.line() == (
         "eval: 4/10 episodes (2 cached), 30s, ETA 1m30s | function 0.500 (n=2) | travel 0.400 (n=1) | infra failures 1"
     )
+
+
+def test_a_finished_evaluation_prints_one_progress_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cache = EpisodeCache(tmp_path / "c.jsonl")
+    with caplog.at_level(logging.INFO, logger="userrl_megatron.progress"):
+        run(jobs(), GymPlayer(), cache)
+        played = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        run(jobs(), GymPlayer(), cache)
+    assert played[0].startswith("eval: 0/8 episodes (0 cached)") and played[-1].startswith("eval: 8/8 episodes")
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("eval: 8/8 episodes (8 cached), ") and line.endswith(", done | function 0.500 (n=8)")
 
 
 def test_bad_concurrency_is_refused(tmp_path: Path) -> None:

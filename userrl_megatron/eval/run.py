@@ -189,5 +189,6 @@ async def run_jobs(
 
     log.info(progress.line())
     records = await asyncio.gather(*(play(job) for job in jobs))
-    log.info(progress.line())
+    if progress.new:  # all cached: the first line already said "done"
+        log.info(progress.line())
     return list(records)
