@@ -26,6 +26,29 @@ SETTINGS = [
 ]  # fmt: skip
 
 
+# `userrl eval` that, once HELD_AFTER episodes are cached, holds before caching the next one: the test kills it
+# there, mid-run, however fast the episodes go.
+HELD_AFTER = 3
+HELD_EVAL = f"""
+import sys, threading
+from userrl_megatron.cli import main
+from userrl_megatron.eval.cache import EpisodeCache
+
+put = EpisodeCache.put
+
+
+def put_or_hold(self, key, record):
+    if len(self.records) == {HELD_AFTER}:
+        threading.Event().wait()
+    put(self, key, record)
+
+
+EpisodeCache.put = put_or_hold
+sys.exit(main(sys.argv[1:]))
+"""
+DEADLINE_S = 900.0  # Ray, the engine and the first episodes on a busy machine: only a hang takes longer
+
+
 @pytest.fixture(scope="module")
 def chatty(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_chatty_model(tmp_path_factory.mktemp("chatty") / "model")
@@ -67,15 +90,15 @@ def test_eval_on_the_pool_and_from_a_running_engine(ray_cluster: object, chatty:
 def test_a_killed_evaluation_resumes_from_its_cache(ray_cluster: object, chatty: Path, tmp_path: Path) -> None:
     out = tmp_path / "killed"
     sampled = [*SETTINGS, "--samples", "4", "--temperature", "1.0", "eval.max_concurrent_episodes=1"]
-    command = [sys.executable, "-m", "userrl_megatron", "eval", "--model", str(chatty), "--out", str(out), *sampled]
+    command = [sys.executable, "-c", HELD_EVAL, "eval", "--model", str(chatty), "--out", str(out), *sampled]
     env = {**os.environ, "RAY_ADDRESS": ""}
     child = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     cache = out / "cache.jsonl"
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + DEADLINE_S
     try:
-        while not (cache.is_file() and len(cache.read_text().splitlines()) >= 3):
+        while not (cache.is_file() and len(cache.read_text().splitlines()) >= HELD_AFTER):
             assert child.poll() is None, "the evaluation ended before it could be killed"
             assert time.monotonic() < deadline, "no episode finished in time"
             time.sleep(0.2)
@@ -83,7 +106,7 @@ def test_a_killed_evaluation_resumes_from_its_cache(ray_cluster: object, chatty:
         os.killpg(child.pid, signal.SIGKILL)  # the command, its engine server and its Ray workers
         child.wait()
     kept = {json.loads(line)["key"] for line in cache.read_text().splitlines() if line.strip().endswith("}")}
-    assert 3 <= len(kept) < 12
+    assert len(kept) == HELD_AFTER
     assert main(["eval", "--model", str(chatty), "--out", str(out), *sampled]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["episodes_cached"] == len(kept) and results["episodes_run"] == 12 - len(kept)

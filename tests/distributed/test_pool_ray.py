@@ -26,7 +26,7 @@ from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed
 
-DEADLINE_S = 120.0
+DEADLINE_S = 600.0  # waits for servers to (re)start and turns to be generated: only a hang reaches it
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def placement(ray_cluster: object) -> object:
     """Bundles for one actor rank and the two engines, released after the test."""
     from ray.util import remove_placement_group
 
-    reserved = create_placement(plan_bundles(MegatronConfig(), pool_config(), use_gpu=False), timeout_s=60)
+    reserved = create_placement(plan_bundles(MegatronConfig(), pool_config(), use_gpu=False), timeout_s=DEADLINE_S)
     yield reserved
     remove_placement_group(reserved.group)
 
