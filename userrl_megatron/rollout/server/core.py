@@ -18,7 +18,7 @@ import torch
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.rollout.server.model import EngineModel
 from userrl_megatron.rollout.server.sampling import parse_sampling_params
-from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request, Scheduler
+from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request, Scheduler, engine_failed
 from userrl_megatron.rollout.server.weights import receive_weights
 from userrl_megatron.sync.bucket import FlatBuffer
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
@@ -160,7 +160,10 @@ class EngineCore:
         return True
 
     async def health(self) -> bool:
-        """SGLang's `/health_generate`: any forward after the probe was sent proves the engine is alive."""
+        """SGLang's `/health_generate`: alive when any request got a token after the probe was sent, or the probe
+        ended for another reason than an engine error (a caller's abort: SGLang's scheduler answered). A probe
+        the engine failed means unhealthy at once: where this engine aborts requests on an exception, SGLang's
+        scheduler dies, and a forward whose tokens cannot be sampled is no progress."""
         if not self.started:
             return False
         tic = time.perf_counter()
@@ -173,8 +176,10 @@ class EngineCore:
         try:
             deadline = tic + self.cfg.health_check_timeout_s
             while time.perf_counter() < deadline:
-                if self.scheduler.last_progress > tic or task.done():
+                if self.scheduler.last_progress > tic:
                     return True
+                if task.done():
+                    return not engine_failed(probe)
                 await asyncio.sleep(0.02)
             return False
         finally:

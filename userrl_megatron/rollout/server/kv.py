@@ -107,8 +107,9 @@ class BatchKV:
             else:
                 self._reshape(rows=self.keys[0].shape[0], shift=0, columns=2 * self.end)
         self.start = self.end - max(self.lengths)
-        first_valid = torch.tensor([self.end - n for n in self.lengths]).unsqueeze(1)
-        mask = (torch.arange(self.start, self.end + 1).unsqueeze(0) >= first_valid).long()
+        device = self.keys[0].device
+        first_valid = torch.tensor([self.end - n for n in self.lengths], device=device).unsqueeze(1)
+        mask = (torch.arange(self.start, self.end + 1, device=device).unsqueeze(0) >= first_valid).long()
         return Cache(layers=[_WindowLayer(self, i) for i in range(self.num_layers)]), mask
 
     def end_step(self) -> None:

@@ -50,9 +50,10 @@ class EngineModel:
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(torch.device(device)).eval()
+        # Where the weights landed ("cuda" -> "cuda:0"): every tensor and generator of the engine is made here.
+        self.device = next(self.model.parameters()).device
         self.model.requires_grad_(False)
         self.tokenizer: Any = None
         if (Path(path) / "tokenizer_config.json").is_file() or (Path(path) / "tokenizer.json").is_file():

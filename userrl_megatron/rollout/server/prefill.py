@@ -33,6 +33,7 @@ def run_prefill(
     assert not all_logits or (len(rows) == 1 and rows[0].reused == 0)
     past = max(r.reused for r in rows)
     new = max(len(r.tokens) - r.reused for r in rows)
+    # On the host, moved to the engine's device once by `model.forward`.
     ids = torch.zeros(len(rows), new, dtype=torch.long)
     positions = torch.zeros(len(rows), new, dtype=torch.long)
     mask = torch.zeros(len(rows), past + new, dtype=torch.long)

@@ -135,11 +135,13 @@ class SampleRow:
 def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -> tuple[list[int], list[float], Any]:
     """Next token of every row, its log-prob, and (if asked) the top log-probs of each row.
 
-    logits: [rows, vocab] float32; modified in place by penalties, biases and bans.
+    logits: [rows, vocab] float32 on the engine's device; modified in place by penalties, biases and bans. Every
+    tensor made here is made on that device, and each row's generator must live there too (`torch.multinomial`
+    on CUDA refuses a CPU generator).
     """
     for i, row in enumerate(rows):
         _adjust_logits(logits[i], row)
-    temperatures = torch.tensor([row.spec.temperature for row in rows], dtype=logits.dtype)
+    temperatures = torch.tensor([row.spec.temperature for row in rows], dtype=logits.dtype, device=logits.device)
     logprobs = torch.log_softmax(logits / temperatures.unsqueeze(1), dim=-1)
     tokens = logprobs.argmax(dim=-1)
     for i, row in enumerate(rows):
@@ -151,18 +153,19 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -
 
 
 def _adjust_logits(logits: torch.Tensor, row: SampleRow) -> None:
-    spec = row.spec
+    spec, device = row.spec, logits.device
     if spec.needs_penalties and row.output_ids:
-        ids, counts = torch.tensor(row.output_ids).unique(return_counts=True)
+        ids, counts = torch.tensor(row.output_ids, device=device).unique(return_counts=True)
         picked = logits[ids]
         if spec.repetition_penalty != 1.0:
             picked = torch.where(picked > 0, picked / spec.repetition_penalty, picked * spec.repetition_penalty)
         picked = picked - spec.frequency_penalty * counts.to(logits.dtype) - spec.presence_penalty
         logits[ids] = picked
-    for token_id, bias in spec.logit_bias.items():
-        logits[token_id] += bias
+    if spec.logit_bias:
+        ids = torch.tensor(list(spec.logit_bias), device=device)
+        logits[ids] += torch.tensor(list(spec.logit_bias.values()), dtype=logits.dtype, device=device)
     if row.banned:
-        logits[list(row.banned)] = float("-inf")
+        logits[torch.tensor(row.banned, device=device)] = float("-inf")
 
 
 def _draw(logprobs: torch.Tensor, spec: SamplingSpec, generator: torch.Generator | None) -> int:

@@ -94,7 +94,7 @@ class Scheduler:
         self.weight_version = weight_version
         self.paused = False
         self.held = False  # memory released: hold generation until resumed
-        self.last_progress = 0.0  # perf_counter of the last forward
+        self.last_progress = 0.0  # perf_counter of the last step that gave a request a token (health)
         self.decode_steps = 0  # batched forwards of running requests since start
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []  # row i of the KV cache belongs to _running[i]
@@ -104,7 +104,7 @@ class Scheduler:
         self._aborts: list[tuple[str, bool, str]] = []  # (rid prefix, abort all, message)
         self._cond = threading.Condition()
         self._stop = False
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator(device=model.device).manual_seed(seed)  # requests without a seed
         self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
 
     # ---- thread-safe API ----
@@ -194,7 +194,7 @@ class Scheduler:
                         self._decode()
             except Exception as e:  # a bug or an OOM: fail the running requests, keep serving
                 log.exception("scheduler step failed")
-                self._apply_aborts([("", True, f"engine error: {e}")], running_only=True)
+                self._fail_running(e)
         self._apply_aborts([("", True, "The server is shutting down.")])
         with self._cond:
             commands, self._commands = list(self._commands), deque()
@@ -220,7 +220,14 @@ class Scheduler:
             except Exception as e:
                 command.future.set_exception(e)
 
-    def _apply_aborts(self, aborts: list[tuple[str, bool, str]], running_only: bool = False) -> None:
+    def _fail_running(self, error: Exception) -> None:
+        """End every running request with the engine error (500), keeping its partial output."""
+        for row in reversed(range(len(self._running))):
+            request = self._running[row]
+            self._remove_row(row)
+            self._finish(request, _engine_error(error))
+
+    def _apply_aborts(self, aborts: list[tuple[str, bool, str]]) -> None:
         def hit(request: Request) -> str | None:
             for rid, abort_all, message in aborts:
                 if abort_all or (rid and request.rid.startswith(rid)):
@@ -233,8 +240,6 @@ class Scheduler:
                 request = self._running[row]
                 self._remove_row(row)
                 self._finish(request, _abort_reason(message))
-        if running_only:
-            return
         with self._cond:
             hits = [(r, m) for r in self._waiting if (m := hit(r)) is not None]
             if hits:
@@ -268,7 +273,7 @@ class Scheduler:
             log.exception("prefill failed")
             for request, _ in batch:
                 if not request.finished:
-                    self._finish(request, _abort_reason(f"engine error: {e}", 500, type(e).__name__))
+                    self._finish(request, _engine_error(e))
 
     def _prefill_row(self, request: Request) -> PrefillRow:
         tokens = request.input_ids + request.output_ids
@@ -287,7 +292,10 @@ class Scheduler:
         for request, row in batch:
             if request._generator is None and not request.sampling.greedy:
                 seed = request.sampling.sampling_seed
-                request._generator = torch.Generator().manual_seed(seed) if seed is not None else self._generator
+                if seed is None:
+                    request._generator = self._generator
+                else:
+                    request._generator = torch.Generator(device=self.model.device).manual_seed(seed)
             if not request.output_ids:
                 request.cached_tokens = row.reused
         want_input = _wants_input(requests[0])
@@ -295,7 +303,6 @@ class Scheduler:
         logits, layers, routed = run_prefill(
             self.model, [row for _, row in batch], all_logits=want_input, routing=routing
         )
-        self.last_progress = time.perf_counter()
         if routed is not None:
             for (request, row), ids in zip(batch, routed, strict=True):
                 if self._routes(request):  # a re-prefill (after a retract) recomputes every recorded position
@@ -319,8 +326,9 @@ class Scheduler:
     def _decode(self) -> None:
         running = self._running
         cache, mask = self._kv.begin_step()
-        input_ids = torch.tensor([[r.output_ids[-1]] for r in running])
-        positions = torch.tensor([[n] for n in self._kv.lengths])
+        device = self.model.device
+        input_ids = torch.tensor([[r.output_ids[-1]] for r in running], device=device)
+        positions = torch.tensor([[n] for n in self._kv.lengths], device=device)
         routing = any(self._routes(r) for r in running)
         out = self.model.forward(input_ids, positions, cache, attention_mask=mask, routing=routing)
         logits, routed = out if routing else (out, None)
@@ -329,7 +337,6 @@ class Scheduler:
                 if self._routes(request):
                     request.routed.append(routed[row])
         self._kv.end_step()
-        self.last_progress = time.perf_counter()
         self.decode_steps += 1
         self._sample_and_check(running, logits)
         for row in reversed(range(len(running))):
@@ -341,6 +348,7 @@ class Scheduler:
         rows = [SampleRow(r.sampling, r.output_ids, r._generator, self._banned(r)) for r in requests]
         top_k = max(r.top_logprobs_num if r.return_logprob else 0 for r in requests)
         tokens, logprobs, top = sample(logits, rows, top_k)
+        self.last_progress = time.perf_counter()  # progress means tokens, not forwards: a failing sampler is not alive
         for i, request in enumerate(requests):
             request.output_ids.append(tokens[i])
             request.output_logprobs.append(logprobs[i])
@@ -401,7 +409,7 @@ class Scheduler:
     def _record_input_logprobs(self, request: Request, logits: torch.Tensor) -> None:
         """Log-probs of prompt tokens from `logprob_start_len` on; the first prompt token has none."""
         logprobs = torch.log_softmax(logits, dim=-1)  # [L, V]: row i predicts token i + 1
-        ids = torch.tensor(request.input_ids)
+        ids = torch.tensor(request.input_ids, device=logits.device)
         start = min(request.logprob_start_len, len(ids))
         values: list[float | None] = [None] if start == 0 else []
         lo = max(start, 1)
@@ -421,6 +429,16 @@ def _top_pairs(top: Any, row: int, k: int) -> list[tuple[float, int]]:
 def _wants_input(request: Request) -> bool:
     """Prompt log-probs requested (and not yet computed)."""
     return request.return_logprob and request.logprob_start_len >= 0 and not request.output_ids
+
+
+def engine_failed(request: Request) -> bool:
+    """Whether the engine itself ended `request` (an exception in a forward or in sampling), not a caller."""
+    reason = request.finish_reason or {}
+    return reason.get("type") == "abort" and reason.get("status_code") == 500
+
+
+def _engine_error(e: Exception) -> dict[str, Any]:
+    return _abort_reason(f"engine error: {e}", 500, type(e).__name__)
 
 
 def _abort_reason(message: str, status_code: int | None = None, err_type: str | None = None) -> dict[str, Any]:
