@@ -39,6 +39,7 @@ CHECKED_ELSEWHERE = (
 RANGES: dict[str, Rule] = {
     "run.total_steps": COUNT,
     "plan.device_memory_gb": POSITIVE,
+    "plan.host_memory_gb": POSITIVE,
     "megatron.recompute_num_layers": NON_NEGATIVE,
     "plan.context_gb": NON_NEGATIVE,
     "plan.engine_runtime_gb": NON_NEGATIVE,

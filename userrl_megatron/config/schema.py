@@ -279,6 +279,7 @@ class PlanConfig:
     device_memory_gb: float = 80.0  # GiB of one GPU that `userrl plan` checks (H100 80GB: 79.6, H200: 140.4)
     context_gb: float = 1.0  # GiB each process holds on a GPU whatever it does: CUDA context, NCCL, allocator
     engine_runtime_gb: float = 3.0  # GiB an engine uses generating, beyond weights and KV: CUDA graphs, activations
+    host_memory_gb: float = 1024.0  # GiB of pinned memory a node may hold: offload, saves, KL copy (DGX H100: 2048)
 
 
 @dataclass

@@ -4,14 +4,15 @@ episode runner that book bytes per device instead of computing.
 `trainer.components` (start-up order, enter_training / enter_rollout, weight sync, repairs) and
 `trainer.driver.Trainer.fit` run unchanged on these parts, so the plan follows the order the trainer really
 uses: change that order and the plan changes with it. Each call books what it allocates or frees, then records
-the phase it belongs to with what every device holds at that moment (the phase's peak over the run).
+the phase it belongs to with what every device holds at that moment (the phase's peak over the run). The actor
+ranks' pinned host memory is booked as the calls first allocate it (offload, saves), and kept: torch keeps it.
 """
 
 from dataclasses import dataclass, field
 from typing import Any
 
 from userrl_megatron.megatron.offload import GRADS, NEEDS, STATE, WEIGHTS
-from userrl_megatron.plan.memory import ActorMemory, EngineMemory, sglang_kv_pool
+from userrl_megatron.plan.memory import ActorMemory, EngineMemory, HostMemory, sglang_kv_pool
 from userrl_megatron.types import Episode, EpisodeGroup, SamplingParams, Task, Turn
 
 ACTOR_STATE = ("actor weights", "actor grads", "actor optimizer")
@@ -58,11 +59,29 @@ class Ledger:
 
 
 class LedgerActors:
-    """The actor group (`trainer.workers.ActorGroup`): rank r on device `devices[r]`, every rank alike."""
+    """The actor group (`trainer.workers.ActorGroup`): rank r on device `devices[r]`, every rank alike.
 
-    def __init__(self, ledger: Ledger, memory: ActorMemory, devices: list[int], bucket_bytes: int) -> None:
+    `sync_bytes`: the two live buckets of a weight sync; `kept_buckets`: they stay on the device between syncs
+    (the broadcast's two flat buffers are reused, so they are never freed). `host`: the pinned host memory of a
+    rank, booked in `host_held` as each part is first allocated (the KL reference at start-up)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        memory: ActorMemory,
+        devices: list[int],
+        bucket_bytes: int,
+        sync_bytes: int | None = None,
+        kept_buckets: bool = False,
+        host: HostMemory | None = None,
+    ) -> None:
         self.ledger, self.memory, self.devices, self.bucket_bytes = ledger, memory, devices, bucket_bytes
+        self.sync_bytes = 2 * bucket_bytes if sync_bytes is None else sync_bytes
+        self.kept_buckets = kept_buckets
+        self.host = host or HostMemory(0, 0, 0, 0, 0)
+        self.host_held: dict[str, int] = {"KL reference": self.host.reference} if self.host.reference else {}
         self.offloaded: set[str] = set()
+        self.parked: set[str] = set()  # labels ever copied to the host by an offload
         for device in devices:  # built with the HF weights loaded: everything on the device
             for label, nbytes in self._state().items():
                 ledger.book(device, label, nbytes)
@@ -81,6 +100,9 @@ class LedgerActors:
             for device in self.devices:
                 self.ledger.free(device, label)
         self.offloaded.update(labels)
+        self.parked.update(labels)  # the host regions stay allocated after onload, for the next offload
+        held = self.host.offload("actor weights" in self.parked, "actor optimizer" in self.parked)
+        self.host_held["offload"] = held
 
     def _onload(self) -> None:
         state = self._state()
@@ -109,8 +131,10 @@ class LedgerActors:
         self._temporary("training", {"actor activations": m.train_activations, "actor logits": m.train_logits})
         return {"actor/loss": 0.0}
 
-    def _save(self, path: str, *args: Any) -> None:
+    def _save(self, path: str, state: Any = None, ckpt: Any = None, *args: Any) -> None:
         self._need("a checkpoint save")
+        staging = self.host.staging if getattr(ckpt, "save_optimizer", True) else self.host.staging_model_only
+        self.host_held["checkpoint staging"] = max(self.host_held.get("checkpoint staging", 0), staging)
         self.ledger.record("checkpoint")
 
     def _finish_save(self, wait: bool) -> bool:
@@ -125,7 +149,13 @@ class LedgerActors:
 
     def push_weights(self, groups: list[str], version: int) -> dict[str, float]:
         self._need("a weight export")
-        self._temporary("weight sync", {"sync bucket": self.bucket_bytes})
+        if not self.kept_buckets:
+            self._temporary("weight sync", {"sync buckets (2)": self.sync_bytes})
+            return {}
+        for device in self.devices:
+            if "sync buckets (2)" not in self.ledger.held[device]:
+                self.ledger.book(device, "sync buckets (2)", self.sync_bytes)
+        self.ledger.record("weight sync")
         return {}
 
     def connect_engines(self, engines: list[dict[str, Any]], prefix: str, method: str) -> list[str]:

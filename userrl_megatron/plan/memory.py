@@ -1,4 +1,5 @@
-"""Bytes per device of what a run holds: the Megatron actor's state and temporaries, an engine's weights and KV.
+"""Bytes per device of what a run holds: the Megatron actor's state and temporaries, an engine's weights and KV,
+the weight sync's buckets; and the pinned host memory an actor rank keeps.
 
 Pure arithmetic from the model's shape (`convert.arch.Architecture`) and the config sections; every number is a
 product of a count and a width that the docstrings name, so a plan can be checked by hand (docs/plan.md).
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 from userrl_megatron.config.schema import MegatronConfig, PlanConfig, RolloutConfig
 from userrl_megatron.convert.arch import Architecture
+from userrl_megatron.megatron.offload import HOST_CHUNK_BYTES, arena_bytes
 
 GIB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -153,3 +155,109 @@ def sglang_kv_pool(free_after_weights: int, device: int, mem_fraction_static: fl
     device it keeps for everything else, `(1 - mem_fraction_static) x device`. Memory another process holds at
     that moment is not free: an actor still on the GPU shrinks the pool for the whole run."""
     return free_after_weights - int(device * (1 - mem_fraction_static))
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """What torch's caching host allocator allocates for a pinned tensor of `nbytes`: the next power of two (its
+    default rule in torch 2.x, `ATen/core/CachingHostAllocator.h`), kept for the run once freed."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
+
+
+@dataclass(frozen=True)
+class RankTensors:
+    """Element counts of the parameter tensors of one rank on the heaviest pipeline stage (as `actor_memory`)."""
+
+    dense: list[int]  # replicated over data-parallel ranks (attention, dense MLP, norms, router, embedding, head)
+    experts: list[int]  # this rank's routed experts' tensors (replicated over DP x CP / EP)
+
+
+def rank_tensors(arch: Architecture, cfg: MegatronConfig) -> RankTensors:
+    """Megatron's parameter tensors of a rank: per layer the fused QKV (with its bias), the output projection,
+    q/k norms, the fused gate/up and the down projection (or the router and each local expert's two), two norms;
+    the embedding on the first stage, the final norm and the output layer on the last. The stage with the most
+    bytes wins."""
+    tp, pp, ep = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.expert_model_parallel_size
+    h, d = arch.hidden_size, arch.head_dim
+    q, kv = arch.num_heads * d, arch.num_kv_heads * d
+    layer = [h * (q + 2 * kv) // tp, q * h // tp, h, h]
+    layer += [(q + 2 * kv) // tp] if arch.qkv_bias else []
+    layer += [d, d] if arch.qk_norm else []
+    experts: list[int] = []
+    if arch.is_moe:
+        layer.append(arch.num_experts * h)
+        fe = arch.moe_ffn_hidden_size
+        experts = [2 * fe * h // tp, fe * h // tp] * (arch.num_experts // ep)
+    else:
+        layer += [2 * arch.ffn_hidden_size * h // tp, arch.ffn_hidden_size * h // tp]
+    layers = -(-arch.num_layers // pp)
+    embedding = arch.vocab_size * h // tp
+    first = layer * layers + [embedding]
+    last = layer * layers + [h] + ([embedding] if pp > 1 or not arch.tied_embeddings else [])
+    if pp == 1:
+        return RankTensors(first + last[len(layer) * layers :], experts * layers)
+    return RankTensors(max(first, last, key=sum), experts * layers)
+
+
+def staging_bytes(arch: Architecture, cfg: MegatronConfig, dtype: str, world: int, optimizer: bool) -> int:
+    """Pinned host bytes a rank's checkpoint save leaves behind: every tensor it writes is copied to its own
+    pinned buffer (`megatron/checkpoint_writer.py` in the background; Megatron's `tensor.to("cpu",
+    non_blocking=True)` inline), each rounded up to a power of two and kept for the next save. The replicated
+    weights are split over the data-parallel ranks (Megatron's fully parallel save, taken here as an even
+    share); with the distributed optimizer each rank writes the fp32 master, exp_avg and exp_avg_sq of its shard of
+    every parameter (taken as 1/(DP x CP) of it). An estimate: the real split follows Megatron's buckets."""
+    tp, pp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size
+    dp_cp = world // (tp * pp)
+    dp_experts = max(dp_cp // cfg.expert_model_parallel_size, 1)
+    width = DTYPE_BYTES[dtype]
+    tensors = rank_tensors(arch, cfg)
+    total = 0
+    for group, replicas in ((tensors.dense, dp_cp), (tensors.experts, dp_experts)):
+        total += -(-sum(pinned_bytes(n * width) for n in group) // replicas)
+        if optimizer and cfg.use_distributed_optimizer:
+            total += 3 * sum(pinned_bytes(4 * -(-n // replicas)) for n in group)
+        elif optimizer:
+            total += -(-3 * sum(pinned_bytes(4 * n) for n in group) // replicas)
+    return total
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Pinned host bytes of one actor rank, as torch allocates them, by what may hold them (all kept for the run)."""
+
+    offload_weights: int  # what offload copies of the weights (into chunks of HOST_CHUNK_BYTES, with the state)
+    offload_state: int  # and of the optimizer state (grads are not copied)
+    reference: int  # the KL reference's two copies of the weights (`algo.kl_coef` > 0), whole chunks each
+    staging: int  # a checkpoint save's staging buffers with the optimizer state (`staging_bytes`)
+    staging_model_only: int  # the same for a save of the model alone
+
+    def offload(self, weights: bool, state: bool) -> int:
+        """Host bytes of the offload arena once these kinds have been offloaded (whole chunks)."""
+        return arena_bytes(self.offload_weights * weights + self.offload_state * state, HOST_CHUNK_BYTES)
+
+
+def host_memory(arch: Architecture, cfg: MegatronConfig, dtype: str, world: int, kl: bool) -> HostMemory:
+    """The pinned host memory of the worst rank of `cfg` over `world` ranks (see `HostMemory`)."""
+    actor = actor_memory(arch, cfg, dtype, world)
+    return HostMemory(
+        offload_weights=actor.weights,
+        offload_state=actor.optimizer,
+        reference=2 * arena_bytes(actor.weights) if kl else 0,
+        staging=staging_bytes(arch, cfg, dtype, world, optimizer=True),
+        staging_model_only=staging_bytes(arch, cfg, dtype, world, optimizer=False),
+    )
+
+
+def sync_buckets(arch: Architecture, bucket_bytes: int, dtype: str) -> int:
+    """Device bytes of the two buckets a weight sync keeps alive (one in flight while the next is packed, on both
+    paths): the two largest it makes. A bucket is `sync.bucket_mb`, or one HF tensor when that is larger (the
+    embedding, the LM head when untied, q/o projections, MLP or expert matrices)."""
+    h, q = arch.hidden_size, arch.num_heads * arch.head_dim
+    embedding = arch.vocab_size * h
+    tensors = [embedding] * (1 if arch.tied_embeddings else 2) + [q * h] * 2
+    if arch.is_moe:
+        tensors += [arch.moe_ffn_hidden_size * h] * 3 + [arch.num_experts * h]
+    else:
+        tensors += [arch.ffn_hidden_size * h] * 3
+    first, second = sorted(tensors, reverse=True)[:2]
+    width = DTYPE_BYTES[dtype]
+    return max(bucket_bytes, first * width) + max(bucket_bytes, second * width)

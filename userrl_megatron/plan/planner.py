@@ -1,12 +1,17 @@
 """`plan_run(cfg)`: the device memory of every phase of a run, found by playing the trainer's own choreography
 (`trainer.components.bring_up`, then two steps of `trainer.driver.Trainer.fit`, with a checkpoint, evaluations
-and the final export) on the ledger of `plan/ledger.py`. Nothing is started: no Ray, no model, no GPU.
+and the final export) on the ledger of `plan/ledger.py`, and the pinned host memory of every node. Nothing is
+started: no Ray, no model, no GPU.
+
+For other tools (a GPU check comparing measured memory with the prediction): `plan_run(cfg).phase_bytes()` is
+{phase: bytes of its busiest GPU}, `.phase_bytes("actor")` the same over the actor's GPUs only (the
+colocated layouts' GPUs are "shared"), and `.host` the bytes of every node.
 """
 
 import asyncio
 import logging
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from userrl_megatron.config.model_fit import model_shape
@@ -14,7 +19,7 @@ from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.errors import UserError
 from userrl_megatron.plan.ledger import Ledger, LedgerActors, LedgerPool, LedgerRunner
-from userrl_megatron.plan.memory import GIB, actor_memory, engine_memory
+from userrl_megatron.plan.memory import GIB, actor_memory, engine_memory, host_memory, sync_buckets
 from userrl_megatron.types import Task
 
 STEPS = 2  # the first step, and one in the steady state (offloads and releases already paired)
@@ -32,8 +37,20 @@ class PhaseRow:
 
 
 @dataclass
+class HostRow:
+    """A node's pinned host memory at the end of the run (torch keeps it from its first allocation on)."""
+
+    node: int
+    used: int  # bytes
+    held: dict[str, int]  # what holds them, summed over the node's processes
+    actor_ranks: int  # actor ranks on the node
+    engine_gpus: int  # engine GPUs on the node
+
+
+@dataclass
 class MemoryPlan:
-    """Per phase and GPU kind, in the order the run reaches the phases; the engines' KV pools; ordering problems."""
+    """Per phase and GPU kind, in the order the run reaches the phases; the engines' KV pools; ordering problems;
+    the host memory of each node."""
 
     device_bytes: int
     devices: int
@@ -41,10 +58,20 @@ class MemoryPlan:
     kv_tokens: list[int]  # each engine's KV-cache size in tokens
     kv_demand: int  # tokens the episodes in flight on one engine can reach
     problems: list[str]
+    host_bytes: int = 0  # plan.host_memory_gb in bytes
+    host: list[HostRow] = field(default_factory=list)
 
     @property
     def peak(self) -> PhaseRow:
         return max(self.rows, key=lambda r: r.used)
+
+    def phase_bytes(self, kind: str | None = None) -> dict[str, int]:
+        """{phase: bytes its busiest GPU holds}, over the GPUs of `kind` ("actor", "engine", "shared") or all."""
+        out: dict[str, int] = {}
+        for row in self.rows:
+            if kind is None or row.kind == kind:
+                out[row.phase] = max(out.get(row.phase, 0), row.used)
+        return out
 
 
 def plan_run(cfg: RootConfig) -> MemoryPlan:
@@ -67,10 +94,19 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
 
     bucket = cfg.sync.bucket_mb * 2**20
     world = len(bundles.actor_bundles)
+    dtype = cfg.model.dtype
+    method = cfg.sync.method if cfg.sync.method != "auto" else "tensor" if cfg.rollout.colocate else "distributed"
     actors = LedgerActors(
-        ledger, actor_memory(arch, cfg.megatron, cfg.model.dtype, world), bundles.actor_bundles, bucket
+        ledger,
+        actor_memory(arch, cfg.megatron, dtype, world),
+        bundles.actor_bundles,
+        bucket,
+        sync_bytes=sync_buckets(arch, bucket, dtype),
+        kept_buckets=method == "distributed",  # the broadcast's flat buffers (sync/sender.py), reused per sync
+        host=host_memory(arch, cfg.megatron, dtype, world, kl=cfg.algo.kl_coef > 0),
     )
-    pool = LedgerPool(ledger, engine_memory(arch, cfg.rollout, cfg.model.dtype, cfg.plan), cfg.rollout, engine_devices)
+    engine = engine_memory(arch, cfg.rollout, dtype, cfg.plan)
+    pool = LedgerPool(ledger, engine, cfg.rollout, engine_devices)
     tokens = min(cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens, cfg.model.max_context_length)
     runner = LedgerRunner(ledger, tokens)
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +120,46 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
             rows.append(PhaseRow(phase, kind, device, *per_device[device]))
     episodes = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
     in_flight = min(cfg.rollout.max_concurrent_episodes, -(-episodes // cfg.rollout.num_engines))
-    return MemoryPlan(ledger.device_bytes, len(ledger.held), rows, pool.kv_tokens, in_flight * tokens, ledger.problems)
+    backup = engine.weights if _engine_weight_backup(cfg) else 0
+    host = _host_rows(cfg, actors.host_held, bundles.actor_bundles, engine_devices, backup)
+    return MemoryPlan(
+        ledger.device_bytes,
+        len(ledger.held),
+        rows,
+        pool.kv_tokens,
+        in_flight * tokens,
+        ledger.problems,
+        int(cfg.plan.host_memory_gb * GIB),
+        host,
+    )
+
+
+def _engine_weight_backup(cfg: RootConfig) -> bool:
+    """Whether SGLang copies its weights to host memory when it releases them (colocated; forced on when the
+    weights are not synced, `trainer/components.py`)."""
+    r = cfg.rollout
+    return r.backend == "sglang" and r.colocate and (r.sglang.enable_weights_cpu_backup or not cfg.sync.enabled)
+
+
+def _host_rows(
+    cfg: RootConfig, per_rank: dict[str, int], actor_devices: list[int], engine_devices: list[list[int]], backup: int
+) -> list[HostRow]:
+    """Each node's pinned host memory: its actor ranks' (every rank alike) and its engine GPUs' weight backups.
+    GPU d sits on node d // `megatron.devices_per_node` (the placement's bundles, node by node)."""
+    per_node = max(cfg.megatron.devices_per_node, 1)
+    ranks: dict[int, int] = {}
+    gpus: dict[int, int] = {}
+    for device in actor_devices:
+        ranks[device // per_node] = ranks.get(device // per_node, 0) + 1
+    for device in (d for ds in engine_devices for d in ds):
+        gpus[device // per_node] = gpus.get(device // per_node, 0) + 1
+    rows = []
+    for node in sorted(set(ranks) | set(gpus)):
+        held = {label: nbytes * ranks.get(node, 0) for label, nbytes in per_rank.items() if ranks.get(node, 0)}
+        if backup and gpus.get(node, 0):
+            held["engine weight backup"] = backup * gpus[node]
+        rows.append(HostRow(node, sum(held.values()), held, ranks.get(node, 0), gpus.get(node, 0)))
+    return rows
 
 
 def _short_run(cfg: RootConfig, out: str) -> RootConfig:
@@ -133,6 +208,13 @@ def format_plan(plan: MemoryPlan, cfg: RootConfig) -> str:
         lines.append(f"{row.phase:<12} {row.kind:<7} {row.device:>4} {row.used / GIB:>6.1f} {free:>6.1f}  {held}")
     peak = plan.peak
     lines.append(f"peak: {peak.used / GIB:.1f} GiB on GPU {peak.device} during {peak.phase}")
+    lines.append(
+        f"host memory per node, pinned, as torch allocates it (of {plan.host_bytes / GIB:g} GiB, plan.host_memory_gb):"
+    )
+    for h in plan.host:
+        held = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(h.held.items(), key=lambda kv: -kv[1]) if v)
+        who = f"actor ranks {h.actor_ranks}, engine GPUs {h.engine_gpus}"
+        lines.append(f"node {h.node}: {h.used / GIB:.1f} GiB ({who})" + (f": {held}" if held else ""))
     if plan.kv_tokens:
         kv = min(plan.kv_tokens)
         lines.append(
@@ -151,5 +233,11 @@ def plan_problems(plan: MemoryPlan) -> list[str]:
                 f"{row.phase}: GPU {row.device} needs {row.used / GIB:.1f} GiB, "
                 f"{(row.used - plan.device_bytes) / GIB:.1f} GiB more than plan.device_memory_gb = "
                 f"{plan.device_bytes / GIB:g}"
+            )
+    for h in plan.host:
+        if h.used > plan.host_bytes:
+            out.append(
+                f"host memory: node {h.node} needs {h.used / GIB:.1f} GiB of pinned memory, "
+                f"{(h.used - plan.host_bytes) / GIB:.1f} GiB more than plan.host_memory_gb = {plan.host_bytes / GIB:g}"
             )
     return out + plan.problems
