@@ -12,6 +12,7 @@ from userrl_megatron.types import TrainBatch
 pytestmark = pytest.mark.distributed
 
 REPO = Path(__file__).resolve().parents[2]
+DEADLINE_S = 1800.0  # the ranks start, build their actors and compute: only a hang takes longer
 
 
 class Rank:
@@ -48,8 +49,8 @@ def test_two_ray_actors_run_tensor_parallel(tmp_path: Path) -> None:
         remote = ray.remote(num_cpus=1)(Rank)
         port = free_port()
         ranks = [remote.remote(r, 2, port, str(model_dir)) for r in range(2)]
-        logprobs = ray.get([r.logprobs.remote(batch) for r in ranks], timeout=300)
-        losses = ray.get([r.train.remote(batch) for r in ranks], timeout=300)
+        logprobs = ray.get([r.logprobs.remote(batch) for r in ranks], timeout=DEADLINE_S)
+        losses = ray.get([r.train.remote(batch) for r in ranks], timeout=DEADLINE_S)
     finally:
         ray.shutdown()
     assert logprobs[0] == logprobs[1]

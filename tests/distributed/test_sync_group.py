@@ -13,6 +13,8 @@ from userrl_megatron.sync.group import destroy_custom_process_group, init_custom
 
 pytestmark = pytest.mark.distributed
 
+DEADLINE_S = 600.0  # two spawned processes import torch and join: only a hang takes longer
+
 
 def _engine_rank(rank: int, port: int, queue: mp.Queue) -> None:
     group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", 3, rank, "weights")
@@ -38,9 +40,9 @@ def test_trainer_broadcasts_to_two_engine_ranks() -> None:
     dist.broadcast(weight, src=0, group=group)
     flat, _ = pack_bucket([("a", weight), ("b", torch.tensor([0.5], dtype=torch.float32))])
     dist.broadcast(flat, src=0, group=group)
-    results = sorted(queue.get(timeout=60) for _ in children)
+    results = sorted(queue.get(timeout=DEADLINE_S) for _ in children)
     for child in children:
-        child.join(timeout=60)
+        child.join(timeout=DEADLINE_S)
         assert child.exitcode == 0
     destroy_custom_process_group(group)
     assert [r[0] for r in results] == [1, 2]

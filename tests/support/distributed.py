@@ -18,7 +18,7 @@ from userrl_megatron.config.schema import AlgoConfig, MegatronConfig, ModelConfi
 from userrl_megatron.megatron.launch import run_local
 from userrl_megatron.types import TrainBatch
 
-DEFAULT_TIMEOUT_S = 420.0
+DEFAULT_TIMEOUT_S = 1800.0  # a bound on ranks that never report (a hang), not on how fast they compute
 
 
 def spawn(fn: Any, world_size: int, *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Any]:
