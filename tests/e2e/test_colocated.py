@@ -28,7 +28,7 @@ def test_colocated_run_syncs_verified_weights(tmp_path: Path) -> None:
         # actor (its weights alone come back for the push) before it serves.
         "run.faults=[kill_engine_in_rollout@3]",
     ]
-    records = train([*tiny_run(model, tmp_path, "colocated", 3), *extra], timeout_s=600)
+    records = train([*tiny_run(model, tmp_path, "colocated", 3), *extra])
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
     assert [r["train/weight_version"] for r in records] == [0, 1, 2]
@@ -57,7 +57,7 @@ def test_tp2_ranks_hand_the_engine_on_their_device_their_own_copy(tmp_path: Path
         # for engine 0 to come back (it cannot release memory while it restarts) before both step aside.
         "run.faults=[kill_engine_in_rollout@2]",
     ]
-    records = train([*tiny_run(model, tmp_path, "tp2", 2), *extra], timeout_s=600)
+    records = train([*tiny_run(model, tmp_path, "tp2", 2), *extra])
     assert [r["rollout/engine_restarts"] for r in records] == [0, 1]
     assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
     assert [(r["sync/bytes"], r["sync/buckets"], r["sync/handles_from_peers"]) for r in records] == [

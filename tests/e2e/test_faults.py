@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.tiny_models import make_tiny_model
-from tests.support.tiny_run import REPO, tiny_run, train, train_command
+from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, tiny_run, train, train_command
 from userrl_megatron.observability import read_metrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -35,16 +35,16 @@ def test_damaged_checkpoint_falls_back_and_the_run_directory_is_locked(model: Pa
     log = tmp_path / "resumed.log"
     with log.open("w") as out:
         resumed = subprocess.Popen(train_command([*common, "run.total_steps=4"]), cwd=REPO, stdout=out, stderr=out)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + RUN_TIMEOUT_S
     while f"pid {resumed.pid} " not in (run / ".lock").read_text():  # poll until the new run holds the lock
         assert resumed.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
-    second = subprocess.run(train_command(common), cwd=REPO, capture_output=True, text=True, timeout=300)
+    second = subprocess.run(train_command(common), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert second.returncode == 2
     assert second.stderr.strip().splitlines()[-1].startswith(f"userrl: error: run directory {run} is in use by pid")
     assert f"pid {resumed.pid} on" in second.stderr
 
-    assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
+    assert resumed.wait(timeout=RUN_TIMEOUT_S) == 0, log.read_text()[-3000:]
     text, step_3 = log.read_text(), run / "checkpoints" / "step_3"
     assert f"checkpoint {step_3} is damaged ({damaged.relative_to(step_3)} has" in text
     assert f"resuming from {run / 'checkpoints' / 'step_2'} instead" in text
@@ -69,7 +69,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(model: Path, tm
     try:
         common = [*tiny_run(model, tmp_path, "full", 2), "checkpoint.every_steps=1", "checkpoint.keep_last=2"]
         common.append("checkpoint.async_save=true")  # the failure surfaces when the background write is committed
-        result = subprocess.run(train_command(common), cwd=REPO, capture_output=True, text=True, timeout=900)
+        result = subprocess.run(train_command(common), cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         assert result.returncode == 1, result.stderr[-3000:]
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith(f"userrl: error: saving checkpoint {checkpoints / 'step_2'} failed (")

@@ -21,7 +21,7 @@ def test_tiny_moe_trains_with_expert_parallelism_routing_replay_and_verified_syn
         "algo.routing_replay=rollout",
         "sync.verify=true",
     ]
-    records = train([*tiny_run(model, tmp_path, "moe", 3), *extra], timeout_s=900)
+    records = train([*tiny_run(model, tmp_path, "moe", 3), *extra])
     assert [r["step"] for r in records] == [1, 2, 3]
     assert [r["train/weight_version"] for r in records] == [0, 1, 2]
     assert all(r["sync/verify_max_rel_diff"] <= 1e-5 for r in records)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tiny_run import REPO, train_command
+from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, train_command
 from userrl_megatron.observability import read_metrics
 from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON
 
@@ -27,7 +27,9 @@ def test_two_steps_through_sglang(tmp_path: Path, colocate: bool) -> None:
     ]  # fmt: skip
     log = tmp_path / f"{name}.log"
     with open(log, "wb") as sink:
-        code = subprocess.run(train_command(overrides), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=900)
+        code = subprocess.run(
+            train_command(overrides), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
+        )
     assert code.returncode == 0, "\n".join(log.read_text(errors="replace").splitlines()[-60:])
     records = read_metrics(tmp_path / name / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
@@ -56,7 +58,9 @@ def test_one_step_off_with_partial_rollouts_through_sglang(tmp_path: Path) -> No
     ]  # fmt: skip
     log = tmp_path / "async.log"
     with open(log, "wb") as sink:
-        code = subprocess.run(train_command(overrides), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=900)
+        code = subprocess.run(
+            train_command(overrides), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S
+        )
     assert code.returncode == 0, "\n".join(log.read_text(errors="replace").splitlines()[-60:])
     records = read_metrics(tmp_path / "async" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]

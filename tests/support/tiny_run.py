@@ -8,6 +8,9 @@ from typing import Any
 from userrl_megatron.observability import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
+# A bound on a `userrl train` that never ends (a hang), many times what the slowest of these runs takes on a
+# busy machine: no run that works comes near it.
+RUN_TIMEOUT_S = 3600.0
 
 
 def tiny_run(model: Path, out: Path, name: str, steps: int) -> list[str]:
@@ -60,7 +63,7 @@ def train_command(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "userrl_megatron", "train", *overrides]
 
 
-def train(overrides: list[str], timeout_s: float = 900) -> list[dict[str, Any]]:
+def train(overrides: list[str], timeout_s: float = RUN_TIMEOUT_S) -> list[dict[str, Any]]:
     """Run `userrl train` to completion; the run's metrics.jsonl records."""
     subprocess.run(train_command(overrides), cwd=REPO, check=True, timeout=timeout_s, capture_output=True)
     out = next(o.removeprefix("run.output_dir=") for o in reversed(overrides) if o.startswith("run.output_dir="))
