@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from tests.support.slurm import Job, cancel_all, job_env, slurm_unavailable, submit, wait_ended
 from tests.support.tiny_models import make_tiny_model
-from tests.support.tiny_run import REPO, tiny_run
+from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, tiny_run
 from userrl_megatron.observability import read_metrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -33,6 +33,7 @@ if _why_not:
 # The README's one-line override for a CPU-only single node (the #SBATCH defaults ask for 8 GPUs).
 CPU_NODE = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=2"]
 POLL_S = 0.2
+GONE_S = 600.0  # Ray's processes exit after their job: a bound on a hang, not on how fast they go
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def _processes_with(text: str) -> list[str]:
 def _assert_ray_gone(job: Job, address: str) -> None:
     """No process of the job's Ray, no session directory, no address file pointing at it."""
     session = f"/tmp/userrl-ray-{job.id}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + GONE_S
     while _processes_with(session) and time.monotonic() < deadline:
         time.sleep(POLL_S)
     assert _processes_with(session) == [], "Ray processes of the job outlived it"
@@ -114,7 +115,10 @@ def _driver_pid(run_name: str) -> int | None:
 
 @pytest.fixture(scope="module")
 def trained(model: Path, work: Path, jobs: list[Job]) -> tuple[Job, Path]:
-    job = _submit_train(work, jobs, _train_args(model, work, "two-steps", 2))
+    # Ray's stop on the node is waited for 20 s by default (a cancel's SIGKILL follows 30 s after its SIGTERM); here
+    # nothing kills it, so a busy node may take as long as it needs to report "Ray stopped".
+    stop_waits = {"USERRL_RAY_STOP_WAIT": "600", "USERRL_RAY_STOP_TIMEOUT": "900"}
+    job = _submit_train(work, jobs, _train_args(model, work, "two-steps", 2), **stop_waits)
     assert wait_ended(job) == "COMPLETED", job.log()[-5000:]
     return job, work / "runs" / "two-steps"
 
@@ -134,9 +138,9 @@ def test_cancelled_job_stops_ray_and_resubmission_resumes(model: Path, work: Pat
     args = _train_args(model, work, "cancelled", steps)
     run = work / "runs" / "cancelled"
     first = _submit_train(work, jobs, args)
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + RUN_TIMEOUT_S
     while not _steps(run):
-        assert time.monotonic() < deadline, f"no step logged within 15 minutes:\n{first.log()[-3000:]}"
+        assert time.monotonic() < deadline, f"no step logged within {RUN_TIMEOUT_S:.0f} s:\n{first.log()[-3000:]}"
         time.sleep(POLL_S)
     # Freeze the driver inside step 2 so the cancel lands mid-run however fast the steps are; Slurm's
     # cancel sends SIGCONT before SIGTERM.
@@ -220,21 +224,21 @@ def test_gpu_default_is_refused_at_submission_without_gpus() -> None:
 
 def test_missing_environment_fails_at_once(work: Path, jobs: list[Job]) -> None:
     job = _submit_train(work, jobs, ["--config", "configs/quickstart.yaml"], USERRL_VENV=str(work / "no-venv"))
-    assert wait_ended(job, timeout_s=300) == "FAILED"
+    assert wait_ended(job) == "FAILED"
     assert f"userrl slurm: error: USERRL_VENV={work / 'no-venv'} does not exist" in job.log()
     assert "Ray:" not in job.log()
 
 
 def test_unknown_network_interface_is_named(work: Path, jobs: list[Job]) -> None:
     job = _submit_train(work, jobs, ["--config", "configs/quickstart.yaml"], USERRL_NET_IF="nosuchif0")
-    assert wait_ended(job, timeout_s=300) == "FAILED"
+    assert wait_ended(job) == "FAILED"
     assert "USERRL_NET_IF=nosuchif0 has no IPv4 address on" in job.log()
     assert "interfaces here: lo=127.0.0.1/8" in job.log()
 
 
 def test_a_node_whose_ray_fails_is_reported_with_its_log(work: Path, jobs: list[Job]) -> None:
     job = _submit_train(work, jobs, ["--config", "configs/quickstart.yaml"], USERRL_RAY_CPUS="two")
-    assert wait_ended(job, timeout_s=300) == "FAILED"
+    assert wait_ended(job) == "FAILED"
     node = re.search(r"Ray: head (\S+) at", job.log()).group(1)
     assert f"userrl slurm: Ray node {node} missing: its Ray step exited with status" in job.log()
     assert "'two' is not a valid integer" in job.log()  # the tail of the node's own log

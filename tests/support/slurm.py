@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.tiny_run import REPO
+from tests.support.tiny_run import REPO, RUN_TIMEOUT_S
 
 # States a job leaves squeue in (besides COMPLETING, which still holds processes).
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
@@ -69,8 +69,8 @@ def in_queue(job: Job) -> bool:
     return bool(listed.stdout.strip())
 
 
-def wait_ended(job: Job, timeout_s: float = 900) -> str:
-    """Poll until the job has left the queue; its final state."""
+def wait_ended(job: Job, timeout_s: float = RUN_TIMEOUT_S) -> str:
+    """Poll until the job has left the queue; its final state (`timeout_s` bounds a hung job only)."""
     deadline = time.monotonic() + timeout_s
     while in_queue(job):
         assert time.monotonic() < deadline, f"job {job.id} still queued after {timeout_s:.0f} s:\n{job.log()[-3000:]}"
