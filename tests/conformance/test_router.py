@@ -13,7 +13,8 @@ from userrl_megatron.types import SamplingParams
 
 
 def test_generation_through_the_router(engine: Engine, smol_dir: Any, tmp_path: Any) -> None:
-    router = launch_router(SGLANG_CPU, [engine.url], free_port(), free_port(), log_path=tmp_path / "router.log")
+    log = tmp_path / "router.log"
+    router = launch_router(SGLANG_CPU, [engine.url], free_port(), free_port(), log_path=log, timeout_s=600)
     prompt = chat_ids(smol_dir)
     greedy = SamplingParams(max_new_tokens=3, temperature=0)
 
