@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.tiny_models import make_tiny_model
-from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, tiny_run, train_command
+from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, logged_steps, tiny_run, train_command
 from tests.support.warm_start import warm_start
 from userrl_megatron.config import load_config
 from userrl_megatron.data import load_tasks
@@ -59,13 +59,13 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
 
     first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while len(_steps(run)) < 3:
+    while len(logged_steps(run)) < 3:
         assert first.poll() is None, "the run ended before it could be interrupted"
         assert time.monotonic() < deadline, f"3 steps not done within {RUN_TIMEOUT_S:.0f} s"
         time.sleep(0.2)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
-    done_before = _steps(run)
+    done_before = logged_steps(run)
     saved = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert saved >= done_before[-1]  # a step is logged only after its checkpoint
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from tests.support.slurm import Job, cancel_all, job_env, slurm_unavailable, submit, wait_ended
 from tests.support.tiny_models import make_tiny_model
-from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, tiny_run
+from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, logged_steps, tiny_run
 from userrl_megatron.observability import read_metrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -139,7 +139,7 @@ def test_cancelled_job_stops_ray_and_resubmission_resumes(model: Path, work: Pat
     run = work / "runs" / "cancelled"
     first = _submit_train(work, jobs, args)
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not _steps(run):
+    while not logged_steps(run):
         assert time.monotonic() < deadline, f"no step logged within {RUN_TIMEOUT_S:.0f} s:\n{first.log()[-3000:]}"
         time.sleep(POLL_S)
     # Freeze the driver inside step 2 so the cancel lands mid-run however fast the steps are; Slurm's
@@ -147,7 +147,7 @@ def test_cancelled_job_stops_ray_and_resubmission_resumes(model: Path, work: Pat
     pid = _driver_pid("cancelled")
     assert pid is not None, "the driver process was not found"
     os.kill(pid, signal.SIGSTOP)
-    done_before = _steps(run)
+    done_before = logged_steps(run)
     subprocess.run(["scancel", first.id])
     assert wait_ended(first) == "CANCELLED"
     assert done_before == list(range(1, len(done_before) + 1)) and len(done_before) < steps, done_before

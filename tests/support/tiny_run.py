@@ -1,5 +1,6 @@
 """What the end-to-end tests share: a `userrl train` run of a tiny policy on EchoGym, on CPU, small budgets."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,16 @@ def learning_policy(scratch: Path) -> Path:
 
     model = make_tiny_model("qwen3", scratch / "tiny", seed=3, tokenizer="char", num_hidden_layers=2)
     return warm_start(model, letters="abcd")
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    """The steps in `run_dir`'s metrics.jsonl so far, for a run that is still writing it (or was killed while
+    writing it): an incomplete last line is left out."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line)["step"] for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def train_command(overrides: list[str]) -> list[str]:
