@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tiny_run import RUN_TIMEOUT_S
 from userrl_megatron.observability import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -28,7 +29,7 @@ def userrl(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """Run `userrl ARGS` in `cwd` (outputs land under it) to completion."""
     command = [sys.executable, "-m", "userrl_megatron", *args]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=1200, env=env)
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
 
 
 def test_train_with_only_the_model(tmp_path: Path) -> None:
