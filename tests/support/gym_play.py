@@ -8,10 +8,12 @@ from gyms.user_sim import UserSimulator
 from tests.support.openai_server import OpenAIServer
 from userrl_megatron.config.schema import UserSimConfig
 
+SIM_TIMEOUT_S = 60.0  # only a hang reaches it: a valid reply on a busy machine is never cut off and retried
+
 
 def sim_for(server: OpenAIServer, **overrides: Any) -> UserSimulator:
     """A UserSimulator on `server` with tiny backoffs (tests never sleep for long)."""
-    cfg = UserSimConfig(base_url=server.base_url, model="sim", timeout_s=2.0, backoff_s=0.001, max_retries=2)
+    cfg = UserSimConfig(base_url=server.base_url, model="sim", timeout_s=SIM_TIMEOUT_S, backoff_s=0.001, max_retries=2)
     cfg.api_key_env = "none"  # our local server needs no key
     for key, value in overrides.items():
         setattr(cfg, key, value)

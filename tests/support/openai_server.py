@@ -8,11 +8,17 @@ so sync and async tests (and benchmarks) can use it alike. A rule is a callable 
 to a reply: a string (the assistant content), an `Answer` (content with a delay / token counts), a `Fault`
 (an HTTP error, a delay, or a dropped connection), or None to let the next rule decide. The server counts
 requests (`server.count`, `server.requests`) and the most requests it had in flight at once (`max_in_flight`).
+
+Nothing here depends on how fast the machine is: a timeout fault is a reply delayed by `FOREVER` (it never comes
+while the server runs, so only the client's timeout ends the call), and `hold_until_in_flight = n` holds every
+request until n have been in flight together, so a client's concurrency shows whatever the scheduling.
 """
 
 import asyncio
+import contextlib
 import itertools
 import json
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -21,11 +27,14 @@ from typing import Any
 
 from aiohttp import web
 
+FOREVER = math.inf  # a delay_s: no reply until the server stops
+HOLD_LIMIT_S = 60.0  # `hold_until_in_flight` lets requests through after this long (a client that never gets there)
+
 
 @dataclass
 class Answer:
     content: str
-    delay_s: float = 0.0  # wait before answering (longer than the client timeout = a timeout)
+    delay_s: float = 0.0  # wait before answering; FOREVER (a timeout fault): until the server stops
     prompt_tokens: int = 11
     completion_tokens: int = 7
     tool_calls: list[dict[str, Any]] | None = None  # OpenAI `tool_calls` of the message (see `tool_call`)
@@ -36,7 +45,7 @@ class Answer:
 class Fault:
     status: int = 500  # HTTP status of the error reply
     body: str = '{"error": {"message": "injected fault", "type": "server_error"}}'
-    delay_s: float = 0.0
+    delay_s: float = 0.0  # as Answer.delay_s
     drop: bool = False  # close the connection without any reply
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -91,11 +100,14 @@ class OpenAIServer:
         self.headers: list[dict[str, str]] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.hold_until_in_flight = 0  # > 0: hold each request until this many have been in flight together
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._runner: web.AppRunner | None = None
+        self._stopping: asyncio.Event | None = None  # set when the server stops: delayed replies go out
+        self._gathered: asyncio.Event | None = None  # set once `hold_until_in_flight` requests were in flight
         self._ids = itertools.count(1)
 
     @property
@@ -141,6 +153,7 @@ class OpenAIServer:
         self._loop.close()
 
     async def _startup(self) -> None:
+        self._stopping, self._gathered = asyncio.Event(), asyncio.Event()
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -154,6 +167,9 @@ class OpenAIServer:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def _shutdown(self) -> None:
+        assert self._stopping is not None and self._gathered is not None
+        self._stopping.set()
+        self._gathered.set()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -167,6 +183,11 @@ class OpenAIServer:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if self.hold_until_in_flight:
+                assert self._gathered is not None
+                if self.max_in_flight >= self.hold_until_in_flight:
+                    self._gathered.set()
+                await _wait(self._gathered, HOLD_LIMIT_S)
             return await self._answer(request, body)
         finally:
             self.in_flight -= 1
@@ -177,7 +198,9 @@ class OpenAIServer:
             return web.json_response({"error": {"message": "no rule matched the request"}}, status=400)
         if isinstance(out, str):
             out = Answer(out)
-        await asyncio.sleep(out.delay_s)
+        if out.delay_s:
+            assert self._stopping is not None
+            await _wait(self._stopping, out.delay_s)
         if isinstance(out, Fault):
             if out.drop:
                 assert request.transport is not None
@@ -201,6 +224,12 @@ class OpenAIServer:
             },
         }
         return web.Response(text=json.dumps(payload), content_type="application/json")
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+    """Until `event` is set or `timeout_s` (FOREVER: no bound) has passed."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), None if math.isinf(timeout_s) else timeout_s)
 
 
 def serve_in_process(content: str, delay_s: float, url_queue: Any, stop: Any) -> None:

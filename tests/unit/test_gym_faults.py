@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import gyms
-from tests.support.gym_play import sim_for
-from tests.support.openai_server import Answer, Fault, OpenAIServer, Reply, fail_first
+from tests.support.gym_play import SIM_TIMEOUT_S, sim_for
+from tests.support.openai_server import FOREVER, Answer, Fault, OpenAIServer, Reply, fail_first
 
 STORY = {
     "new_title": "T",
@@ -59,11 +59,12 @@ CASES: dict[str, tuple[Any, str, dict[str, str], int]] = {
 FAULTS: dict[str, Reply] = {
     "http_500": Fault(500),
     "http_429": Fault(429, headers={"Retry-After": "0"}),
-    "timeout": Answer('{"response": "late"}', delay_s=0.6),  # the client gives up after 0.3 s
+    "timeout": Answer('{"response": "late"}', delay_s=FOREVER),  # no reply while the test runs
     "malformed_json": "Sure! I think the answer is yes.",
     "empty": "",
 }
 RETRIES = 1
+TIMEOUT_S = 0.3  # the client's timeout in the failing step of the "timeout" fault (elsewhere SIM_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("fault_name", list(FAULTS))
@@ -77,14 +78,17 @@ def test_failed_simulator_calls_are_marked_and_the_episode_survives(gym_name: st
 
     attempts = calls * (RETRIES + 1)
     with OpenAIServer(fail_first(attempts, FAULTS[fault_name], then=valid)) as server:
-        sim = sim_for(server, max_retries=RETRIES, timeout_s=0.3)
+        sim = sim_for(server, max_retries=RETRIES, timeout_s=TIMEOUT_S if fault_name == "timeout" else SIM_TIMEOUT_S)
         gym = gyms.make_gym(gym_name, task, user_sim=sim)
 
         async def run() -> list[gyms.StepResult]:
             await gym.reset()
-            results = [await gym.step(action), await gym.step(action)]
+            failed = await gym.step(action)
+            await sim.close()  # the next call opens a new client, with the timeout of a step that must succeed
+            sim.cfg.timeout_s = SIM_TIMEOUT_S
+            recovered = await gym.step(action)
             await sim.close()
-            return results
+            return [failed, recovered]
 
         failed, recovered = asyncio.run(run())
     assert failed.reward == 0.0 and not failed.ended
