@@ -10,7 +10,7 @@ ARGS ?=
 SGLANG_VENV ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
-.PHONY: install sglang test test-under-load test-fast lint format quickstart sft-quickstart clean
+.PHONY: install sglang test test-under-load test-fast lint format quickstart sft-quickstart gpu-check clean
 
 $(STAMP): setup.py requirements/runtime.txt requirements/dev.txt requirements/models.txt tools/install_venv.sh tools/venv_torch.sh
 	bash tools/install_venv.sh $(VENV)
@@ -55,6 +55,13 @@ sft-quickstart: $(STAMP)
 	$(PY) -m userrl_megatron train --config configs/sft_quickstart.yaml run.name=sft_quickstart_grpo \
 		checkpoint.resume=runs/sft_quickstart/checkpoints $(ARGS)
 	$(PY) -m userrl_megatron train --config configs/sft_quickstart.yaml run.name=sft_quickstart_base_grpo $(ARGS)
+
+# The single-GPU check (docs/gpu.md): a smoke sequence and tests/gpu, printed as a table and written as JSON
+# (runs/gpu_check/report.json). It builds no venv (a lent GPU machine has no network): .venv's python when there is
+# one, else python3. ARGS passes its flags, e.g. ARGS="--device cpu" (the CI size) or ARGS="--out DIR/report.json".
+GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_CHECK_PY) tools/gpu_check.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) runs .pytest_cache .ruff_cache
