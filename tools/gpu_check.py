@@ -1157,13 +1157,63 @@ def build_report(device: str, records: list[Record], wall_s: float, budget_s: fl
     }
 
 
+def render_markdown(document: dict[str, Any]) -> str:
+    """A report's section for docs/gpu.md ("Reports"): device, date, versions, the table, then every figure."""
+    env, phases = document["environment"], document["phases"]
+    passed = sum(p["status"] == "passed" for p in phases.values())
+    commit = (env.get("git_commit") or "")[:10] or "unknown commit"
+    lines = [
+        f"### {document['date'][:10]}, {env.get('device_name', document['device'])} ({commit})",
+        "",
+        f"torch {env.get('torch')} (CUDA {env.get('cuda')}), transformers {env.get('transformers')}, megatron-core "
+        f"{env.get('megatron_core')}, Python {env.get('python')}, driver {env.get('driver', '-')}; {passed} of "
+        f"{len(phases)} phases passed in {document['wall_s']:.0f} s (budget {document['budget_s']:.0f} s).",
+        "",
+        "| phase | status | s | result |",
+        "|---|---|---|---|",
+    ]
+    for name, p in phases.items():
+        text = p["summary"] or p["reason"]
+        if p["error"]:
+            text = f"{p['error']['type']}: {p['error']['message'].splitlines()[0] if p['error']['message'] else ''}"
+        failed = [f"failed check {c['name']}: {c['detail']}" for c in p["checks"] if not c["ok"]]
+        cell = "; ".join([text[:300], *failed]).replace("|", "\\|")
+        lines.append(f"| {name} | {p['status']} | {p['seconds']:.1f} | {cell} |")
+    lines += ["", "Figures (bytes as GiB):", ""]
+    for name, p in phases.items():
+        if p["figures"] and name != "environment":
+            shown = ", ".join(f"{k} {_figure(k, v)}" for k, v in p["figures"].items() if k not in ("layout", "url"))
+            lines.append(f"- {name}: {shown}")
+    return "\n".join(lines) + "\n"
+
+
+def _figure(key: str, value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int | float) and key.endswith("_bytes"):
+        return f"{value / GIB:.3f}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_figure(key, v) for v in value[:8]) + (", ...]" if len(value) > 8 else "]")
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_figure(key, v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda: one GPU; cpu: the tiny CI run")
     p.add_argument("--out", default="runs/gpu_check/report.json", help="the JSON report (logs beside it)")
     p.add_argument("--budget-s", type=float, default=None, help="no phase starts after this (default 480 on cuda)")
     p.add_argument("--no-tests", action="store_true", help="skip tests/gpu")
+    p.add_argument("--markdown", metavar="REPORT", help="print a report's section for docs/gpu.md and exit")
     args = p.parse_args(argv)
+    if args.markdown:
+        print(render_markdown(json.loads(Path(args.markdown).read_text())), end="")
+        return 0
 
     import torch
 

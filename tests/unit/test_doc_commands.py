@@ -118,6 +118,22 @@ NOT_RUN: dict[str, str] = {
         "needs Qwen3-30B-A3B's weights (60 GB); the MoE conversion on a tiny model: "
         "tests/distributed/test_moe_conversion.py"
     ),
+    "make gpu-check": "needs a CUDA GPU; the same script at CPU size: tests/unit/test_gpu_check.py",
+    'make gpu-check ARGS="--device cpu"': (
+        "about 40 s (an engine server, a Megatron actor, pytest): tests/unit/test_gpu_check.py runs it"
+    ),
+    "python tools/gpu_check.py --markdown runs/gpu_check/report.json": (
+        "needs a report there; tests/unit/test_gpu_check.py renders the CPU run's"
+    ),
+    "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform "
+    "manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform "
+    "manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .whl megatron-core==0.19.2 omegaconf==2.4.0 "
+    "transformers==5.23.0": "downloads from PyPI (needs the internet); the wheels the GPU check carries (docs/gpu.md)",
+    "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
+    ".whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 tools/gpu_check.py --out "
+    "$OUT/gpu_check.json": (
+        "the command of a lent GPU machine ($OUT is its own); at CPU size: tests/unit/test_gpu_check.py"
+    ),
 }
 
 SYNTAX: dict[str, str] = {

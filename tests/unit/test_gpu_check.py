@@ -75,6 +75,12 @@ def test_every_phase_passes_on_the_cpu_and_reports_its_figures(tmp_path: Path, g
     assert tests["tests"] > 0 and tests["skipped"] == tests["tests"]  # collected, and skipped without CUDA
     for suffix in (".log", ".engine.log", ".pytest.log"):
         assert out.with_suffix(suffix).is_file()
+    section = subprocess.run(
+        [sys.executable, str(SCRIPT), "--markdown", str(out)], capture_output=True, text=True, check=True
+    ).stdout  # what docs/gpu.md's "Reports" gets
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "passed" in line]
+    assert [row.split(" | ")[0][2:] for row in rows] == gpu_check.PHASE_NAMES
+    assert "- train: dtype float32" in section and "13 of 13 phases passed" in section
 
 
 def test_a_check_out_of_time_skips_every_phase_naming_why(tmp_path: Path) -> None:
