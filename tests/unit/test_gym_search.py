@@ -12,7 +12,7 @@ import gyms
 from gyms.config import SearchGymConfig
 from gyms.search.bm25 import BM25Index, Hit, load_corpus, tokenize
 from gyms.search.env import normalize
-from tests.support.gym_play import play_new, sim_for
+from tests.support.gym_play import SIM_TIMEOUT_S, play_new, sim_for
 from tests.support.openai_server import Handler, OpenAIServer, sequence, when
 from userrl_megatron.config.schema import GymsConfig
 from userrl_megatron.data import load_tasks
@@ -194,7 +194,11 @@ def _serper(replies: list[tuple[int, dict]], seen: list[tuple[dict, str]]) -> Ha
 
 def _web_config(server: OpenAIServer, **overrides: object) -> SearchGymConfig:
     config = SearchGymConfig(
-        judge="exact", backend="web", web_url=f"{server.root_url}/search", web_api_key_env="TEST_SERPER_KEY"
+        judge="exact",
+        backend="web",
+        web_url=f"{server.root_url}/search",
+        web_api_key_env="TEST_SERPER_KEY",
+        web_timeout_s=SIM_TIMEOUT_S,  # only a hang reaches it
     )
     for key, value in overrides.items():
         setattr(config, key, value)

@@ -12,6 +12,7 @@ from gyms.tau.tasks import parse_task_id
 from gyms.tau.user import GREETING, customer_prompt
 from gyms.turn_gym import TurnGym
 from gyms.user_sim import UserSimulator
+from tests.support.gym_play import SIM_TIMEOUT_S
 from tests.support.openai_server import Fault, OpenAIServer, reply
 from userrl_megatron.config.schema import UserSimConfig
 
@@ -22,7 +23,9 @@ def _last_message_is(text, answer):
 
 def _run(gym_name, task_id, actions, server, shared_data, gym_config=None, **sim_overrides):
     """Play `actions` on a fresh gym with a UserSimulator pointed at `server`; the step results."""
-    cfg = UserSimConfig(base_url=server.base_url, model="customer", timeout_s=2.0, backoff_s=0.001, max_retries=1)
+    cfg = UserSimConfig(
+        base_url=server.base_url, model="customer", timeout_s=SIM_TIMEOUT_S, backoff_s=0.001, max_retries=1
+    )
     cfg.api_key_env = "none"  # our local server needs no key
     for key, value in sim_overrides.items():
         setattr(cfg, key, value)

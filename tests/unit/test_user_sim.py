@@ -8,14 +8,15 @@ import pytest
 
 from gyms.reply_json import extract_json_object, strip_think
 from gyms.user_sim import Reply, UserSimError, UserSimulator
-from tests.support.openai_server import Answer, Fault, OpenAIServer, fail_first, reply, sequence, when
+from tests.support.gym_play import SIM_TIMEOUT_S
+from tests.support.openai_server import FOREVER, Answer, Fault, OpenAIServer, fail_first, reply, sequence, when
 from userrl_megatron.config.schema import UserSimConfig
 
 MESSAGES = [{"role": "system", "content": "You answer."}, {"role": "user", "content": "Hi"}]
 
 
 def make_sim(server: OpenAIServer, **overrides: object) -> UserSimulator:
-    cfg = UserSimConfig(base_url=server.base_url, model="sim", timeout_s=2.0, backoff_s=0.001, max_retries=3)
+    cfg = UserSimConfig(base_url=server.base_url, model="sim", timeout_s=SIM_TIMEOUT_S, backoff_s=0.001, max_retries=3)
     cfg.api_key_env = "none"  # our local server needs no key
     for key, value in overrides.items():
         setattr(cfg, key, value)
@@ -92,7 +93,7 @@ def test_transient_faults_are_retried(server: OpenAIServer, fault: Fault) -> Non
 
 
 def test_timeouts_retry_then_fail_with_a_typed_error(server: OpenAIServer) -> None:
-    server.rules = [reply(Answer("late", delay_s=0.4))]
+    server.rules = [reply(Answer("late", delay_s=FOREVER))]
     sim = make_sim(server, timeout_s=0.1, max_retries=2)
     with pytest.raises(UserSimError, match=r"user simulator failed after 3 attempts: no reply within 0\.1 s") as e:
         chat(sim)
@@ -151,14 +152,16 @@ def test_garbage_200_body_is_retried(server: OpenAIServer) -> None:
 def test_unreachable_endpoint_is_a_connection_failure() -> None:
     with OpenAIServer() as s:
         url = s.base_url
-    sim = UserSimulator(UserSimConfig(base_url=url, api_key_env="none", timeout_s=1.0, backoff_s=0.001, max_retries=1))
+    cfg = UserSimConfig(base_url=url, api_key_env="none", timeout_s=SIM_TIMEOUT_S, backoff_s=0.001, max_retries=1)
+    sim = UserSimulator(cfg)
     with pytest.raises(UserSimError) as e:
         chat(sim)
     assert e.value.kind == "connection"
 
 
 def test_concurrency_is_bounded(server: OpenAIServer) -> None:
-    server.rules = [reply(Answer("ok", delay_s=0.05))]
+    server.rules = [reply("ok")]
+    server.hold_until_in_flight = 3  # replies wait until 3 are in flight together, however slowly they are sent
     sim = make_sim(server, max_concurrency=3)
 
     async def run() -> list[str]:
