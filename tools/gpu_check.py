@@ -219,14 +219,14 @@ class Record:
 
 
 class Smoke:
-    """State the phases hand on: the model directory, the plan, the actor (a `MegatronWorker`), the engine."""
+    """State the phases hand on: the model directory, the plan, the actor, the engine server."""
 
     def __init__(self, device: str, sizes: Sizes, work: Path, engine_log: Path) -> None:
         self.device, self.sizes, self.work, self.engine_log = device, sizes, work, engine_log
         self.model_dir: Path | None = None
         self.arch: Any = None
         self.plan: dict[str, int] | None = None
-        self.worker: Any = None  # trainer.workers.MegatronWorker: the trainer's own rank object, without Ray
+        self.actor: Any = None  # megatron.actor.MegatronActor: rank 0 of a world of one, in this process
         self.server: Any = None  # rollout.launch.ServerProcess
         self.synced: bool | None = None
         self.port = 0
@@ -239,7 +239,7 @@ class Smoke:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 self.server.stop(timeout_s=20)
-        if self.worker is not None:
+        if self.actor is not None:
             from userrl_megatron.megatron import parallel
 
             with contextlib.suppress(Exception):
@@ -304,7 +304,7 @@ class Smoke:
     def actor_logprobs(self, seqs: list[list[int]]) -> list[list[float]]:
         from userrl_megatron.types import TrainBatch
 
-        return self.worker.actor.compute_logprobs(TrainBatch(seqs, [], []))
+        return self.actor.compute_logprobs(TrainBatch(seqs, [], []))
 
     def client(self) -> Any:
         from userrl_megatron.rollout.engine import SGLangClient
@@ -421,16 +421,14 @@ def phase_actor_vs_hf(smoke: Smoke, r: Record) -> None:
     import torch
 
     from tests.support.distributed import max_abs_diff, random_sequences
-    from userrl_megatron.config.schema import AlgoConfig, ModelConfig, SyncConfig
-    from userrl_megatron.trainer.workers import WorkerSpec
+    from userrl_megatron.config.schema import ModelConfig
 
     seqs = random_sequences(smoke.arch.vocab_size, list(smoke.sizes.logprob_lengths), seed=3)
-    spec = WorkerSpec(ModelConfig(path=str(smoke.model_dir)), smoke.megatron_config(), AlgoConfig(), SyncConfig(), 0)
-    worker = _setup_worker(spec, smoke)
+    fp32 = _build_actor(ModelConfig(path=str(smoke.model_dir)), smoke)
     try:
-        actor = worker.actor.compute_logprobs(_batch(seqs))
+        actor = fp32.compute_logprobs(_batch(seqs))
     finally:
-        del worker
+        del fp32
         gc.collect()
     expected = _hf_logprobs(smoke.model_dir, seqs, "cuda" if smoke.cuda else "cpu")
     if smoke.cuda:
@@ -453,21 +451,18 @@ def phase_train(smoke: Smoke, r: Record) -> None:
     import bench_train  # tools/bench_train.py: the batch, FLOPs and device peaks of the training benchmark
     import torch
 
-    from userrl_megatron.config.schema import AlgoConfig, ModelConfig, SyncConfig
-    from userrl_megatron.trainer.workers import WorkerSpec
+    from userrl_megatron.config.schema import ModelConfig
 
     s = smoke.sizes
     gc.collect()
     if smoke.cuda:
         torch.cuda.empty_cache()
     baseline = smoke.allocated()
-    model = ModelConfig(path=str(smoke.model_dir), dtype=s.dtype)
-    spec = WorkerSpec(model, smoke.megatron_config(), AlgoConfig(), SyncConfig(), 0)
-    smoke.worker = _setup_worker(spec, smoke)
+    smoke.actor = _build_actor(ModelConfig(path=str(smoke.model_dir), dtype=s.dtype), smoke)
     batch = bench_train.make_batch(smoke.arch.vocab_size, s.episodes, s.seq_len, seed=5)
     if smoke.cuda:
         torch.cuda.reset_peak_memory_stats()
-    steps = [smoke.worker.train_step(batch) for _ in range(2)]
+    steps = [smoke.actor.train_step(batch) for _ in range(2)]
     smoke.synchronize()
     tokens = sum(len(t) for t in batch.token_ids)
     times = [m["actor/step_time_s"] for m in steps]
@@ -475,7 +470,7 @@ def phase_train(smoke: Smoke, r: Record) -> None:
     peak, peak_source = bench_train.gpu_peak(s.dtype) if smoke.cuda else (None, "no device peak on CPU")
     r.figure(
         dtype=s.dtype,
-        transformer_engine=smoke.worker.actor.packed,  # else the local spec (torch SDPA attention)
+        transformer_engine=smoke.actor.packed,  # else the local spec (torch SDPA attention)
         tokens_per_step=tokens,
         micro_batch_tokens=s.micro_batch_tokens,
         step_times_s=times,
@@ -515,7 +510,7 @@ def phase_train(smoke: Smoke, r: Record) -> None:
 def phase_offload(smoke: Smoke, r: Record) -> None:
     from userrl_megatron.megatron.offload import GRADS, STATE, WEIGHTS
 
-    actor = smoke.worker.actor
+    actor = smoke.actor
     probe = smoke.random_prompts(2, 32, seed=9)
     before_logprobs = actor.compute_logprobs(_batch(probe))
     smoke.synchronize()
@@ -589,17 +584,27 @@ def phase_weight_sync(smoke: Smoke, r: Record) -> None:
     import torch
     from safetensors import safe_open
 
+    from userrl_megatron.config.schema import SyncConfig
+    from userrl_megatron.sync.sender import EngineEndpoint
+    from userrl_megatron.sync.tensor_sender import TensorSender
+
     rows = smoke.sizes.read_rows
-    worker, group = smoke.worker, "gpu_check_pp0"
-    worker.connect_engines([{"url": smoke.server.url, "tp_size": 1, "first_device": 0}], group, 0, "tensor")
-    expected = {
-        name: t[:rows].detach().to("cpu", torch.float32).clone() for name, t in worker.actor.export_hf_weights()
-    }
+    actor = smoke.actor
+    # What `MegatronWorker.connect_engines(..., "tensor")` sets up for the only rank of a world of one: a sender of
+    # handles to memory on its device, to the engine on the same device.
+    device = f"cuda:{torch.cuda.current_device()}" if smoke.cuda else "cpu"
+    engine = EngineEndpoint(smoke.server.url, tp_size=1, first_device=0)
+    sender = TensorSender(SyncConfig(), [engine], "gpu_check_pp0", device)
+    sender.connect()
+    expected = {name: t[:rows].detach().to("cpu", torch.float32).clone() for name, t in actor.export_hf_weights()}
     smoke.synchronize()
     before = smoke.allocated()
     if smoke.cuda:
         torch.cuda.reset_peak_memory_stats()
-    metrics = worker.push_weights(group, 0, 1)
+    try:
+        metrics = sender.push(actor.export_hf_weights(), version=1)
+    finally:
+        sender.close()
     smoke.synchronize()
     after = smoke.allocated()
     peak = torch.cuda.max_memory_allocated() - (before or 0) if smoke.cuda else None
@@ -611,10 +616,12 @@ def phase_weight_sync(smoke: Smoke, r: Record) -> None:
 
     version, got = asyncio.run(read())
     unequal = [n for n, t in expected.items() if not torch.equal(torch.tensor(got[n], dtype=torch.float32), t)]
-    with safe_open(str(next(smoke.model_dir.glob("*.safetensors"))), "pt") as f:  # the weights the engine loaded
-        stored = set(f.keys())
-        dtype = worker.actor.dtype  # the file's values as the actor first held them
-        initial = {n: f.get_slice(n)[:rows].to(dtype).to(torch.float32) for n in expected if n in stored}
+    initial = {}  # the weights the engine loaded, as the actor first held them (in its dtype)
+    for shard in sorted(smoke.model_dir.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            stored = set(f.keys())
+            for n in (n for n in expected if n in stored):
+                initial[n] = f.get_slice(n)[:rows].to(actor.dtype).to(torch.float32)
     matrices = [n for n, t in expected.items() if t.dim() == 2 and n in initial]
     unchanged = [n for n in matrices if torch.equal(initial[n], expected[n])]
     smoke.synced = not unequal
@@ -684,7 +691,7 @@ def phase_engine_requests(smoke: Smoke, r: Record) -> None:
     tops = scored["meta_info"].get("input_top_logprobs") or []
     r.check("prompt_top_logprobs", len(tops) == len(prompt) and all(len(t) == 2 for t in tops[1:]))
     diff = None
-    if smoke.worker is not None and smoke.synced:
+    if smoke.actor is not None and smoke.synced:
         actor = smoke.actor_logprobs([prompt])[0]
         diff = max(abs(a - e) for a, e in zip(actor[1:], prompt_lp[1:], strict=True))
         r.check("prompt_logprobs_match_the_actor", diff < 0.1, f"max |diff| {diff:.2e}")
@@ -820,15 +827,15 @@ SMOKE: list[Phase] = [
     Phase("plan", ("model_dir",), phase_plan),
     Phase("actor_vs_hf_fp32", ("model_dir",), phase_actor_vs_hf),
     Phase("train", ("model_dir",), phase_train),
-    Phase("offload", ("worker",), phase_offload),
+    Phase("offload", ("actor",), phase_offload),
     Phase("engine_start", ("model_dir",), phase_engine_start),
-    Phase("weight_sync", ("worker", "server"), phase_weight_sync),
+    Phase("weight_sync", ("actor", "server"), phase_weight_sync),
     Phase("engine_requests", ("server",), phase_engine_requests),
-    Phase("logprob_mismatch", ("worker", "server"), phase_logprob_mismatch),
+    Phase("logprob_mismatch", ("actor", "server"), phase_logprob_mismatch),
     Phase("throughput", ("server",), phase_throughput),
     Phase("release_resume", ("server",), phase_release_resume),
 ]
-MADE_BY = {"model_dir": "model", "worker": "train", "server": "engine_start"}
+MADE_BY = {"model_dir": "model", "actor": "train", "server": "engine_start"}
 PHASE_NAMES = [p.name for p in SMOKE] + ["tests_gpu"]
 
 
@@ -859,6 +866,11 @@ def smoke_child(out: Any, device: str, work: str, log_path: str, engine_log: str
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    import torch
+
+    from userrl_megatron.observability.noise import quiet_third_party
+
+    quiet_third_party(on_gpu=torch.cuda.is_available())  # before megatron.core is imported (as each actor rank)
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_train
     sizes = SIZES[device]
     smoke = Smoke(device, sizes, Path(work), Path(engine_log))
@@ -872,16 +884,18 @@ def smoke_child(out: Any, device: str, work: str, log_path: str, engine_log: str
         out.put(("end", None, None))
 
 
-def _setup_worker(spec: Any, smoke: Smoke) -> Any:
-    """The trainer's `MegatronWorker` (what a Ray actor holds) as rank 0 of a world of one, in this process."""
+def _build_actor(model: Any, smoke: Smoke) -> Any:
+    """A `MegatronActor` as rank 0 of a world of one in this process (as tests/gpu and tests/distributed build it):
+    `parallel.initialize` (NCCL on CUDA, gloo and the CPU support on CPU; again: a new layout, same group)."""
+    from userrl_megatron.config.schema import AlgoConfig
+    from userrl_megatron.megatron import parallel
+    from userrl_megatron.megatron.actor import MegatronActor
     from userrl_megatron.megatron.launch import free_port
-    from userrl_megatron.trainer.workers import MegatronWorker
 
-    worker = MegatronWorker(0, 1, spec)
     if not smoke.port:
         smoke.port = free_port()
-    worker.setup("127.0.0.1", smoke.port)
-    return worker
+    parallel.initialize(smoke.megatron_config(), rank=0, world_size=1, master_port=smoke.port)
+    return MegatronActor(model, smoke.megatron_config(), AlgoConfig(), seed=0)
 
 
 def _batch(seqs: list[list[int]]) -> Any:
