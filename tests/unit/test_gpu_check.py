@@ -4,6 +4,7 @@ next one runs; a check out of time skips what is left, naming why."""
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,18 @@ def test_a_check_out_of_time_skips_every_phase_naming_why(tmp_path: Path) -> Non
     assert {p["status"] for p in phases.values()} == {"skipped"}
     assert {p["reason"] for p in phases.values()} == {"skipped: out of time"}
     assert "0 of 13 phases passed" in done.stdout
+
+
+def test_the_phase_running_when_the_time_is_up_is_stopped_and_the_rest_skipped(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    done = run_check(out, "--budget-s", "8", "--no-tests", timeout_s=180)
+    assert done.returncode == 1
+    report = json.loads(out.read_text())
+    statuses = "".join(p["status"][0] for p in list(report["phases"].values())[:-1])  # p(assed), t(imeout), s(kipped)
+    assert re.fullmatch(r"p*t?s+", statuses), statuses
+    skipped = [p["reason"] for p in report["phases"].values() if p["status"] == "skipped"]
+    assert set(skipped[:-1]) == {"skipped: out of time"} and skipped[-1] == "skipped: --no-tests"
+    assert report["wall_s"] < 60  # the smoke process was stopped, not waited for
 
 
 def test_a_raising_phase_is_recorded_and_what_needs_it_is_skipped(tmp_path: Path, gpu_check: ModuleType) -> None:
