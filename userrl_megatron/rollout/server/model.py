@@ -150,7 +150,7 @@ class EngineModel:
         param = self._tensor_of(name)
         if param is None:
             return None
-        return param.detach().to("cpu", torch.float32).numpy().tolist()[:truncate_size]
+        return param.detach()[:truncate_size].to("cpu", torch.float32).numpy().tolist()  # rows first: no full copy
 
     def _tensor_of(self, name: str) -> torch.Tensor | None:
         """The parameter of a checkpoint name, or for one expert's projection the view of it inside the fused
