@@ -1,6 +1,9 @@
 """The embedded engine in-process (LocalEngine / EngineCore) against plain transformers, on a tiny random model."""
 
 import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -177,15 +180,32 @@ def test_prefix_cache_reuses_finished_turns(tiny_dir: Path, hf: torch.nn.Module)
         eng.close()
 
 
-def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module) -> None:
+def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
     prompt = prompts(1, seed=9)[0]
     expected = hf_greedy(hf, prompt, 400)
     params = SamplingParams(max_new_tokens=400, temperature=0)
+    scheduler, forward, call = engine.core.scheduler, engine.core.model.forward, engine.core.scheduler.call
 
     async def paused_mid_generation(mode: str):
+        # The third decode forward waits until a command (the pause) is queued for the scheduler: the pause lands
+        # after it, at token 4 of 400, however fast the machine decodes.
+        gate_step, decoding, queued = scheduler.decode_steps + 2, threading.Event(), threading.Event()
+
+        def gated_forward(*args: object, **kwargs: object) -> object:
+            if scheduler.decode_steps == gate_step and not queued.is_set():
+                decoding.set()
+                queued.wait(timeout=60)
+            return forward(*args, **kwargs)
+
+        def queue_then_open(fn: Callable[[], object], needs_idle: bool = False) -> Future:
+            future = call(fn, needs_idle=needs_idle)
+            queued.set()
+            return future
+
+        monkeypatch.setattr(engine.core.model, "forward", gated_forward)
+        monkeypatch.setattr(scheduler, "call", queue_then_open)
         task = asyncio.ensure_future(engine.generate(prompt, params))
-        while engine.core.scheduler.counts()[0] == 0:  # wait until it is decoding
-            await asyncio.sleep(0.001)
+        assert await asyncio.to_thread(decoding.wait, 60)
         await engine.pause(mode)
         held = asyncio.ensure_future(engine.generate(prompt[:5], SamplingParams(max_new_tokens=2, temperature=0)))
         await asyncio.sleep(0.05)
@@ -199,7 +219,7 @@ def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module) -> None:
         assert held.output_ids == hf_greedy(hf, prompt[:5], 2)
     aborted, _ = run(paused_mid_generation("abort"))
     assert aborted.finish_reason == "abort"
-    assert aborted.output_ids == expected[: len(aborted.output_ids)] and len(aborted.output_ids) < 400
+    assert aborted.output_ids == expected[:4]  # the prefill's token and 3 decode steps
 
 
 def test_a_failing_forward_aborts_its_requests_and_the_engine_keeps_serving(
