@@ -12,9 +12,11 @@ from userrl_megatron.rollout.engine import EngineError
 from userrl_megatron.rollout.launch import embedded_server_command, launch_server
 from userrl_megatron.rollout.sglang import (
     SGLANG_VENV_PYTHON,
+    NodeSpan,
     resolve_device,
     sglang_command,
     sglang_env,
+    sglang_launch,
     sglang_python,
 )
 
@@ -30,8 +32,63 @@ def test_sglang_command_defaults() -> None:
         "--mem-fraction-static", "0.5",
         "--base-gpu-id", "0",
         "--skip-server-warmup",
+    ]  # fmt: skip
+
+
+def test_memory_saver_only_for_an_engine_colocated_on_cuda() -> None:
+    """torch_memory_saver is what lets an engine release its memory to the actor: asked for only when the engine
+    shares its GPUs with it (item 5 of issue 27: it was on for every CUDA engine)."""
+    cfg = SGLangConfig()
+    assert "--enable-memory-saver" not in sglang_command(cfg, "/m", 1, 30000, python="py")
+    assert sglang_command(cfg, "/m", 1, 30000, python="py", colocated=True)[-1] == "--enable-memory-saver"
+    assert "--enable-memory-saver" not in sglang_command(cfg, "/m", 1, 30000, python="py", device="cpu", colocated=True)
+    off = SGLangConfig(enable_memory_saver=False)
+    assert "--enable-memory-saver" not in sglang_command(off, "/m", 1, 30000, python="py", colocated=True)
+
+
+def test_an_engine_wider_than_a_node_names_its_nodes() -> None:
+    """An engine of TP16 on 8-GPU nodes: one process per node, each with --nnodes, its --node-rank and node rank
+    0's rendezvous address (item 5 of issue 27)."""
+    cfg = SGLangConfig(host="0.0.0.0", mem_fraction_static=0.6)
+    span = NodeSpan(nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:41000")
+    command = sglang_command(cfg, "/m", 16, 30000, "bfloat16", python="py", colocated=True, span=span)
+    assert command == [
+        "py", "-m", "sglang.launch_server",
+        "--model-path", "/m",
+        "--host", "0.0.0.0",
+        "--port", "30000",
+        "--tp-size", "16",
+        "--dtype", "bfloat16",
+        "--mem-fraction-static", "0.6",
+        "--base-gpu-id", "0",
+        "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:41000",
+        "--skip-server-warmup",
         "--enable-memory-saver",
     ]  # fmt: skip
+    one_node = sglang_command(cfg, "/m", 8, 30000, python="py", span=NodeSpan(1, 0, "10.0.0.1:41000"))
+    assert "--nnodes" not in one_node and "--dist-init-addr" not in one_node
+    with pytest.raises(ValueError, match=r"^tp_size 12 cannot span 8 nodes as node rank 0$"):
+        sglang_command(cfg, "/m", 12, 30000, span=NodeSpan(8, 0, "10.0.0.1:41000"))
+
+
+def test_an_engine_process_sees_exactly_its_own_gpus() -> None:
+    """Engine 1 of TP4 on GPUs 4-7 of its node: its process sees those four GPUs and counts from 0; a later node
+    of a multi-node engine serves no HTTP (item 2 of issue 27: the process inherited Ray's one-GPU
+    CUDA_VISIBLE_DEVICES and was told --base-gpu-id 4)."""
+    cfg = SGLangConfig(python="py")
+    launch = sglang_launch(cfg, "/m", 4, 30001, "bfloat16", "cuda", ["4", "5", "6", "7"], base_gpu_id=4)
+    assert launch.env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert launch.command[launch.command.index("--base-gpu-id") + 1] == "0"
+    assert launch.command[launch.command.index("--tp-size") + 1] == "4"
+    assert (launch.url, launch.watch) == ("http://127.0.0.1:30001", True)
+    wildcard = SGLangConfig(python="py", host="0.0.0.0")
+    assert sglang_launch(wildcard, "/m", 1, 30002, gpus=["3"], node_ip="10.0.0.2").url == "http://10.0.0.2:30002"
+    span = NodeSpan(2, 1, "10.0.0.1:41000")
+    follower = sglang_launch(cfg, "/m", 16, 30000, gpus=[str(g) for g in range(8)], span=span, node_ip="10.0.0.2")
+    assert follower.url == "" and follower.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    with pytest.raises(ValueError, match=r"^an engine process of tp_size 4 on one node needs 4 GPUs, got \['0'\]$"):
+        sglang_launch(cfg, "/m", 4, 30000, gpus=["0"])
+    assert sglang_launch(cfg, "/m", 1, 30000, device="cpu").env == {"SGLANG_USE_CPU_ENGINE": "1"}
 
 
 def test_sglang_command_tp_no_memory_saver_and_extra_args() -> None:

@@ -1,5 +1,16 @@
+import pytest
+
 from userrl_megatron.config import MegatronConfig, RolloutConfig
-from userrl_megatron.trainer.placement import COLOCATED_ACTOR_SHARE, COLOCATED_ENGINE_SHARE, plan_bundles
+from userrl_megatron.trainer.placement import (
+    COLOCATED_ACTOR_SHARE,
+    COLOCATED_ENGINE_SHARE,
+    BundlePlan,
+    Placement,
+    PlacementError,
+    Slot,
+    _check_capacity,
+    plan_bundles,
+)
 
 
 def test_cpu_plan_gives_every_rank_and_engine_a_bundle() -> None:
@@ -27,3 +38,92 @@ def test_colocated_gpu_plan_shares_bundles() -> None:
         plan.actor_resources["GPU"],
         plan.engine_resources["GPU"],
     ) == (COLOCATED_ACTOR_SHARE, COLOCATED_ENGINE_SHARE)
+
+
+def _placement(plan: BundlePlan, gpus_per_node: int) -> Placement:
+    """A placement whose bundle i is GPU i % gpus_per_node of node i // gpus_per_node (as probed)."""
+    slots = [
+        Slot(
+            i, i // gpus_per_node, f"n{i // gpus_per_node}", f"10.0.0.{i // gpus_per_node + 1}", str(i % gpus_per_node)
+        )
+        for i in range(len(plan.bundles))
+    ]
+    return Placement(group=None, plan=plan, slots=slots, driver_node_id="n0")
+
+
+def test_each_engine_gets_all_its_gpus_on_its_node() -> None:
+    """Engine e of TP4, colocated on two 8-GPU nodes: the GPUs of slots 4e..4e+3, counted on their node (issue 27,
+    item 2: the engine process saw only the one GPU of its Ray actor's bundle)."""
+    m = MegatronConfig(nnodes=2, devices_per_node=8, tensor_model_parallel_size=8)
+    placement = _placement(plan_bundles(m, RolloutConfig(num_engines=4, engine_tp=4, colocate=True), True), 8)
+    parts = [placement.engine_parts(e) for e in range(4)]
+    assert [[(p.node_rank, p.slot.node, p.gpus) for p in engine] for engine in parts] == [
+        [(0, 0, ["0", "1", "2", "3"])],
+        [(0, 0, ["4", "5", "6", "7"])],
+        [(0, 1, ["0", "1", "2", "3"])],
+        [(0, 1, ["4", "5", "6", "7"])],
+    ]
+    assert [placement.local_rank(r) for r in range(16)] == [*range(8), *range(8)]
+
+
+def test_an_engine_wider_than_a_node_has_a_part_per_node() -> None:
+    m = MegatronConfig(nnodes=2, devices_per_node=8, tensor_model_parallel_size=8)
+    placement = _placement(plan_bundles(m, RolloutConfig(num_engines=1, engine_tp=16, colocate=True), True), 8)
+    [leader, follower] = placement.engine_parts(0)
+    assert (leader.node_rank, leader.slot.bundle, leader.gpus) == (0, 0, [str(g) for g in range(8)])
+    assert (follower.node_rank, follower.slot.bundle, follower.slot.ip) == (1, 8, "10.0.0.2")
+    assert follower.gpus == [str(g) for g in range(8)]
+
+
+def test_an_engine_straddling_nodes_unevenly_cannot_be_placed() -> None:
+    m = MegatronConfig(nnodes=1, devices_per_node=6)
+    placement = _placement(plan_bundles(m, RolloutConfig(num_engines=2, engine_tp=4, colocate=True), True), 6)
+    [first, second] = placement.engine_parts(1)  # even parts (2 + 2): SGLang takes it; the config check does not
+    assert (first.gpus, second.gpus, second.slot.node) == (["4", "5"], ["0", "1"], 1)
+    placement = _placement(plan_bundles(m, RolloutConfig(num_engines=2, engine_tp=3, colocate=True), True), 4)
+    with pytest.raises(
+        PlacementError,
+        match=r"^engine 1's 3 GPUs straddle nodes unevenly \(1 on node 0, 2 on node 1\): rollout.engine_tp must "
+        r"divide the GPUs of a node or be a multiple of them$",
+    ):
+        placement.engine_parts(1)
+
+
+def test_a_cluster_too_small_fails_at_once_in_one_line() -> None:
+    m = MegatronConfig(nnodes=2, devices_per_node=8, tensor_model_parallel_size=8)
+    plan = plan_bundles(m, RolloutConfig(num_engines=4, engine_tp=4, colocate=True), True)
+    with pytest.raises(PlacementError) as failure:
+        _check_capacity(plan, {"GPU": 8.0, "CPU": 64.0})
+    assert str(failure.value) == ("the run needs 16 GPUs (16 bundles of CPU 1, GPU 1) and the Ray cluster has 8")
+    _check_capacity(plan, {"GPU": 16.0, "CPU": 16.0})
+
+
+def test_config_refuses_engines_that_do_not_fit_nodes_and_colocation_without_offload() -> None:
+    """Issue 27, item 5: engine TP must fit a node or span whole nodes; a colocated SGLang engine sizes its KV
+    cache from the memory free when it starts, which only megatron.offload leaves it."""
+    from userrl_megatron.config import load_config
+    from userrl_megatron.config.checks import check_config
+    from userrl_megatron.config.loader import ConfigError
+
+    model = ["configs/model/qwen3-32b.yaml"]
+    base = ["rollout.backend=sglang", "megatron.devices_per_node=8", "megatron.offload=true"]
+    check_config(load_config(model, [*base, "rollout.engine_tp=16", "rollout.colocate=true"]), on_gpu=True)
+    check_config(load_config(model, [*base, "rollout.engine_tp=4"]), on_gpu=True)
+    with pytest.raises(ConfigError) as failure:
+        load_config(model, [*base, "megatron.devices_per_node=6", "rollout.engine_tp=4"])
+    assert failure.value.problems == [
+        "rollout.engine_tp = 4 must divide megatron.devices_per_node = 6 (the GPUs of a node) or be a multiple of "
+        "it: an engine fits in one node or spans whole nodes"
+    ]
+    colocated = [*base[:2], "rollout.colocate=true", "megatron.offload=false"]
+    with pytest.raises(ConfigError) as failure:
+        load_config(model, colocated)
+    assert failure.value.problems == [
+        "rollout.colocate = true with megatron.offload = false: a colocated SGLang engine sizes its KV cache once, "
+        "from the GPU memory free when it starts, and only with megatron.offload has the actor left the GPU by "
+        "then (rollout.sglang.mem_fraction_static would otherwise lose the actor's share); set megatron.offload = "
+        "true"
+    ]
+    load_config(model, [*colocated, "run.device=cpu"])  # on the CPU (sglang --device cpu): no such pool
+    load_config(model, [*colocated, "rollout.sglang.device=cpu"])
+    load_config(model, [*colocated, "rollout.backend=embedded"])

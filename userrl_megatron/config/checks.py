@@ -55,7 +55,7 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
     problems = range_problems(cfg) + env_field_problems(cfg) + _choice_problems(cfg)
     problems += _parallel_problems(cfg, on_gpu) + model_fit_problems(cfg) + _budget_problems(cfg)
     problems += _algo_problems(cfg) + _gym_problems(cfg) + _engine_problems(cfg) + _sync_problems(cfg, on_gpu)
-    problems += _mode_problems(cfg)
+    problems += _mode_problems(cfg) + _sglang_gpu_problems(cfg, on_gpu)
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
@@ -182,6 +182,29 @@ def _sync_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
         problems.append(
             "sync.method = tensor hands engines handles to memory on the trainer's node: it needs rollout.colocate = "
             "true or megatron.nnodes = 1"
+        )
+    return problems
+
+
+def _sglang_gpu_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
+    """SGLang engines on GPUs: an engine fits in one node or spans whole nodes (--nnodes), and a colocated engine
+    sizes its KV cache from the memory free when it starts, which only `megatron.offload` leaves it
+    (`trainer.components.bring_up` offloads the actor before the engines start; docs/rollout.md)."""
+    r, m, problems = cfg.rollout, cfg.megatron, []
+    if r.backend != "sglang" or on_gpu is False or r.sglang.device == "cpu" or min(r.engine_tp, m.devices_per_node) < 1:
+        return problems
+    tp, node = r.engine_tp, m.devices_per_node
+    if tp % node and node % tp:
+        problems.append(
+            f"rollout.engine_tp = {tp} must divide megatron.devices_per_node = {node} (the GPUs of a node) or be a "
+            "multiple of it: an engine fits in one node or spans whole nodes"
+        )
+    if r.colocate and not m.offload:
+        problems.append(
+            "rollout.colocate = true with megatron.offload = false: a colocated SGLang engine sizes its KV cache "
+            "once, from the GPU memory free when it starts, and only with megatron.offload has the actor left the "
+            "GPU by then (rollout.sglang.mem_fraction_static would otherwise lose the actor's share); set "
+            "megatron.offload = true"
         )
     return problems
 

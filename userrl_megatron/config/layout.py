@@ -136,3 +136,63 @@ def model_layout_problems(cfg: MegatronConfig, arch: Architecture) -> list[str]:
             "stage (per virtual chunk)"
         )
     return problems
+
+
+# Megatron's default order of the parallel dimensions, fastest-varying first ("tp-cp-ep-dp-pp"): for the dense
+# groups ep drops out (tp, cp, dp, pp); the experts are laid out as (etp = tp, ep, expert dp, pp).
+def rank_coordinates(cfg: MegatronConfig, rank: int, world_size: int) -> dict[str, int]:
+    """Actor rank `rank`'s index in each parallel dimension, as Megatron's `RankGenerator` lays them out (the
+    layout must pass `layout_problems`). Pure: what `megatron.parallel.initialize` gives that rank."""
+    tp, pp, cp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.context_parallel_size
+    ep = cfg.expert_model_parallel_size
+    dp = world_size // (tp * pp * cp)
+    return {
+        "tp_rank": rank % tp,
+        "cp_rank": rank // tp % cp,
+        "dp_rank": rank // (tp * cp) % dp,
+        "pp_rank": rank // (tp * cp * dp),
+        "ep_rank": rank // tp % ep,
+        "tp": tp,
+        "cp": cp,
+        "dp": dp,
+        "pp": pp,
+        "ep": ep,
+    }
+
+
+def tensor_parallel_ranks(cfg: MegatronConfig, rank: int) -> list[int]:
+    """The global ranks of `rank`'s tensor-parallel group, in group order."""
+    tp = cfg.tensor_model_parallel_size
+    first = rank - rank % tp
+    return list(range(first, first + tp))
+
+
+def stage_ranks(cfg: MegatronConfig, rank: int, world_size: int) -> list[int]:
+    """The global ranks of `rank`'s pipeline stage (its tensor x context x data parallel group), in order."""
+    size = world_size // cfg.pipeline_model_parallel_size
+    first = rank - rank % size
+    return list(range(first, first + size))
+
+
+def rank_device(visible: int, index: int, sharing: int) -> int | None:
+    """The CUDA device a rank computes on (an index among the `visible` devices its process sees) when it is
+    process `index` of `sharing` processes seeing the same devices; None without CUDA (gloo on the CPU).
+
+    One rank per device: NCCL refuses a group in which two ranks use one GPU, so `sharing` > `visible` raises
+    ConfigError."""
+    from userrl_megatron.config.loader import ConfigError
+
+    if visible == 0:
+        return None
+    if not 0 <= index < sharing:
+        raise ValueError(f"rank index {index} out of range for {sharing} processes")
+    if sharing > visible:
+        raise ConfigError(
+            [
+                f"{sharing} actor ranks would share the {visible} CUDA device(s) their processes see, and NCCL needs "
+                "one device per rank: give each rank its own GPU (CUDA_VISIBLE_DEVICES, or LOCAL_RANK and "
+                "LOCAL_WORLD_SIZE as torchrun sets them), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on "
+                "the CPU with gloo"
+            ]
+        )
+    return index

@@ -265,12 +265,12 @@ class MegatronActor:
 
     def export_hf_weights(self, everywhere: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (HF name, full tensor) for this rank's pipeline stage, on the stage's source rank
-        (tp_rank 0, dp_rank 0, cp_rank 0) only, or with `everywhere` on every rank of its TP group (dp_rank 0,
-        cp_rank 0); nothing elsewhere.
+        (tp_rank 0, dp_rank 0, cp_rank 0) only, or with `everywhere` on every rank of the stage (every rank of
+        the stage must pass the same); nothing elsewhere.
 
         Collective inside each stage's tensor-parallel group (shards are gathered to tp_rank 0, or
-        all-gathered): every rank must exhaust the iterator. Vocabulary padding is removed; a tied LM head is
-        not yielded.
+        all-gathered) and, for MoE experts, its expert-parallel group: every rank must exhaust the iterator.
+        Vocabulary padding is removed; a tied LM head is not yielded.
         """
         cpu.enter_mode()
         self.parking.require("a weight export")

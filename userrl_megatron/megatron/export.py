@@ -45,12 +45,13 @@ def export_hf(
     """(HF name, full tensor) of `tensor_of(param)` for every parameter of the (unwrapped) chunks.
 
     Collective inside the stage's TP group: every rank must exhaust the iterator. A tied LM head is skipped.
-    `everywhere`: every rank of the TP group yields the same tensors (shards all-gathered), for colocated
+    `everywhere` (every rank of the stage must pass the same): every rank of the stage, whatever its data- or
+    context-parallel rank, yields the same tensors (shards all-gathered over TP, experts over EP), for colocated
     weight sync, where each rank hands the engine on its own GPU a handle to its own copy.
     """
-    if layout.cp_rank != 0 or layout.dp_rank >= layout.ep:
+    if not everywhere and (layout.cp_rank != 0 or layout.dp_rank >= layout.ep):
         return
-    dense = layout.dp_rank == 0  # the other ranks here only hold experts of the source's EP group
+    dense = everywhere or layout.dp_rank == 0  # else the other ranks here only hold experts of the source's EP group
     tp_group = parallel_state.get_tensor_model_parallel_group()
     root = torch.distributed.get_global_rank(tp_group, 0)
     arch = converter.arch
@@ -95,8 +96,8 @@ def _gathered_experts(
     everywhere: bool,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Gather a batch of expert parameters over TP (full experts) and then over EP (every EP rank's experts);
-    the source rank (with `everywhere`, every rank of data-parallel rank 0) yields their HF tensors, expert
-    indices shifted to each EP rank's experts."""
+    the source rank (with `everywhere`, every rank) yields their HF tensors, expert indices shifted to each EP
+    rank's experts."""
     full = list(_tp_gathered(batch, layout, tp_group, tp_root, everywhere)) if layout.tp > 1 else batch
     if not full:
         return
@@ -111,7 +112,7 @@ def _gathered_experts(
             buffers = [torch.empty_like(flat) for _ in range(layout.ep)] if layout.ep_rank == 0 else None
             ep_root = torch.distributed.get_global_rank(ep_group, 0)
             torch.distributed.gather(flat, buffers, dst=ep_root, group=ep_group)
-        if buffers is None or layout.dp_rank != 0:
+        if buffers is None or (layout.dp_rank != 0 and not everywhere):
             return
     per_rank = converter.arch.num_experts // layout.ep
     for ep_rank in range(layout.ep):

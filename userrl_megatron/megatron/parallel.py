@@ -2,7 +2,8 @@
 
 `initialize(cfg, rank=..., world_size=..., master_addr=..., master_port=...)` is the one call every actor
 rank makes first, whether it runs in a Ray actor, a `torch.multiprocessing` child or under `torchrun`. It
-uses gloo on CPU (and installs the CPU support, see `cpu.py`) and NCCL on GPU, then builds Megatron's
+uses gloo on CPU (and installs the CPU support, see `cpu.py`) and NCCL on GPU, one rank per device
+(`device_plan`: ranks that would share a GPU are refused with a ConfigError naming the fix), then builds Megatron's
 TP / PP (virtual PP) / CP / DP groups in Megatron's default order (tp-cp-ep-dp-pp), and the MoE groups:
 expert parallel (EP, carved out of the data-parallel ranks) and expert tensor parallel (ETP = TP, so the
 experts of a rank are sharded over its own TP group).
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from userrl_megatron.config.layout import layout_problems, model_layout_problems
+from userrl_megatron.config.layout import layout_problems, model_layout_problems, rank_device
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.schema import MegatronConfig
 from userrl_megatron.convert.arch import Architecture
@@ -87,21 +88,26 @@ def initialize(
     master_addr: str = "127.0.0.1",
     master_port: int = 29500,
     timeout_minutes: int = 30,
+    device_peers: tuple[int, int] | None = None,
 ) -> Layout:
     """Join the process group and build Megatron's parallel groups; returns this rank's Layout.
 
     Safe to call in Ray actors, spawned children and torchrun workers. On CPU it installs the CPU support.
-    Calling it again lays the same processes out anew (the default process group is kept; actors built
-    under the previous layout must not be used any more).
+    `device_peers`: (this process's index, their count) among the processes that see the same CUDA devices
+    (a Ray actor sees its own GPU only: (0, 1)); None: LOCAL_RANK and LOCAL_WORLD_SIZE when both are set
+    (torchrun), else (rank, world_size) (processes spawned on this machine). Calling it again lays the same
+    processes out anew (the default process group is kept; actors built under the previous layout must not be
+    used any more).
     """
     check_layout(cfg, world_size)
-    on_gpu = torch.cuda.is_available()
+    device_index = device_plan(rank, world_size, torch.cuda.device_count(), device_peers)
+    on_gpu = device_index is not None
     if not on_gpu:
         cpu.install()
     from megatron.core import parallel_state
 
-    if on_gpu:
-        torch.cuda.set_device(_local_device(rank))
+    if device_index is not None:
+        torch.cuda.set_device(device_index)
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(
             backend="nccl" if on_gpu else "gloo",
@@ -178,8 +184,18 @@ def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _local_device(rank: int) -> int:
-    count = torch.cuda.device_count()
-    if count == 1:  # Ray and most schedulers expose exactly one GPU per actor
-        return 0
-    return int(os.environ.get("LOCAL_RANK", rank % count))
+def device_plan(rank: int, world_size: int, visible: int, device_peers: tuple[int, int] | None = None) -> int | None:
+    """The CUDA device index of `rank` among the `visible` devices its process sees (None: gloo on the CPU), for
+    the `device_peers` of `initialize`; raises ConfigError when ranks would share a device (NCCL refuses it)."""
+    if device_peers is None:
+        local, local_world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+        device_peers = (int(local), int(local_world)) if local and local_world else (rank, world_size)
+    return rank_device(visible, *device_peers)
+
+
+def stage_group() -> tuple[object, list[int]]:
+    """This rank's pipeline stage as a process group (tensor x context x data parallel) and its global ranks."""
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True)
+    return group, torch.distributed.get_process_group_ranks(group)

@@ -14,6 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,19 @@ from userrl_megatron.rollout.engine import EngineError
 log = logging.getLogger(__name__)
 
 HEALTH_PATH = "/health_generate"  # what slime polls; SGLang answers 200 once a generation went through
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+@dataclass(frozen=True)
+class ProcessLaunch:
+    """One server process to start: its command line, what it adds to the inherited environment, and the URL
+    to wait on (empty: it serves no HTTP, as the nodes of a multi-node SGLang engine after node rank 0)."""
+
+    command: list[str]
+    env: dict[str, str]
+    url: str
+    health_path: str = HEALTH_PATH
+    watch: bool = False  # run under `rollout/watchdog.py` (`watched`): stopped when its launcher is gone
 
 
 @dataclass
@@ -59,9 +73,14 @@ def watched(command: list[str], parent_pid: int | None = None) -> list[str]:
     return [sys.executable, "-m", "userrl_megatron.rollout.watchdog", str(parent), "--", *command]
 
 
-def connect_host(host: str) -> str:
-    """The address to reach a server bound to `host` from this machine."""
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+def connect_host(host: str, node_ip: str = "127.0.0.1") -> str:
+    """The address to reach a server bound to `host` on the node at `node_ip` (a wildcard bind: that IP)."""
+    return node_ip if host in WILDCARD_HOSTS else host
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a server bound to `host` can be reached from its own node only."""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def launch_server(
@@ -76,26 +95,39 @@ def launch_server(
 
     Raises EngineError, with the end of the server's log, if the process exits or the deadline passes.
     """
-    if log_path is None:
-        log_path = Path(tempfile.mkstemp(prefix="engine-", suffix=".log")[1])
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log.info("launching %s (log: %s)", " ".join(command), log_path)
-    with open(log_path, "ab") as sink:
-        process = subprocess.Popen(
-            command,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-    server = ServerProcess(process, url.rstrip("/"), log_path)
+    return run_launch(ProcessLaunch(command, env or {}, url, health_path), timeout_s, log_path)
+
+
+def run_launch(launch: ProcessLaunch, timeout_s: float, log_path: Path | None = None) -> ServerProcess:
+    """Start `launch` and, when it has a URL, block until it is healthy (stopping it if it never is)."""
+    server = start_process(launch, log_path)
+    if not launch.url:
+        return server
     try:
-        wait_healthy(server, timeout_s, health_path=health_path)
+        wait_healthy(server, timeout_s, health_path=launch.health_path)
     except BaseException:
         server.stop(timeout_s=10)
         raise
     return server
+
+
+def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> ServerProcess:
+    """Start `launch.command` in its own process group (stdout and stderr to `log_path`), without waiting."""
+    if log_path is None:
+        log_path = Path(tempfile.mkstemp(prefix="engine-", suffix=".log")[1])
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    shown = " ".join(f"{k}={v}" for k, v in launch.env.items())
+    log.info("launching %s%s (log: %s)", f"{shown} " if shown else "", " ".join(launch.command), log_path)
+    with open(log_path, "ab") as sink:
+        process = subprocess.Popen(
+            watched(launch.command) if launch.watch else launch.command,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **launch.env},
+            start_new_session=True,
+        )
+    return ServerProcess(process, launch.url.rstrip("/"), log_path)
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.5, health_path: str = HEALTH_PATH) -> None:
@@ -162,6 +194,21 @@ def embedded_server_command(
     return command
 
 
+def embedded_launch(
+    model_path: str,
+    cfg: EmbeddedServerConfig,
+    port: int,
+    dtype: str = "float32",
+    served_model_name: str = "",
+    gpus: Sequence[str] = (),
+    node_ip: str = "127.0.0.1",
+) -> ProcessLaunch:
+    """What one embedded engine runs: `userrl serve`, stopped with this process, seeing `gpus` only (if given)."""
+    command = embedded_server_command(model_path, cfg, port, dtype, served_model_name, parent_pid=os.getpid())
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
+    return ProcessLaunch(command, env, f"http://{connect_host(cfg.host, node_ip)}:{port}")
+
+
 def launch_embedded(
     model_path: str,
     cfg: EmbeddedServerConfig,
@@ -169,10 +216,12 @@ def launch_embedded(
     dtype: str = "float32",
     served_model_name: str = "",
     log_path: Path | None = None,
+    gpus: Sequence[str] = (),
+    node_ip: str = "127.0.0.1",
 ) -> ServerProcess:
     """Start `userrl serve` and wait for it."""
-    command = embedded_server_command(model_path, cfg, port, dtype, served_model_name, parent_pid=os.getpid())
-    return launch_server(command, f"http://{connect_host(cfg.host)}:{port}", cfg.startup_timeout_s, log_path)
+    launch = embedded_launch(model_path, cfg, port, dtype, served_model_name, gpus, node_ip)
+    return launch_server(launch.command, launch.url, cfg.startup_timeout_s, log_path, env=launch.env)
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

@@ -32,6 +32,7 @@ from ray.exceptions import RayActorError
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, SGLangConfig
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
 from userrl_megatron.rollout.engine import EngineError, Generation, SGLangClient
+from userrl_megatron.rollout.launch import ProcessLaunch
 from userrl_megatron.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -51,45 +52,94 @@ class EngineLaunch:
     embedded: EmbeddedServerConfig = field(default_factory=EmbeddedServerConfig)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     log_path: str = ""
+    index: int = 0  # the engine's index in the pool
+    gpus: list[str] = field(default_factory=list)  # this process's GPU ids on its node (placement slots); []: none
+    colocated: bool = False  # shares its GPUs with actor ranks (SGLang's memory saver)
+    nnodes: int = 1  # nodes the engine spans (SGLang --nnodes)
+    node_rank: int = 0  # this process's node (0 serves HTTP and starts the others)
+    followers: list[tuple[dict[str, Any], "EngineLaunch"]] = field(default_factory=list)  # Ray options, launch
+    dry: bool = False  # record what would run instead of running it (`trainer/dry_run.py`)
+
+
+@dataclass(frozen=True)
+class EngineProcess:
+    """What one engine process runs, where: the record of a dry start (`EngineLaunch.dry`)."""
+
+    engine: int
+    node_rank: int
+    ip: str  # the node it runs on
+    launch: ProcessLaunch
 
 
 class EngineServer:
-    """Ray actor owning one engine server process: start, restart, stop, liveness, log."""
+    """Ray actor owning one engine server process: start, restart, stop, liveness, log.
+
+    An engine wider than a node has one `EngineServer` per node: node rank 0's creates the others (its
+    followers), starts them first and serves HTTP; they stop and restart together."""
 
     def __init__(self, launch: EngineLaunch) -> None:
         self.launch = launch
         self.server: Any = None  # userrl_megatron.rollout.launch.ServerProcess
+        self.followers: list[Any] = []  # Ray handles of the other nodes' EngineServers (node rank 0 only)
+        self.started: list[EngineProcess] = []  # dry: what each start would have run, followers included
 
-    def start(self) -> str:
-        """Launch the server and wait until it is healthy; returns its URL."""
-        from userrl_megatron.rollout.launch import launch_embedded
-        from userrl_megatron.rollout.sglang import launch_sglang, resolve_device
+    def start(self, dist_init_addr: str = "") -> str:
+        """Launch the server (node rank 0: the followers first) and wait until it is healthy; returns its URL
+        ("" on a follower, which serves nothing and is not waited for)."""
+        from userrl_megatron.rollout.launch import run_launch
 
         spec = self.launch
-        port = spec.port or _free_port()
-        log_path = Path(spec.log_path) if spec.log_path else None
-        if spec.backend == "sglang":
-            gpus = ray.get_gpu_ids()
-            device = resolve_device(spec.sglang, bool(gpus))
-            base_gpu = int(gpus[0]) if gpus else 0
-            self.server = launch_sglang(
-                spec.sglang, spec.model_path, spec.tp, port, spec.dtype, base_gpu, log_path, device
-            )
-        else:
-            self.server = launch_embedded(spec.model_path, spec.embedded, port, spec.dtype, log_path=log_path)
+        if spec.nnodes > 1 and spec.node_rank == 0:
+            dist_init_addr = f"{ray.util.get_node_ip_address()}:{_free_port()}"
+            if not self.followers:
+                actor = _engine_server_actor()
+                self.followers = [actor.options(**options).remote(f) for options, f in spec.followers]
+            ray.get([f.start.remote(dist_init_addr) for f in self.followers])
+        launch = self._process(spec.port or _free_port(), dist_init_addr)
+        if spec.dry:
+            here = EngineProcess(spec.index, spec.node_rank, ray.util.get_node_ip_address(), launch)
+            followers = ray.get([f.records.remote() for f in self.followers])
+            self.started = [here] + [p for started in followers for p in started]
+            return launch.url
+        timeout = spec.sglang.startup_timeout_s if spec.backend == "sglang" else spec.embedded.startup_timeout_s
+        self.server = run_launch(launch, timeout, Path(spec.log_path) if spec.log_path else None)
         return self.server.url
+
+    def _process(self, port: int, dist_init_addr: str) -> ProcessLaunch:
+        """What this process runs: the server's command line, environment and URL."""
+        from userrl_megatron.rollout.launch import embedded_launch
+        from userrl_megatron.rollout.sglang import NodeSpan, resolve_device, sglang_launch
+
+        spec = self.launch
+        ip = ray.util.get_node_ip_address()
+        if spec.backend != "sglang":
+            return embedded_launch(spec.model_path, spec.embedded, port, spec.dtype, gpus=spec.gpus, node_ip=ip)
+        device = resolve_device(spec.sglang, bool(spec.gpus or ray.get_gpu_ids()))
+        span = NodeSpan(spec.nnodes, spec.node_rank, dist_init_addr) if spec.nnodes > 1 else None
+        return sglang_launch(
+            spec.sglang, spec.model_path, spec.tp, port, spec.dtype, device, spec.gpus, spec.colocated, span, ip
+        )
+
+    def records(self) -> list[EngineProcess]:
+        """Dry: what the last start would have run, node rank 0 first."""
+        return list(self.started)
 
     def restart(self) -> str:
         self.stop()
         return self.start()
 
     def stop(self) -> None:
+        if self.followers:
+            ray.get([f.stop.remote() for f in self.followers])
         if self.server is not None:
             self.server.stop()
             self.server = None
 
     def alive(self) -> bool:
-        return self.server is not None and self.server.alive()
+        """This process runs, and so does every follower's."""
+        if self.server is None or not self.server.alive():
+            return False
+        return all(ray.get([f.alive.remote() for f in self.followers]))
 
     def pid(self) -> int:
         """The server process id (-1 when none runs)."""
@@ -141,6 +191,7 @@ class RolloutPool:
         placement: Any = None,
         log_dir: str | Path | None = None,
         on_restart: RestartHook | None = None,
+        dry: bool = False,
     ) -> None:
         self.cfg = cfg
         self.model_path = model_path
@@ -155,12 +206,15 @@ class RolloutPool:
         self._health_task: asyncio.Task | None = None
         self.router: Any = None  # launch.ServerProcess of sglang-router (rollout.router: sglang)
         self.router_client: SGLangClient | None = None  # generation goes through it when set
+        self.dry = dry  # engines record what they would run; nothing is launched (`trainer/dry_run.py`)
+        self.router_launch: ProcessLaunch | None = None  # dry: what the router would run
 
     # ---- lifecycle ----
 
     async def start(self) -> None:
         """Create one actor per engine, start every server (in parallel), connect, start health checks."""
-        self.engines = [Engine(i, self._new_actor(i)) for i in range(self.cfg.num_engines)]
+        launches = [self._launch(i) for i in range(self.cfg.num_engines)]  # a placement problem fails here
+        self.engines = [Engine(i, self._actor(launch)) for i, launch in enumerate(launches)]
         up = [0]
 
         async def start_one(engine: Engine) -> str:
@@ -183,7 +237,7 @@ class RolloutPool:
         if self.cfg.router == "sglang":
             await self._start_router(urls)
         self._running.set()
-        if self.cfg.health_check_interval_s > 0:
+        if self.cfg.health_check_interval_s > 0 and not self.dry:
             self._health_task = asyncio.create_task(self._health_loop())
         log.info("rollout pool: %d %s engines at %s", len(self.engines), self.cfg.backend, ", ".join(urls))
 
@@ -211,9 +265,14 @@ class RolloutPool:
 
     async def _start_router(self, urls: list[str]) -> None:
         """sglang-router in front of the engines: generation goes through it, control calls do not."""
-        from userrl_megatron.rollout.router import launch_router
+        from userrl_megatron.rollout.router import launch_router, router_command
 
         log_path = self.log_dir / "router.log" if self.log_dir else None
+        if self.dry:
+            port = _free_port()
+            command = router_command(self.cfg.sglang, urls, port, _free_port(), self.cfg.router_policy)
+            self.router_launch = ProcessLaunch(command, {}, f"http://127.0.0.1:{port}", "/health", watch=True)
+            return
         self.router = await asyncio.to_thread(
             launch_router, self.cfg.sglang, urls, _free_port(), _free_port(), self.cfg.router_policy, log_path
         )
@@ -302,10 +361,28 @@ class RolloutPool:
 
     # ---- internals ----
 
+    def check_placement(self) -> None:
+        """Raise what would stop an engine from being placed (before anything starts)."""
+        for index in range(self.cfg.num_engines):
+            self._launch(index)
+
+    async def launch_records(self) -> list[EngineProcess]:
+        """Dry: what every engine process would run, engine by engine (node rank 0 first)."""
+        started = await asyncio.gather(*(e.actor.records.remote() for e in self.engines))
+        return [p for processes in started for p in processes]
+
     def _new_actor(self, index: int) -> Any:
+        return self._actor(self._launch(index))
+
+    def _actor(self, launch: EngineLaunch) -> Any:
+        options = self.placement.engine_options(launch.index) if self.placement is not None else {"num_cpus": 0}
+        return _engine_server_actor().options(**options).remote(launch)
+
+    def _launch(self, index: int) -> EngineLaunch:
+        """Engine `index`'s launch: with a placement, its GPUs on its first node, and one follower per further
+        node it spans. Raises UserError when the driver could not reach it."""
         backend, rollout = self.cfg.backend, self.cfg
         base_port = rollout.sglang.base_port if backend == "sglang" else rollout.embedded.base_port
-        log_path = str(self.log_dir / f"engine_{index}.log") if self.log_dir else ""
         launch = EngineLaunch(
             backend,
             self.model_path,
@@ -314,10 +391,42 @@ class RolloutPool:
             rollout.engine_tp,
             replace(rollout.embedded, threads=engine_threads(rollout)),
             rollout.sglang,
-            log_path,
+            str(self.log_dir / f"engine_{index}.log") if self.log_dir else "",
+            index=index,
+            colocated=rollout.colocate,
+            dry=self.dry,
         )
-        options = self.placement.engine_options(index) if self.placement is not None else {"num_cpus": 0}
-        return _engine_server_actor().options(**options).remote(launch)
+        if self.placement is None:
+            return launch
+        parts = self.placement.engine_parts(index)
+        self._check_reachable(index, parts[0].slot)
+        followers = [
+            (
+                self.placement.part_options(part),
+                replace(
+                    launch,
+                    gpus=part.gpus,
+                    nnodes=len(parts),
+                    node_rank=part.node_rank,
+                    log_path=str(self.log_dir / f"engine_{index}_node{part.node_rank}.log") if self.log_dir else "",
+                ),
+            )
+            for part in parts[1:]
+        ]
+        return replace(launch, gpus=parts[0].gpus, nnodes=len(parts), followers=followers)
+
+    def _check_reachable(self, index: int, slot: Any) -> None:
+        """An engine on another node than the driver's must listen on an address the driver can reach."""
+        from userrl_megatron.errors import UserError
+        from userrl_megatron.rollout.launch import is_loopback
+
+        backend = self.cfg.backend
+        host = self.cfg.sglang.host if backend == "sglang" else self.cfg.embedded.host
+        if slot.node_id != self.placement.driver_node_id and is_loopback(host):
+            raise UserError(
+                f"engine {index} runs on node {slot.node} ({slot.ip}), not the driver's, and rollout.{backend}.host "
+                f"= {host} is reachable from its own node only: set rollout.{backend}.host = 0.0.0.0"
+            )
 
     def _log_of(self, engine: Engine) -> str:
         return str(self.log_dir / f"engine_{engine.index}.log") if self.log_dir else "not kept"

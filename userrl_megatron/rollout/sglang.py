@@ -3,17 +3,40 @@
 SGLang runs in its own interpreter (`rollout.sglang.python`, by default the project's `.venv-sglang` built by
 `make sglang`), so the trainer's environment never needs sglang or its CUDA-pinned torch. On CPU the server
 needs `SGLANG_USE_CPU_ENGINE=1` and `--device cpu`; the memory saver (CUDA only) is left off there.
+
+On GPUs each server process sees exactly its own GPUs (`CUDA_VISIBLE_DEVICES` = the engine's GPU ids on that
+node, whatever its Ray actor was given) and is told `--base-gpu-id 0`. An engine wider than a node runs one
+process per node (`NodeSpan`: `--nnodes`, `--node-rank`, `--dist-init-addr` of node rank 0); only node rank 0
+serves HTTP.
 """
 
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
-from userrl_megatron.rollout.launch import ServerProcess, connect_host, launch_server, watched
+from userrl_megatron.rollout.launch import (
+    ProcessLaunch,
+    ServerProcess,
+    connect_host,
+    launch_server,
+    start_process,
+    watched,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VENV_PYTHON = PROJECT_ROOT / ".venv-sglang" / "bin" / "python"
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+
+
+@dataclass(frozen=True)
+class NodeSpan:
+    """One node's process of an engine that spans `nnodes` nodes (SGLang's multi-node tensor parallelism)."""
+
+    nnodes: int
+    node_rank: int
+    dist_init_addr: str  # host:port of node rank 0's torch.distributed rendezvous
 
 
 def sglang_python(cfg: SGLangConfig) -> str:
@@ -42,10 +65,16 @@ def sglang_command(
     served_model_name: str = "",
     python: str | None = None,
     device: str = "cuda",
+    colocated: bool = False,
+    span: NodeSpan | None = None,
 ) -> list[str]:
-    """`python -m sglang.launch_server ...` for one engine; `cfg.extra_args` come last, verbatim."""
+    """`python -m sglang.launch_server ...` for one engine (one node's process of it with `span`);
+    `cfg.extra_args` come last, verbatim. The memory saver (torch_memory_saver) is asked for only when the
+    engine is `colocated` with the actor on CUDA: it is what lets the engine release its memory to it."""
     if tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    if span is not None and (span.nnodes < 1 or tp_size % span.nnodes or not 0 <= span.node_rank < span.nnodes):
+        raise ValueError(f"tp_size {tp_size} cannot span {span.nnodes} nodes as node rank {span.node_rank}")
     command = [
         python or sglang_python(cfg), "-m", "sglang.launch_server",
         "--model-path", model_path,
@@ -58,10 +87,13 @@ def sglang_command(
         command += ["--device", "cpu"]
     else:
         command += ["--mem-fraction-static", str(cfg.mem_fraction_static), "--base-gpu-id", str(base_gpu_id)]
+    if span is not None and span.nnodes > 1:
+        command += ["--nnodes", str(span.nnodes), "--node-rank", str(span.node_rank)]
+        command += ["--dist-init-addr", span.dist_init_addr]
     command.append("--skip-server-warmup")
     if cfg.max_total_tokens:
         command += ["--max-total-tokens", str(cfg.max_total_tokens)]
-    if cfg.enable_memory_saver and device != "cpu":  # torch-memory-saver frees CUDA memory only
+    if cfg.enable_memory_saver and colocated and device != "cpu":  # torch-memory-saver frees CUDA memory only
         command.append("--enable-memory-saver")
     if cfg.enable_weights_cpu_backup:
         command.append("--enable-weights-cpu-backup")
@@ -72,9 +104,42 @@ def sglang_command(
     return command + list(cfg.extra_args)
 
 
-def sglang_env(device: str) -> dict[str, str]:
-    """Environment additions of the server process."""
-    return dict(CPU_ENV) if device == "cpu" else {}
+def sglang_env(device: str, gpus: Sequence[str] = ()) -> dict[str, str]:
+    """Environment additions of the server process: on CUDA with `gpus` given, exactly those GPUs visible."""
+    if device == "cpu":
+        return dict(CPU_ENV)
+    return {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
+
+
+def sglang_launch(
+    cfg: SGLangConfig,
+    model_path: str,
+    tp_size: int,
+    port: int,
+    dtype: str = "auto",
+    device: str = "cuda",
+    gpus: Sequence[str] = (),
+    colocated: bool = False,
+    span: NodeSpan | None = None,
+    node_ip: str = "127.0.0.1",
+    served_model_name: str = "",
+    base_gpu_id: int = 0,
+) -> ProcessLaunch:
+    """What one engine process runs (under the watchdog: it stops with the process that started it), with
+    `gpus` (its GPU ids on this node) visible and counted from 0, and the URL the driver reaches it at (none
+    on node ranks after 0)."""
+    if gpus:
+        per_node = tp_size // (span.nnodes if span else 1)
+        if len(gpus) != per_node:
+            raise ValueError(f"an engine process of tp_size {tp_size} on one node needs {per_node} GPUs, got {gpus}")
+        base_gpu_id = 0  # the process sees its own GPUs only
+    command = sglang_command(
+        cfg, model_path, tp_size, port, dtype, base_gpu_id, served_model_name, device=device, colocated=colocated,
+        span=span,
+    )  # fmt: skip
+    leader = span is None or span.node_rank == 0
+    url = f"http://{connect_host(cfg.host, node_ip)}:{port}" if leader else ""
+    return ProcessLaunch(command, sglang_env(device, gpus), url, watch=True)
 
 
 def launch_sglang(
@@ -87,8 +152,16 @@ def launch_sglang(
     log_path: Path | None = None,
     device: str = "cuda",
     served_model_name: str = "",
+    colocated: bool = False,
+    gpus: Sequence[str] = (),
+    span: NodeSpan | None = None,
+    node_ip: str = "127.0.0.1",
 ) -> ServerProcess:
-    """Start one SGLang server and wait until `/health_generate` answers 200."""
-    command = sglang_command(cfg, model_path, tp_size, port, dtype, base_gpu_id, served_model_name, device=device)
-    url = f"http://{connect_host(cfg.host)}:{port}"
-    return launch_server(watched(command), url, cfg.startup_timeout_s, log_path, env=sglang_env(device))
+    """Start one SGLang server and wait until `/health_generate` answers 200 (node rank 0), or start one later
+    node's process of a multi-node engine without waiting (it serves nothing; node rank 0's health covers it)."""
+    launch = sglang_launch(
+        cfg, model_path, tp_size, port, dtype, device, gpus, colocated, span, node_ip, served_model_name, base_gpu_id
+    )
+    if not launch.url:
+        return start_process(launch, log_path)
+    return launch_server(watched(launch.command), launch.url, cfg.startup_timeout_s, log_path, env=launch.env)

@@ -34,6 +34,7 @@ from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync.bucket import FlatBuffer, dtype_name
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.sync.handles import withdraw
+from userrl_megatron.sync.roles import EngineEndpoint, engine_offsets, group_world_size
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,16 +61,6 @@ class WeightUpdateRefusedError(RuntimeError):
 
 class UnknownWeightNameError(ValueError):
     """A pushed tensor name the engine's model does not have (SGLang would accept it and load nothing)."""
-
-
-@dataclass
-class EngineEndpoint:
-    """One engine as the sender sees it: its URL, how many ranks it adds to the group (its TP size) and the
-    device index of its first TP rank in the placement's order (None: not on the trainer's devices)."""
-
-    url: str
-    tp_size: int = 1
-    first_device: int | None = None
 
 
 @dataclass
@@ -202,11 +193,11 @@ class WeightSender:
     @property
     def world_size(self) -> int:
         """Rank 0 (this sender) plus every engine rank."""
-        return 1 + sum(e.tp_size for e in self.engines)
+        return group_world_size(self.engines)
 
     def connect(self, master_address: str, master_port: int) -> None:
         """Create the group: every engine joins over HTTP while this process joins as rank 0."""
-        offsets = [1 + sum(e.tp_size for e in self.engines[:i]) for i in range(len(self.engines))]
+        offsets = engine_offsets(self.engines)
         pending = [
             self._loop.submit(
                 client.init_weights_update_group(

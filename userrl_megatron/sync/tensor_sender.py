@@ -9,11 +9,12 @@ rank naming that memory. The engine copies the tensors into its weights and answ
 memory dropped (on CPU the shared-memory file disappears with it). One bucket is in flight while the next is packed.
 
 Which memory an engine TP rank maps: engine TP rank j of an engine whose first device is d sits on device d + j;
-actor rank r sits on device r (`trainer/placement.py`). When that actor rank belongs to the stage's TP group, it
-packs its own copy of every bucket (the export all-gathers the shards) and the engine rank maps memory on its own
-GPU; otherwise it maps the stage source rank's copy. At each bucket boundary the TP group's ranks gather their
-payloads on the source rank (tp_rank 0), which posts one request per engine, and the source then tells the others
-whether the previous bucket landed, so they can drop it (`Peers`; a group of one needs no collective).
+actor rank r sits on device r (`trainer/placement.py`). When that actor rank belongs to the stage (whatever its TP,
+DP or CP rank), it packs its own copy of every bucket (the export all-gathers the shards) and the engine rank maps
+memory on its own GPU (with one pipeline stage no handle crosses nodes); otherwise it maps the stage source
+rank's copy. At each bucket boundary the stage's ranks gather their payloads on the source rank, which posts one
+request per engine, and the source then tells the others whether the previous bucket landed, so they can drop it
+(`Peers`; a group of one needs no collective).
 
 Defences (what real SGLang 0.5.23 does on this path, docs/engine.md):
 - an unknown tensor name is accepted and ignored: every name is looked up on every engine before the first push;
@@ -35,6 +36,7 @@ import torch.distributed as dist
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync.bucket import BucketEntry
 from userrl_megatron.sync.handles import flattened_bucket, serialize
+from userrl_megatron.sync.roles import payload_holders
 from userrl_megatron.sync.sender import (
     REFUSAL_GRACE_S,
     EngineEndpoint,
@@ -67,7 +69,8 @@ class SharedBuffer:
 
 @dataclass
 class Peers:
-    """A pipeline stage's tensor-parallel group, each member packing its own copy of every bucket."""
+    """A pipeline stage's ranks (tensor x data x context parallel), each member packing its own copy of every
+    bucket."""
 
     group: Any  # torch.distributed process group of the members
     ranks: list[int]  # their global ranks, in group order; ranks[0] is the stage's source rank
@@ -84,19 +87,6 @@ class Peers:
         box = [status]
         dist.broadcast_object_list(box, src=self.ranks[0], group=self.group)
         return box[0]
-
-
-def payload_holders(engines: Sequence[EngineEndpoint], ranks: Sequence[int]) -> list[list[int]]:
-    """For each engine TP rank, the global rank whose copy of the bucket it maps: the actor rank on its device
-    when that rank is in `ranks` (a stage's TP group, source first), else the source."""
-    holders = []
-    for engine in engines:
-        row = []
-        for j in range(engine.tp_size):
-            device = None if engine.first_device is None else engine.first_device + j
-            row.append(device if device in ranks else ranks[0])
-        holders.append(row)
-    return holders
 
 
 @dataclass
@@ -116,7 +106,7 @@ class _State:
 class TensorSender(WeightSender):
     """Pushes weights to engines on this node through tensor handles; same interface as `WeightSender`.
 
-    With `peers`, every member of the stage's TP group runs `push` on the same export (all-gathered); the source
+    With `peers`, every rank of the stage runs `push` on the same export (all-gathered); the source
     rank (ranks[0]) talks to the engines, the others only pack and hand over their payloads."""
 
     def __init__(

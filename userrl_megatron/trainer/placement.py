@@ -4,21 +4,32 @@
 - GPU, disaggregated: actor ranks on the first `tp*pp*cp*dp` GPUs, engines on the GPUs after them.
 - GPU, colocated: actors and engines share the same GPUs and take turns (engines release memory while actors
   train, actors offload while engines generate); fractional GPU requests let both sit on one bundle.
-Actor rank r always lands on the r-th device in (node, device) order, so a TP group is packed on one node.
+Actor rank r always lands on the r-th device in (node, device) order, so a TP group is packed on one node; the
+driver's node comes first, so rank 0 (the master) and engine 0 sit beside the driver when its node has GPUs.
+
+After the group is reserved every bundle is probed once for its node and the GPU Ray gave it (`Slot`). An
+engine's Ray actor sits on the bundle of its first GPU, but its server needs all `engine_tp` of them: the pool
+hands it the GPU ids of its slots (`engine_parts`), one part per node it spans.
 """
 
+import ipaddress
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from userrl_megatron.config.schema import MegatronConfig, RolloutConfig, RunConfig
+from userrl_megatron.errors import UserError
 
 log = logging.getLogger(__name__)
 
 # Fractions of one GPU bundle requested by each side when colocated (they must sum to <= 1).
 COLOCATED_ACTOR_SHARE = 0.4
 COLOCATED_ENGINE_SHARE = 0.2
+
+
+class PlacementError(UserError):
+    """The processes of a run cannot be placed on the cluster as the config asks (one line: the reason)."""
 
 
 @dataclass
@@ -30,14 +41,40 @@ class BundlePlan:
     engine_bundles: list[int]  # the bundle of each engine's first device
     actor_resources: dict[str, float] = field(default_factory=dict)
     engine_resources: dict[str, float] = field(default_factory=dict)
+    engine_width: int = 1  # consecutive bundles (devices) of one engine: engine_tp on GPUs, 1 on CPU
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One reserved bundle, as probed: its index in the group, its node and the GPU Ray gave it there."""
+
+    bundle: int
+    node: int  # the node's index in placement order (the driver's node first, then by IP)
+    node_id: str
+    ip: str
+    gpu: str | None  # the id Ray assigns the bundle's GPU (a CUDA_VISIBLE_DEVICES entry); None without GPUs
+
+
+@dataclass(frozen=True)
+class EnginePart:
+    """The share of one engine on one node: the process that runs there and the GPUs it sees."""
+
+    node_rank: int  # 0: the part that serves HTTP (SGLang's --node-rank)
+    slot: Slot  # the part's first slot: its Ray actor sits on this bundle
+    gpus: list[str]  # every GPU of the part (empty without GPUs)
 
 
 @dataclass
 class Placement:
-    """A ready placement group and the plan it realises (bundle indices already reordered by node/device)."""
+    """A ready placement group and the plan it realises (bundle indices already reordered by node/device).
+
+    `slots[i]` is the i-th device in placement order: actor rank r on `slots[plan_slots.actor_bundles[r]]`."""
 
     group: Any  # ray.util.placement_group.PlacementGroup
     plan: BundlePlan
+    slots: list[Slot] = field(default_factory=list)
+    logical: BundlePlan | None = None  # the plan in slot indices (None: `plan` is in slot order already)
+    driver_node_id: str = ""
 
     def actor_options(self, rank: int) -> dict[str, Any]:
         """Ray `.options(...)` pinning actor rank `rank` to its bundle."""
@@ -46,6 +83,42 @@ class Placement:
     def engine_options(self, engine: int) -> dict[str, Any]:
         """Ray `.options(...)` pinning engine `engine` to the bundle of its first device."""
         return self._options(self.plan.engine_bundles[engine], self.plan.engine_resources)
+
+    def part_options(self, part: EnginePart) -> dict[str, Any]:
+        """Ray `.options(...)` pinning the process of an engine's part to the part's first bundle."""
+        return self._options(part.slot.bundle, self.plan.engine_resources)
+
+    def actor_slot(self, rank: int) -> Slot:
+        return self.slots[self._logical.actor_bundles[rank]]
+
+    def local_rank(self, rank: int) -> int:
+        """Actor rank `rank`'s index among the actor ranks on its node."""
+        node = self.actor_slot(rank).node
+        return sum(self.actor_slot(r).node == node for r in range(rank))
+
+    def engine_parts(self, engine: int) -> list[EnginePart]:
+        """Engine `engine`'s GPUs, one part per node they are on; raises PlacementError if the parts differ in
+        size (SGLang gives every node of an engine tp_size / nnodes GPUs)."""
+        first = self._logical.engine_bundles[engine]
+        slots = self.slots[first : first + self._logical.engine_width]
+        nodes: dict[int, list[Slot]] = {}
+        for slot in slots:
+            nodes.setdefault(slot.node, []).append(slot)
+        sizes = [len(s) for s in nodes.values()]
+        if len(set(sizes)) > 1:
+            spread = ", ".join(f"{len(s)} on node {n}" for n, s in nodes.items())
+            raise PlacementError(
+                f"engine {engine}'s {len(slots)} GPUs straddle nodes unevenly ({spread}): rollout.engine_tp must "
+                "divide the GPUs of a node or be a multiple of them"
+            )
+        return [
+            EnginePart(rank, part[0], [s.gpu for s in part if s.gpu is not None])
+            for rank, part in enumerate(nodes.values())
+        ]
+
+    @property
+    def _logical(self) -> BundlePlan:
+        return self.logical or self.plan
 
     def _options(self, bundle: int, resources: dict[str, float]) -> dict[str, Any]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -81,7 +154,7 @@ def plan_bundles(megatron: MegatronConfig, rollout: RolloutConfig, use_gpu: bool
     else:
         n, engine_start = actor_world + engine_devices, actor_world
         actor_res = {"GPU": 1.0, "CPU": 1.0}
-        # An engine's Ray actor sits on its first GPU's bundle; the server uses the following GPUs itself.
+        # An engine's Ray actor sits on its first GPU's bundle; its server sees all of the engine's GPUs.
         engine_res = {"GPU": COLOCATED_ENGINE_SHARE, "CPU": COLOCATED_ENGINE_SHARE}
     return BundlePlan(
         bundles=[{"GPU": 1.0, "CPU": 1.0}] * n,
@@ -89,6 +162,7 @@ def plan_bundles(megatron: MegatronConfig, rollout: RolloutConfig, use_gpu: bool
         engine_bundles=[engine_start + e * rollout.engine_tp for e in range(rollout.num_engines)],
         actor_resources=actor_res,
         engine_resources=engine_res,
+        engine_width=rollout.engine_tp,
     )
 
 
@@ -115,39 +189,67 @@ def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
 
 
 def create_placement(plan: BundlePlan, timeout_s: float = 300.0) -> Placement:
-    """Reserve the bundles (PACK) and reorder the plan's indices by (node, device) of the reserved bundles."""
+    """Reserve the bundles (PACK), probe each for its node and GPU, and reorder the plan's indices by (node,
+    device). A cluster too small for the plan fails at once, one that cannot reserve it in `timeout_s` then."""
     import ray
     from ray.util.placement_group import placement_group
 
+    _check_capacity(plan, ray.cluster_resources())
     group = placement_group(plan.bundles, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
-        raise RuntimeError(
-            f"Ray could not reserve {len(plan.bundles)} bundles {plan.bundles[0]} within {timeout_s:.0f} s; "
-            f"cluster resources: {ray.cluster_resources()}"
+        from ray.util import remove_placement_group
+
+        remove_placement_group(group)
+        raise PlacementError(
+            f"Ray could not reserve {len(plan.bundles)} bundles of {_resources(plan.bundles[0])} within "
+            f"{timeout_s:.0f} s; the cluster has {_resources(ray.cluster_resources())}"
         )
-    order = _bundle_order(group, len(plan.bundles), uses_gpu="GPU" in plan.bundles[0])
+    driver = ray.get_runtime_context().get_node_id()
+    slots = _probe_slots(group, len(plan.bundles), uses_gpu="GPU" in plan.bundles[0], driver_node_id=driver)
     return Placement(
         group=group,
         plan=BundlePlan(
             bundles=plan.bundles,
-            actor_bundles=[order[i] for i in plan.actor_bundles],
-            engine_bundles=[order[i] for i in plan.engine_bundles],
+            actor_bundles=[slots[i].bundle for i in plan.actor_bundles],
+            engine_bundles=[slots[i].bundle for i in plan.engine_bundles],
             actor_resources=plan.actor_resources,
             engine_resources=plan.engine_resources,
+            engine_width=plan.engine_width,
         ),
+        slots=slots,
+        logical=plan,
+        driver_node_id=driver,
     )
 
 
-def _bundle_order(group: Any, n: int, uses_gpu: bool) -> list[int]:
-    """Logical slot i -> bundle index, sorted by (node IP, first GPU id) as probed inside each bundle."""
+def _check_capacity(plan: BundlePlan, cluster: dict[str, float]) -> None:
+    """PlacementError when the cluster lacks the GPUs or CPUs the bundles need altogether."""
+    for resource in ("GPU", "CPU"):
+        need = sum(b.get(resource, 0.0) for b in plan.bundles)
+        have = cluster.get(resource, 0.0)
+        if need > have:
+            raise PlacementError(
+                f"the run needs {need:g} {resource}s ({len(plan.bundles)} bundles of {_resources(plan.bundles[0])}) "
+                f"and the Ray cluster has {have:g}"
+            )
+
+
+def _resources(resources: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items()) if k in ("GPU", "CPU"))
+
+
+def _probe_slots(group: Any, n: int, uses_gpu: bool, driver_node_id: str) -> list[Slot]:
+    """Slot i (placement order) for each bundle: sorted by node (the driver's first, then by IP and node id) and
+    by the GPU id Ray gave the bundle, as probed inside each bundle."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     @ray.remote(num_cpus=0)
-    def where() -> tuple[str, int]:
+    def where() -> tuple[str, str, str | None]:
         gpus = ray.get_gpu_ids()
-        return ray.util.get_node_ip_address(), int(gpus[0]) if gpus else 0
+        node = ray.get_runtime_context().get_node_id()
+        return ray.util.get_node_ip_address(), node, str(gpus[0]) if gpus else None
 
     probes = [
         where.options(
@@ -157,4 +259,23 @@ def _bundle_order(group: Any, n: int, uses_gpu: bool) -> list[int]:
         for i in range(n)
     ]
     located = ray.get(probes)
-    return sorted(range(n), key=lambda i: (located[i], i))
+
+    def node_key(ip: str, node_id: str) -> tuple[bool, tuple[int, int, str], str]:
+        return node_id != driver_node_id, _ip_key(ip), node_id
+
+    def gpu_key(gpu: str | None) -> tuple[int, str]:
+        return (int(gpu), "") if gpu is not None and gpu.isdigit() else (0, gpu or "")
+
+    order = sorted(range(n), key=lambda i: (node_key(*located[i][:2]), gpu_key(located[i][2]), i))
+    nodes = sorted({(located[i][0], located[i][1]) for i in range(n)}, key=lambda n: node_key(*n))
+    index = {node_id: k for k, (_, node_id) in enumerate(nodes)}
+    return [Slot(i, index[located[i][1]], located[i][1], located[i][0], located[i][2]) for i in order]
+
+
+def _ip_key(ip: str) -> tuple[int, int, str]:
+    """IPs in numeric order (127.0.0.10 after 127.0.0.9), v4 before v6, names last."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return 9, 0, ip
+    return address.version, int(address), ""

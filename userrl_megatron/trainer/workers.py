@@ -3,11 +3,17 @@
 `MegatronWorker` holds one rank's `MegatronActor`; `ActorGroup` (driver side) starts one worker per rank on its
 placement bundle, wires rank 0's address as the master, and fans every call out to all ranks (the actor's
 methods are collective), returning rank 0's answer. Results cross the Ray boundary as plain Python data.
+
+A worker sees exactly the GPU of its bundle (`CUDA_VISIBLE_DEVICES` as Ray assigns it, set again from
+`ray.get_gpu_ids()` should Ray leave it alone) and computes on its device 0. With `WorkerSpec.dry` a worker goes
+the same way up to `torch.distributed` and CUDA, and records what it would do there instead (`RankLaunch`,
+`SyncRole`): the simulated bring-up of `trainer/dry_run.py`.
 """
 
 import logging
+import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from userrl_megatron.config.schema import AlgoConfig, CheckpointConfig, MegatronConfig, ModelConfig, SyncConfig
@@ -25,21 +31,61 @@ class WorkerSpec:
     algo: AlgoConfig
     sync: SyncConfig
     seed: int
+    dry: bool = False  # record what each rank would run instead of starting torch.distributed and CUDA
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    """What one actor rank runs and where: the record of a dry start."""
+
+    rank: int
+    world_size: int
+    local_rank: int  # its index among the actor ranks on its node
+    ip: str  # its node
+    visible_devices: str  # CUDA_VISIBLE_DEVICES in its process ("" for none)
+    device: str  # "cuda:N" (N among the visible devices) or "cpu"
+    backend: str  # torch.distributed backend: "nccl" or "gloo"
+    master_addr: str
+    master_port: int
+    parallel: dict[str, int]  # tp_rank, cp_rank, dp_rank, pp_rank, ep_rank and the sizes tp, cp, dp, pp, ep
+
+
+@dataclass(frozen=True)
+class SyncRole:
+    """A rank's part in one weight-sync group: the record of a dry `connect_engines` (None: no part)."""
+
+    group: str
+    method: str  # "distributed" (a process group with the engines) or "tensor" (handles)
+    rank: int  # this actor rank
+    stage: int
+    world_size: int = 0  # distributed: the group's size, this rank (0) + every engine TP rank
+    engine_ranks: list[int] = field(default_factory=list)  # distributed: each engine's first rank in the group
+    members: list[int] = field(default_factory=list)  # tensor: the ranks packing their own copy (source first)
+    holders: list[list[int]] = field(default_factory=list)  # tensor: per engine TP rank, the rank whose copy it maps
 
 
 class MegatronWorker:
     """One Megatron rank (a Ray actor). Construct, then `setup()` on every rank with rank 0's address."""
 
-    def __init__(self, rank: int, world_size: int, spec: WorkerSpec) -> None:
+    def __init__(self, rank: int, world_size: int, spec: WorkerSpec, local_rank: int = 0) -> None:
+        import ray
+
+        gpus = ray.get_gpu_ids()
+        if gpus:  # its own GPU only (Ray sets this unless RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES is on)
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        self.rank, self.world_size, self.spec, self.local_rank = rank, world_size, spec, local_rank
+        self.actor: Any = None
+        self.senders: dict[str, Any] = {}  # weight-sync group name -> WeightSender (stage source ranks only)
+        self.reference: Any = None  # megatron.reference.ReferenceWeights: initial weights, for the KL term
+        self.launch: RankLaunch | None = None  # dry: what setup would have run
+        self.roles: list[SyncRole] = []  # dry: the weight-sync groups it would have joined
+        if spec.dry:
+            return
         import torch
 
         from userrl_megatron.observability.noise import quiet_third_party
 
         quiet_third_party(on_gpu=torch.cuda.is_available())  # before megatron.core is imported in this process
-        self.rank, self.world_size, self.spec = rank, world_size, spec
-        self.actor: Any = None
-        self.senders: dict[str, Any] = {}  # weight-sync group name -> WeightSender (stage source ranks only)
-        self.reference: Any = None  # megatron.reference.ReferenceWeights: initial weights, for the KL term
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port on it (rank 0's become the master address)."""
@@ -48,13 +94,22 @@ class MegatronWorker:
         return ray.util.get_node_ip_address(), _free_port()
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, int]:
-        """Join torch.distributed, build the model and optimizer, load the HF weights; returns the layout."""
+        """Join torch.distributed, build the model and optimizer, load the HF weights; returns the layout.
+        Dry: record the rank's launch (`launch_record`) and return the layout it would get."""
+        spec = self.spec
+        if spec.dry:
+            self.launch = self._dry_launch(master_addr, master_port)
+            return {k: self.launch.parallel[k] for k in ("tp_rank", "pp_rank", "dp_rank", "pp")}
         from userrl_megatron.megatron import parallel
         from userrl_megatron.megatron.actor import MegatronActor
 
-        spec = self.spec
         layout = parallel.initialize(
-            spec.megatron, rank=self.rank, world_size=self.world_size, master_addr=master_addr, master_port=master_port
+            spec.megatron,
+            rank=self.rank,
+            world_size=self.world_size,
+            master_addr=master_addr,
+            master_port=master_port,
+            device_peers=(0, 1),  # a Ray actor sees its own GPU only
         )
         self.actor = MegatronActor(spec.model, spec.megatron, spec.algo, spec.seed)
         if spec.algo.kl_coef > 0:
@@ -62,6 +117,37 @@ class MegatronWorker:
 
             self.reference = ReferenceWeights(self._parameters())
         return {"tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank, "dp_rank": layout.dp_rank, "pp": layout.pp}
+
+    def _dry_launch(self, master_addr: str, master_port: int) -> RankLaunch:
+        """What `setup` would start: the checks and the device choice of `megatron.parallel.initialize`, the
+        parallel ranks Megatron would give this rank."""
+        import ray
+
+        from userrl_megatron.config.layout import layout_problems, rank_coordinates, rank_device
+        from userrl_megatron.config.loader import ConfigError
+
+        m = self.spec.megatron
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        problems = layout_problems(m, self.world_size, on_gpu=bool(visible))
+        if problems:
+            raise ConfigError(problems)
+        device = rank_device(len([d for d in visible.split(",") if d]), 0, 1)  # as `initialize` under Ray
+        return RankLaunch(
+            rank=self.rank,
+            world_size=self.world_size,
+            local_rank=self.local_rank,
+            ip=ray.util.get_node_ip_address(),
+            visible_devices=visible,
+            device="cpu" if device is None else f"cuda:{device}",
+            backend="gloo" if device is None else "nccl",
+            master_addr=master_addr,
+            master_port=master_port,
+            parallel=rank_coordinates(m, self.rank, self.world_size),
+        )
+
+    def launch_record(self) -> RankLaunch | None:
+        """Dry: what this rank's `setup` would have run."""
+        return self.launch
 
     # ---- the actor interface ----
 
@@ -116,31 +202,75 @@ class MegatronWorker:
         """Stage `stage`'s source rank becomes the sender `group_name` to every engine; others do nothing.
 
         `method` "distributed": a process group with the engines (their broadcast); "tensor": handles to memory on
-        this rank's device (`sync/tensor_sender.py`). With "tensor", the other ranks of the stage's TP group that
-        sit on an engine TP rank's device take part too, each handing that engine rank its own copy."""
-        from userrl_megatron.sync.sender import EngineEndpoint, WeightSender
-        from userrl_megatron.sync.tensor_sender import Peers, TensorSender, payload_holders
+        this rank's device (`sync/tensor_sender.py`). With "tensor", when an engine TP rank sits on the device of
+        another rank of the stage (any tensor-, data- or context-parallel rank: they hold the same weights), every
+        rank of the stage takes part, each handing the engine ranks on its device its own copy: a handle never
+        crosses nodes, and none needs peer access to another GPU. Dry: the role is recorded (`sync_roles`),
+        nothing is connected."""
+        from userrl_megatron.sync.roles import EngineEndpoint
 
         endpoints = [EngineEndpoint(**e) for e in engines]
+        if self.spec.dry:
+            from userrl_megatron.config.layout import stage_ranks
+
+            assert self.launch is not None, "setup() first"
+            ranks = stage_ranks(self.spec.megatron, self.rank, self.world_size)
+            role = self._sync_role(endpoints, group_name, stage, method, self.launch.parallel, ranks)
+            if role is not None:
+                self.roles.append(role)
+            return role is not None
+        from userrl_megatron.megatron import parallel
+        from userrl_megatron.sync.sender import WeightSender
+        from userrl_megatron.sync.tensor_sender import Peers, TensorSender
+
         layout = self.actor.layout
-        if method == "tensor":
-            if layout.pp_rank != stage or layout.dp_rank != 0 or layout.cp_rank != 0:
-                return False
-            group, ranks = self.actor.tp_group_ranks()
-            relayed = any(h != ranks[0] for row in payload_holders(endpoints, ranks) for h in row)
-            if not relayed and not self._is_source_of(stage):
-                return False
-            peers = Peers(group, ranks, layout.rank) if relayed else None
+        group, ranks = parallel.stage_group()
+        coords = {"tp_rank": layout.tp_rank, "cp_rank": layout.cp_rank, "dp_rank": layout.dp_rank}
+        role = self._sync_role(endpoints, group_name, stage, method, coords | {"pp_rank": layout.pp_rank}, ranks)
+        if role is None:
+            return False
+        if role.method == "tensor":
+            peers = Peers(group, ranks, layout.rank) if len(role.members) > 1 else None
             sender: WeightSender = TensorSender(self.spec.sync, endpoints, group_name, _sync_device(), peers=peers)
             sender.connect()
         else:
-            if not self._is_source_of(stage):
-                return False
             sender = WeightSender(self.spec.sync, endpoints, group_name, _sync_backend())
             host, port = self.address()
             sender.connect(host, port)
         self.senders[group_name] = sender
         return True
+
+    def _sync_role(
+        self,
+        endpoints: list[Any],
+        group_name: str,
+        stage: int,
+        method: str,
+        coords: dict[str, int],
+        stage_ranks: list[int],
+    ) -> SyncRole | None:
+        """This rank's part in weight-sync group `group_name` of stage `stage` (None: none), from its parallel
+        ranks `coords` and the global ranks of its pipeline stage (source first)."""
+        from userrl_megatron.sync.roles import engine_offsets, group_world_size, payload_holders
+
+        if coords["pp_rank"] != stage:
+            return None
+        source = coords["tp_rank"] == 0 and coords["dp_rank"] == 0 and coords["cp_rank"] == 0
+        if method == "tensor":
+            holders = payload_holders(endpoints, stage_ranks)
+            relayed = any(h != stage_ranks[0] for row in holders for h in row)
+            if not relayed and not source:
+                return None
+            members = list(stage_ranks) if relayed else [self.rank]
+            return SyncRole(group_name, "tensor", self.rank, stage, members=members, holders=holders)
+        if not source:
+            return None
+        world = group_world_size(endpoints)
+        return SyncRole(group_name, "distributed", self.rank, stage, world, engine_offsets(endpoints))
+
+    def sync_roles(self) -> list[SyncRole]:
+        """Dry: this rank's part in every weight-sync group connected so far."""
+        return list(self.roles)
 
     def push_weights(self, group_name: str, stage: int, version: int) -> dict[str, float] | None:
         """Stream stage `stage`'s weights to the engines of `group_name` (collective in that stage's TP group)."""
@@ -148,7 +278,7 @@ class MegatronWorker:
         if layout.pp_rank != stage:
             return None
         sender = self.senders.get(group_name)
-        # Every rank of the TP group runs the same export: all-gathered when its members hand out their own copies.
+        # Every rank of the stage runs the same export: all-gathered when its ranks hand out their own copies.
         everywhere = getattr(sender, "peers", None) is not None
         weights = self.actor.export_hf_weights(everywhere=everywhere)
         if sender is None:
@@ -166,9 +296,6 @@ class MegatronWorker:
         """Sum of the first `rows` rows of every exported tensor (what `/get_weights_by_name` returns)."""
         return {name: float(t[:rows].double().sum()) for name, t in self.actor.export_hf_weights()}
 
-    def _is_source_of(self, stage: int) -> bool:
-        return self.actor.layout.pp_rank == stage and self.actor.layout.is_stage_source
-
     def _parameters(self) -> list[Any]:
         return [p for chunk in self.actor.chunks for p in chunk.parameters()]
 
@@ -184,7 +311,9 @@ class ActorGroup:
         remote = ray.remote(MegatronWorker)
         runtime_env = {"env_vars": env} if env else None
         self.workers = [
-            remote.options(**placement.actor_options(r), runtime_env=runtime_env).remote(r, self.world_size, spec)
+            remote.options(**placement.actor_options(r), runtime_env=runtime_env).remote(
+                r, self.world_size, spec, placement.local_rank(r)
+            )
             for r in range(self.world_size)
         ]
         from userrl_megatron.observability.progress import blocking_heartbeat
@@ -194,6 +323,14 @@ class ActorGroup:
             layouts = self._get([w.setup.remote(master_addr, master_port) for w in self.workers])
         self.pipeline_stages = layouts[0]["pp"]
         log.info("actor group: %d ranks, %d pipeline stages", self.world_size, self.pipeline_stages)
+
+    def launches(self) -> list[RankLaunch]:
+        """Dry: what every rank's setup would have run, in rank order."""
+        return self._get([w.launch_record.remote() for w in self.workers])
+
+    def sync_roles(self) -> list[SyncRole]:
+        """Dry: every rank's part in the weight-sync groups connected so far, in rank order."""
+        return [role for roles in self._get([w.sync_roles.remote() for w in self.workers]) for role in roles]
 
     def call(self, method: str, *args: Any) -> Any:
         """Run `method(*args)` on every rank; rank 0's result. A long call logs a heartbeat every 30 s."""

@@ -1,0 +1,39 @@
+"""Who takes part in weight sync (pure Python: no torch, so a dry bring-up can say it without CUDA): the engines
+as a sender sees them, each engine's ranks in a broadcast group, and for tensor handles whose copy of a bucket
+each engine TP rank maps."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineEndpoint:
+    """One engine as the sender sees it: its URL, how many ranks it adds to the group (its TP size) and the
+    device index of its first TP rank in the placement's order (None: not on the trainer's devices)."""
+
+    url: str
+    tp_size: int = 1
+    first_device: int | None = None
+
+
+def group_world_size(engines: Sequence[EngineEndpoint]) -> int:
+    """A broadcast group's size: rank 0 (the sender) plus every engine TP rank."""
+    return 1 + sum(e.tp_size for e in engines)
+
+
+def engine_offsets(engines: Sequence[EngineEndpoint]) -> list[int]:
+    """Each engine's first rank in the broadcast group (its TP ranks follow)."""
+    return [1 + sum(e.tp_size for e in engines[:i]) for i in range(len(engines))]
+
+
+def payload_holders(engines: Sequence[EngineEndpoint], ranks: Sequence[int]) -> list[list[int]]:
+    """For each engine TP rank, the global rank whose copy of the bucket it maps: the actor rank on its device
+    when that rank is in `ranks` (the ranks packing their own copy, source first), else the source."""
+    holders = []
+    for engine in engines:
+        row = []
+        for j in range(engine.tp_size):
+            device = None if engine.first_device is None else engine.first_device + j
+            row.append(device if device in ranks else ranks[0])
+        holders.append(row)
+    return holders
