@@ -1,0 +1,299 @@
+"""Every shipped layout and example brought up on a simulated multi-node cluster: Ray's test cluster on this
+machine (one raylet per node, 8 declared GPUs each; node k > 0 at 127.0.0.(k + 1)), through the trainer's own
+placement and launch code with the actor ranks and engines dry (`trainer/dry_run.py`). What each process would
+run is checked against expectations written out here: each actor rank's node, visible GPU, local rank, world
+size, master address and parallel ranks; each engine process's node, environment and full command line; the
+weight-sync groups; the router. A layout that cannot be placed fails in one line.
+
+One cluster per node count (1, 2, 4), started once for the tests that need it. Nothing here waits on time
+except the guard against a hang (`HANG_S`)."""
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from userrl_megatron.config import load_config
+from userrl_megatron.errors import UserError
+from userrl_megatron.trainer.dry_run import BringUp, bring_up, simulated_cluster
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+HANG_S = 900.0  # a bring-up of 48 processes takes about a minute on 2 busy cores; only a hang reaches this
+SGLANG_VENV = REPO / ".venv-sglang" / "bin" / "python"
+PY = str(SGLANG_VENV) if SGLANG_VENV.is_file() else sys.executable  # rollout.sglang.python "" picks this
+DRIVER_NODE = 0
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """A simulated cluster of `request.param` nodes of 8 GPUs; yields their IPs, node 0 (the driver's) first."""
+    with simulated_cluster(request.param, 8) as ips:
+        yield ips
+
+
+def up(config: str, *overrides: str) -> BringUp:
+    """The dry bring-up of a config file (plus overrides) on the connected cluster, guarded against a hang."""
+    cfg = load_config([str(REPO / config)], list(overrides))
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(bring_up, cfg).result(timeout=HANG_S)
+
+
+def ranks(result: BringUp, ips: list[str]) -> list[tuple]:
+    """(node, CUDA_VISIBLE_DEVICES, local rank, world size, device, backend, master, (tp, pp, cp, dp, ep)) per rank."""
+    node = {ip: i for i, ip in enumerate(ips)}
+    masters = {r.master_port for r in result.ranks}
+    assert len(masters) == 1 and 0 < masters.pop() < 65536  # one master port, a real one
+    rows = []
+    for r in result.ranks:
+        p = r.parallel
+        coords = (p["tp_rank"], p["pp_rank"], p["cp_rank"], p["dp_rank"], p["ep_rank"])
+        rows.append(
+            (node[r.ip], r.visible_devices, r.local_rank, r.world_size, r.device, r.backend, r.master_addr, coords)
+        )
+    assert [r.rank for r in result.ranks] == list(range(len(rows)))
+    return rows
+
+
+def engines(result: BringUp, ips: list[str]) -> list[tuple]:
+    """(engine, node, node rank, env, URL, command) per engine process, the watchdog left out (all are watched)."""
+    node = {ip: i for i, ip in enumerate(ips)}
+    assert all(e.launch.watch for e in result.engines)
+    return [(e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, e.launch.command) for e in result.engines]
+
+
+def sglang(model: str, port: int, tp: int, mem: float, host: str = "127.0.0.1", colocated: bool = True) -> list[str]:
+    """The SGLang command line of one engine process on GPUs, as SGLang's server arguments want it."""
+    command = [
+        PY, "-m", "sglang.launch_server",
+        "--model-path", model,
+        "--host", host,
+        "--port", str(port),
+        "--tp-size", str(tp),
+        "--dtype", "bfloat16",
+        "--mem-fraction-static", str(mem),
+        "--base-gpu-id", "0",
+        "--skip-server-warmup",
+    ]  # fmt: skip
+    return [*command, "--enable-memory-saver"] if colocated else command
+
+
+def spanning(command: list[str], nnodes: int, node_rank: int, address: str) -> list[str]:
+    """`command` of one node's process of an engine spanning `nnodes` nodes."""
+    at = command.index("--skip-server-warmup")
+    return [
+        *command[:at],
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--dist-init-addr",
+        address,
+        *command[at:],
+    ]
+
+
+def tensor_groups(result: BringUp) -> list[tuple]:
+    """(group, members, holders) of each tensor-handle sync group, as its source rank records it; every member
+    recorded its part."""
+    groups = []
+    for role in result.sync:
+        assert role.method == "tensor"
+        if role.rank == role.members[0]:
+            groups.append((role.group, role.members, role.holders))
+    for group, members, _ in groups:
+        assert sorted(r.rank for r in result.sync if r.group == group) == members
+    return groups
+
+
+# ---- one node of 8 GPUs ----
+
+
+@pytest.mark.parametrize("cluster", [1], indirect=True)
+@pytest.mark.parametrize("config", ["configs/layout/qwen3-8b-h100x8.yaml", "examples/userrl_qwen3/config.yaml"])
+def test_qwen3_8b_on_one_node(cluster: list[str], config: str) -> None:
+    """TP2 x DP4 actor on GPUs 0-7; eight TP1 engines, engine e on GPU e; every rank hands the engine on its GPU
+    its own copy of the weights."""
+    head = cluster[DRIVER_NODE]
+    result = up(config)
+    assert ranks(result, cluster) == [
+        (0, str(r), r, 8, "cuda:0", "nccl", head, (r % 2, 0, 0, r // 2, 0)) for r in range(8)
+    ]
+    assert engines(result, cluster) == [
+        (e, 0, 0, {"CUDA_VISIBLE_DEVICES": str(e)}, f"http://127.0.0.1:{30000 + e}",
+         sglang("/models/Qwen3-8B", 30000 + e, 1, 0.5))
+        for e in range(8)
+    ]  # fmt: skip
+    assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(8)), [[e] for e in range(8)])]
+    assert result.router is None
+
+
+@pytest.mark.parametrize("cluster", [1], indirect=True)
+def test_qwen3_30b_a3b_h100_on_one_node_with_the_router(cluster: list[str]) -> None:
+    """TP2 x EP4 over DP4: EP rank = DP rank; four TP2 engines, engine e on GPUs 2e and 2e + 1; sglang-router in
+    front of them on the driver's node."""
+    head = cluster[DRIVER_NODE]
+    result = up("configs/layout/qwen3-30b-a3b-h100x8.yaml", "rollout.router=sglang")
+    assert ranks(result, cluster) == [
+        (0, str(r), r, 8, "cuda:0", "nccl", head, (r % 2, 0, 0, r // 2, r // 2)) for r in range(8)
+    ]
+    urls = [f"http://127.0.0.1:{30000 + e}" for e in range(4)]
+    assert engines(result, cluster) == [
+        (e, 0, 0, {"CUDA_VISIBLE_DEVICES": f"{2 * e},{2 * e + 1}"}, urls[e],
+         sglang("/models/Qwen3-30B-A3B", 30000 + e, 2, 0.6))
+        for e in range(4)
+    ]  # fmt: skip
+    assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(8)), [[0, 1], [2, 3], [4, 5], [6, 7]])]
+    router = result.router
+    assert router is not None and router.watch and router.env == {}
+    port = int(router.url.rsplit(":", 1)[1])
+    assert router.url == f"http://127.0.0.1:{port}"
+    prometheus = router.command[router.command.index("--prometheus-port") + 1]
+    assert router.command == [
+        PY, "-m", "sglang_router.launch_router",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--worker-urls", *urls,
+        "--policy", "round_robin",
+        "--prometheus-port", prometheus,
+        "--log-level", "warn",
+    ]  # fmt: skip
+    assert prometheus.isdigit() and prometheus != str(port)
+
+
+@pytest.mark.parametrize("cluster", [1], indirect=True)
+@pytest.mark.parametrize("config", ["configs/layout/qwen3-30b-a3b-h200x8.yaml", "examples/moe_tau/config.yaml"])
+def test_qwen3_30b_a3b_h200_on_one_node(cluster: list[str], config: str) -> None:
+    """EP8 over DP8 at TP1: rank r is DP and EP rank r; eight TP1 engines."""
+    head = cluster[DRIVER_NODE]
+    result = up(config)
+    assert ranks(result, cluster) == [(0, str(r), r, 8, "cuda:0", "nccl", head, (0, 0, 0, r, r)) for r in range(8)]
+    assert engines(result, cluster) == [
+        (e, 0, 0, {"CUDA_VISIBLE_DEVICES": str(e)}, f"http://127.0.0.1:{30000 + e}",
+         sglang("/models/Qwen3-30B-A3B", 30000 + e, 1, 0.7))
+        for e in range(8)
+    ]  # fmt: skip
+    assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(8)), [[e] for e in range(8)])]
+
+
+@pytest.mark.parametrize("cluster", [1], indirect=True)
+def test_a_layout_larger_than_the_cluster_fails_in_one_line(cluster: list[str]) -> None:
+    with pytest.raises(UserError) as failure:
+        up("configs/layout/qwen3-32b-h100x16.yaml")
+    assert str(failure.value) == "the run needs 16 GPUs (16 bundles of CPU 1, GPU 1) and the Ray cluster has 8"
+
+
+# ---- two nodes of 8 GPUs ----
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_qwen3_32b_on_two_nodes(cluster: list[str]) -> None:
+    """TP8 x DP2: a TP group per node, rank 0 on the driver's node is the master; four TP4 engines, two per
+    node, each seeing its four GPUs and listening on every address (the driver is on node 0)."""
+    head = cluster[DRIVER_NODE]
+    result = up("configs/layout/qwen3-32b-h100x16.yaml")
+    assert ranks(result, cluster) == [
+        (r // 8, str(r % 8), r % 8, 16, "cuda:0", "nccl", head, (r % 8, 0, 0, r // 8, 0)) for r in range(16)
+    ]
+    gpus = ["0,1,2,3", "4,5,6,7"]
+    assert engines(result, cluster) == [
+        (e, e // 2, 0, {"CUDA_VISIBLE_DEVICES": gpus[e % 2]}, f"http://{cluster[e // 2]}:{30000 + e}",
+         sglang("/models/Qwen3-32B", 30000 + e, 4, 0.6, host="0.0.0.0"))
+        for e in range(4)
+    ]  # fmt: skip
+    # engines 2 and 3 map the copies of ranks 8-15, on their own node
+    holders = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(16)), holders)]
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_an_engine_spanning_two_nodes(cluster: list[str]) -> None:
+    """One TP16 engine over both nodes: node rank 0 on the driver's node serves HTTP and is the rendezvous of
+    node rank 1; each process sees the eight GPUs of its node."""
+    result = up("configs/layout/qwen3-32b-h100x16.yaml", "rollout.num_engines=1", "rollout.engine_tp=16")
+    address = result.engines[0].launch.command[result.engines[0].launch.command.index("--dist-init-addr") + 1]
+    host, port = address.rsplit(":", 1)
+    assert host == cluster[0] and port.isdigit()
+    command = sglang("/models/Qwen3-32B", 30000, 16, 0.6, host="0.0.0.0")
+    every_gpu = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    assert engines(result, cluster) == [
+        (0, 0, 0, every_gpu, f"http://{cluster[0]}:30000", spanning(command, 2, 0, address)),
+        (0, 1, 1, every_gpu, "", spanning(command, 2, 1, address)),
+    ]
+    assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(16)), [list(range(16))])]
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_disaggregated_engine_on_the_second_node(cluster: list[str]) -> None:
+    """TP8 actor on node 0, one TP8 engine on node 1 (no memory saver: it shares no GPU); the weights go over a
+    broadcast group of the source rank and the engine's eight ranks."""
+    head = cluster[DRIVER_NODE]
+    result = up(
+        "configs/layout/qwen3-32b-h100x16.yaml",
+        "megatron.nnodes=1",
+        "rollout.colocate=false",
+        "rollout.num_engines=1",
+        "rollout.engine_tp=8",
+    )
+    assert ranks(result, cluster) == [(0, str(r), r, 8, "cuda:0", "nccl", head, (r, 0, 0, 0, 0)) for r in range(8)]
+    every_gpu = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    command = sglang("/models/Qwen3-32B", 30000, 8, 0.6, host="0.0.0.0", colocated=False)
+    assert engines(result, cluster) == [(0, 1, 0, every_gpu, f"http://{cluster[1]}:30000", command)]
+    assert [(s.group, s.method, s.rank, s.world_size, s.engine_ranks) for s in result.sync] == [
+        ("userrl_sync_g0_pp0", "distributed", 0, 9, [1])
+    ]
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_an_engine_the_driver_cannot_reach_fails_in_one_line(cluster: list[str]) -> None:
+    with pytest.raises(UserError) as failure:
+        up("configs/layout/qwen3-32b-h100x16.yaml", "rollout.sglang.host=127.0.0.1")
+    assert str(failure.value) == (
+        f"engine 2 runs on node 1 ({cluster[1]}), not the driver's, and rollout.sglang.host = 127.0.0.1 is reachable "
+        "from its own node only: set rollout.sglang.host = 0.0.0.0"
+    )
+
+
+# ---- four nodes of 8 GPUs ----
+
+
+@pytest.mark.parametrize("cluster", [4], indirect=True)
+@pytest.mark.parametrize("config", ["configs/layout/qwen3-32b-h200x32.yaml", "examples/mua_tau/config.yaml"])
+def test_qwen3_32b_on_four_nodes(cluster: list[str], config: str) -> None:
+    """TP8 x DP4, a TP group per node; sixteen TP2 engines, four per node."""
+    head = cluster[DRIVER_NODE]
+    result = up(config)
+    assert ranks(result, cluster) == [
+        (r // 8, str(r % 8), r % 8, 32, "cuda:0", "nccl", head, (r % 8, 0, 0, r // 8, 0)) for r in range(32)
+    ]
+    assert engines(result, cluster) == [
+        (e, e // 4, 0, {"CUDA_VISIBLE_DEVICES": f"{2 * (e % 4)},{2 * (e % 4) + 1}"},
+         f"http://{cluster[e // 4]}:{30000 + e}", sglang("/models/Qwen3-32B", 30000 + e, 2, 0.7, host="0.0.0.0"))
+        for e in range(16)
+    ]  # fmt: skip
+    assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(32)), [[2 * e, 2 * e + 1] for e in range(16)])]
+
+
+# ---- what users see ----
+
+
+def test_userrl_plan_placement_prints_a_line_per_process() -> None:
+    """`userrl plan --placement` brings the layout up on a cluster of its own shape, the same way."""
+    command = [sys.executable, "-m", "userrl_megatron", "plan", "--config", "configs/layout/qwen3-8b-h100x8.yaml"]
+    out = subprocess.run([*command, "--placement"], capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 8 + 8 + 1  # actor ranks, engines, the sync group
+    assert lines[1].startswith("node 0  rank 1/8  local rank 1  CUDA_VISIBLE_DEVICES=1  cuda:0 nccl  ")
+    assert "  tp 1/2 pp 0/1 cp 0/1 dp 0/4 ep 0/1  master " in lines[1]
+    assert lines[9] == (
+        f"node 0  engine 1  CUDA_VISIBLE_DEVICES=1  {' '.join(sglang('/models/Qwen3-8B', 30001, 1, 0.5))}"
+    )
+    assert lines[16] == (
+        "sync userrl_sync_g0_pp0  tensor handles from ranks [0, 1, 2, 3, 4, 5, 6, 7]; engine TP ranks map "
+        "[[0], [1], [2], [3], [4], [5], [6], [7]]"
+    )

@@ -1,0 +1,160 @@
+"""A run's processes placed on a cluster without starting any of them: `userrl plan --placement` and the
+simulated-cluster tests.
+
+`bring_up(cfg)` runs the trainer's own start-up on the Ray cluster this process is connected to, up to the point
+where every process is placed: the placement group (`placement.create_placement`), one `MegatronWorker` per
+actor rank (`workers.ActorGroup`), the engines' `EngineServer`s (`rollout.pool.RolloutPool`, followers of
+multi-node engines and the router included) and the weight-sync groups (`components.Components.connect`). The
+workers and engine servers run dry (`WorkerSpec.dry`, `EngineLaunch.dry`): the same code until they would
+initialise torch.distributed and CUDA or launch a server, where they record what they would run instead.
+
+`simulated_cluster(nodes, gpus_per_node)` is Ray's multi-node test cluster on this machine: one raylet per node,
+each declaring its GPUs (none exist; nothing touches CUDA). Node 0, the head, has this machine's address and
+runs the driver; node k listens on 127.0.0.(k + 1), so every node has an address of its own.
+"""
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from userrl_megatron.config.schema import RootConfig
+from userrl_megatron.rollout.launch import ProcessLaunch
+from userrl_megatron.rollout.pool import EngineProcess
+from userrl_megatron.trainer.placement import Placement, plan_bundles
+from userrl_megatron.trainer.workers import RankLaunch, SyncRole
+
+log = logging.getLogger(__name__)
+
+RESERVE_TIMEOUT_S = 600.0  # the simulated cluster is sized for the run: only a hang waits this long
+
+
+@dataclass
+class BringUp:
+    """What every process of a run would run, and where."""
+
+    nodes: list[str]  # node IPs in placement order (node 0: the driver's)
+    ranks: list[RankLaunch]  # actor ranks, in rank order
+    engines: list[EngineProcess]  # engine processes, engine by engine, node rank 0 first
+    sync: list[SyncRole] = field(default_factory=list)  # every rank's part in every weight-sync group
+    router: ProcessLaunch | None = None  # sglang-router on the driver's node (rollout.router: sglang)
+
+
+def cluster_shape(cfg: RootConfig) -> tuple[int, int]:
+    """(nodes, GPUs per node) of the smallest cluster of `megatron.devices_per_node`-GPU nodes the run fits."""
+    gpus = len(plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True).bundles)
+    per_node = cfg.megatron.devices_per_node
+    return max(1, math.ceil(gpus / per_node)), per_node
+
+
+@contextlib.contextmanager
+def simulated_cluster(nodes: int, gpus_per_node: int) -> Iterator[list[str]]:
+    """Ray's multi-node test cluster with `nodes` nodes of `gpus_per_node` GPUs each, this process connected as
+    its driver; yields the nodes' IPs (head first) and takes everything down on exit."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    node_args = {"num_cpus": gpus_per_node, "num_gpus": gpus_per_node, "object_store_memory": 80 * 2**20}
+    # No idle workers started ahead of need: every process here is one the run asked for.
+    system = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
+    cluster = Cluster(
+        initialize_head=True, head_node_args={**node_args, "include_dashboard": False, "_system_config": system}
+    )
+    try:
+        head = cluster.head_node.node_ip_address
+        others = [f"127.0.0.{k}" for k in range(2, 256) if f"127.0.0.{k}" != head][: nodes - 1]
+        for ip in others:
+            cluster.add_node(**node_args, node_ip_address=ip)
+        ray.init(address=cluster.address, log_to_driver=False)
+        try:
+            yield [head, *others]
+        finally:
+            ray.shutdown()
+    finally:
+        cluster.shutdown()
+
+
+def bring_up(cfg: RootConfig) -> BringUp:
+    """Place every process of `cfg` on the connected Ray cluster, dry (see the module docstring); everything
+    placed is removed again before this returns. A layout that cannot be placed raises a UserError (one line)."""
+    from ray.util import remove_placement_group
+
+    from userrl_megatron.trainer.placement import create_placement
+
+    placement = create_placement(plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True), RESERVE_TIMEOUT_S)
+    try:
+        return asyncio.run(_place(cfg, placement))
+    finally:
+        remove_placement_group(placement.group)
+
+
+async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
+    """The dry part of `trainer.components.start_components`: actor ranks, engines, weight-sync groups."""
+    from userrl_megatron.rollout.pool import RolloutPool
+    from userrl_megatron.trainer.components import Components, _rollout_config, algo_config
+    from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
+
+    nodes = list(dict.fromkeys(slot.ip for slot in placement.slots))
+    actors = pool = None
+    try:
+        spec = WorkerSpec(cfg.model, cfg.megatron, algo_config(cfg), cfg.sync, cfg.run.seed, dry=True)
+        pool = RolloutPool(_rollout_config(cfg), cfg.model.path, cfg.model.dtype, placement, dry=True)
+        pool.check_placement()  # an engine that cannot be placed fails before anything starts
+        actors = await asyncio.to_thread(ActorGroup, placement, spec)
+        parts = Components(cfg, actors, pool, None, None, [])
+        await pool.start()
+        if cfg.sync.enabled:
+            await parts.connect()
+        ranks = await asyncio.to_thread(actors.launches)
+        roles = await asyncio.to_thread(actors.sync_roles)
+        return BringUp(nodes, ranks, await pool.launch_records(), roles, pool.router_launch)
+    finally:
+        if pool is not None:
+            await pool.close()
+        if actors is not None:
+            actors.shutdown()
+
+
+def simulate(cfg: RootConfig) -> BringUp:
+    """`bring_up(cfg)` on a simulated cluster of the run's own shape (`cluster_shape`)."""
+    with simulated_cluster(*cluster_shape(cfg)):
+        return bring_up(cfg)
+
+
+def format_placement(up: BringUp) -> str:
+    """One line per process: node, visible GPUs, then the parallel ranks (actor ranks) or the command line
+    (engines, router); then each rank's part in the weight-sync groups."""
+    node_of = {ip: i for i, ip in enumerate(up.nodes)}
+    lines = []
+    for r in up.ranks:
+        p = r.parallel
+        where = " ".join(f"{d} {p[d + '_rank']}/{p[d]}" for d in ("tp", "pp", "cp", "dp", "ep"))
+        lines.append(
+            f"node {node_of.get(r.ip, '?')}  rank {r.rank}/{r.world_size}  local rank {r.local_rank}  "
+            f"CUDA_VISIBLE_DEVICES={r.visible_devices}  {r.device} {r.backend}  {where}  "
+            f"master {r.master_addr}:{r.master_port}"
+        )
+    spans = {e.engine: 0 for e in up.engines}
+    for e in up.engines:
+        spans[e.engine] += 1
+    for e in up.engines:
+        env = " ".join(f"{k}={v}" for k, v in e.launch.env.items())
+        part = f" node rank {e.node_rank}/{spans[e.engine]}" if spans[e.engine] > 1 else ""
+        lines.append(f"node {node_of.get(e.ip, '?')}  engine {e.engine}{part}  {env}  {' '.join(e.launch.command)}")
+    if up.router is not None:
+        lines.append(f"node 0  router  {' '.join(up.router.command)}")
+    for s in up.sync:
+        if s.method == "tensor" and s.rank != s.members[0]:
+            continue  # the group's source speaks for it
+        if s.method == "distributed":
+            lines.append(
+                f"sync {s.group}  rank {s.rank} broadcasts to a group of {s.world_size} "
+                f"(engine first ranks {s.engine_ranks})"
+            )
+        else:
+            lines.append(f"sync {s.group}  tensor handles from ranks {s.members}; engine TP ranks map {s.holders}")
+    return "\n".join(lines)
