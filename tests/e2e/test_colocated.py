@@ -63,3 +63,23 @@ def test_tp2_ranks_hand_the_engine_on_their_device_their_own_copy(tmp_path: Path
     assert [(r["sync/bytes"], r["sync/buckets"], r["sync/handles_from_peers"]) for r in records] == [
         (1873664, 2, 2)
     ] * 2
+
+
+def test_dp2_ranks_hand_the_engine_on_their_device_their_own_copy(tmp_path: Path) -> None:
+    # TP=1 x DP=2 and an engine on each rank's device: engine 1 maps the copy of rank 1, data-parallel rank 1 (on a
+    # multi-node layout the engines of the second node map the copies of its ranks, never one across nodes).
+    shape = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 512}
+    model = make_tiny_model("qwen3", tmp_path / "tiny", seed=2, tokenizer="char", **shape)
+    extra = [
+        "rollout.colocate=true",
+        "megatron.offload=true",
+        "sync.verify=true",  # both engines read back after every sync
+        "megatron.devices_per_node=2",
+        "rollout.num_engines=2",
+        "sync.bucket_mb=1",
+    ]
+    records = train([*tiny_run(model, tmp_path, "dp2", 2), *extra])
+    assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
+    assert [(r["sync/bytes"], r["sync/buckets"], r["sync/handles_from_peers"]) for r in records] == [
+        (1873664, 2, 2)
+    ] * 2
