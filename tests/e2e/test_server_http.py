@@ -396,10 +396,8 @@ def test_load_completions_and_weight_updates_from_tensor_and_disk(
         },
     )
     assert call(server, "/begin_weight_update", {})[0] == 200
-    assert call(server, "/update_weights_from_tensor", body) == (
-        200,
-        {"success": True, "message": "Success Weight version updated to t1."},
-    )
+    status, out = call(server, "/update_weights_from_tensor", body)
+    assert (status, out) == (200, {"success": True, "message": "Success Weight version updated to t1."}), out
     # Where real SGLang 0.5.23's server dies (its scheduler raises), the embedded one refuses and lives on.
     bad = {
         "wrong shape": ([("model.norm.weight", torch.ones(3))], None, r"norm.weight: shape \(3,\) does not match"),
