@@ -190,9 +190,10 @@ def test_a_server_that_exits_fails_fast_with_its_log(tmp_path: Path) -> None:
 
 
 def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path) -> None:
-    command = [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"]
-    with pytest.raises(EngineError, match=r"not healthy after 1s; last log lines:\nloading"):
-        launch_server(command, "http://127.0.0.1:9", timeout_s=1, log_path=tmp_path / "log")
+    # A shell prints at once (a Python child could take over a second to start on a busy machine).
+    command = ["sh", "-c", "echo loading; exec sleep 60"]
+    with pytest.raises(EngineError, match=r"not healthy after 5s; last log lines:\nloading"):
+        launch_server(command, "http://127.0.0.1:9", timeout_s=5, log_path=tmp_path / "log")
 
 
 def test_watched_command_stops_when_its_launcher_is_gone() -> None:

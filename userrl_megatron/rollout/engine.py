@@ -17,6 +17,10 @@ import numpy as np
 
 from userrl_megatron.types import SamplingParams
 
+# How long one start-up health probe may wait: longer than a server's own health timeout (20 s, SGLang's and the
+# embedded server's default), so a server whose forward is slow on a busy machine still answers in time.
+HEALTH_PROBE_S = 60.0
+
 
 class EngineError(RuntimeError):
     """An engine refused or failed a call (SGLang `success: false`, a 4xx/5xx, or no answer after retries)."""
@@ -230,7 +234,7 @@ class SGLangClient:
     async def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> None:
         """Poll `/health_generate` until 200 or raise EngineError after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while not await self.health(timeout_s=max(poll_s, 5.0)):
+        while not await self.health(timeout_s=max(poll_s, min(HEALTH_PROBE_S, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 raise EngineError(f"{self.base_url} not healthy after {timeout_s:.0f}s")
             await asyncio.sleep(poll_s)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.engine import EngineError
+from userrl_megatron.rollout.engine import HEALTH_PROBE_S, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,8 @@ def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.5, h
                 f"engine server exited with code {server.process.returncode} before becoming healthy "
                 f"({server.url}); last log lines:\n{server.log_tail()}"
             )
-        if probe(server.url + health_path, timeout_s=max(poll_s, 5.0)):
+        # A probe may take as long as the server's own health timeout (20 s) to answer on a busy machine.
+        if probe(server.url + health_path, timeout_s=max(poll_s, min(HEALTH_PROBE_S, deadline - time.monotonic()))):
             return
         if time.monotonic() >= deadline:
             raise EngineError(
