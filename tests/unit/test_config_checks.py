@@ -237,6 +237,17 @@ def test_bad_bases_are_named(tmp_path: Path) -> None:
     assert e.value.problems == [f"{tmp_path / 'e_base.yaml'}: unknown key 'model.pth' (did you mean 'model.path'?)"]
 
 
+def test_colocated_pipeline_stages_across_nodes_are_refused() -> None:
+    layout = ["megatron.nnodes=2", "megatron.devices_per_node=1", "megatron.pipeline_model_parallel_size=2"]
+    found = problems([*layout, "rollout.colocate=true"])
+    assert found == [
+        "colocated engines map the weight copies of pipeline stages that may sit on another node, which tensor "
+        "handles cannot reach: with megatron.nnodes > 1 use pipeline_model_parallel_size = 1 (or "
+        "rollout.colocate = false)"
+    ]
+    load_config(overrides=[*layout, "rollout.colocate=false"])
+
+
 def test_a_layout_planned_against_the_default_model_names_the_fix(tmp_path: Path) -> None:
     layout = tmp_path / "my-layout.yaml"  # a layout without a base
     layout.write_text("megatron:\n  devices_per_node: 8\n  tensor_model_parallel_size: 2\n")

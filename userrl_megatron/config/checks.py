@@ -183,6 +183,13 @@ def _sync_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
             "sync.method = tensor hands engines handles to memory on the trainer's node: it needs rollout.colocate = "
             "true or megatron.nnodes = 1"
         )
+    m = cfg.megatron
+    if cfg.rollout.colocate and method != "distributed" and m.pipeline_model_parallel_size > 1 and m.nnodes > 1:
+        problems.append(
+            "colocated engines map the weight copies of pipeline stages that may sit on another node, which tensor "
+            "handles cannot reach: with megatron.nnodes > 1 use pipeline_model_parallel_size = 1 (or "
+            "rollout.colocate = false)"
+        )
     return problems
 
 
