@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.support.engine_ref import hf_greedy, hf_logprobs
+from tests.support.payloads import plain_pickle
 from tests.support.servers import free_port, push_weights
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
@@ -367,7 +368,6 @@ def test_load_completions_and_weight_updates_from_tensor_and_disk(
     server: ServerProcess, models: tuple[Path, Path], hf_a: torch.nn.Module
 ) -> None:
     import base64
-    import pickle
 
     assert call(server, "/get_load", method="GET") == (
         200,
@@ -386,7 +386,7 @@ def test_load_completions_and_weight_updates_from_tensor_and_disk(
     )
 
     norm = hf_a.model.norm.weight.detach()
-    payload = base64.b64encode(pickle.dumps([("model.norm.weight", norm * 2)])).decode()
+    payload = base64.b64encode(plain_pickle([("model.norm.weight", norm * 2)])).decode()
     body = {"serialized_named_tensors": [payload], "weight_version": "t1"}
     assert call(server, "/update_weights_from_tensor", body) == (
         400,
@@ -405,7 +405,7 @@ def test_load_completions_and_weight_updates_from_tensor_and_disk(
         "unsafe global": (os.getcwd, None, r"Blocked unsafe global \(posix.getcwd\) during pickle deserialization"),
     }
     for what, (obj, load_format, message) in bad.items():
-        payload = base64.b64encode(pickle.dumps(obj)).decode()
+        payload = base64.b64encode(plain_pickle(obj)).decode()
         status, out = call(server, "/update_weights_from_tensor", {"serialized_named_tensors": [payload],
                                                                     "load_format": load_format})  # fmt: skip
         assert status == 400 and re.search(message, out["message"]), (what, out)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.payloads import plain_pickle
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync.handles import decode_payload, flattened_bucket, serialize
 from userrl_megatron.sync.sender import _Packer
@@ -81,24 +82,6 @@ def test_receiver_sees_the_senders_bytes_not_a_copy_at_serialization(tmp_path: P
     packer.flat().view(torch.float32).copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert torch.equal(receive(payload, tmp_path / "x.pt")["x"], torch.tensor([1.0, 2.0, 3.0, 4.0]))
     packer.release()
-
-
-def plain_pickle(obj: object) -> bytes:
-    """`pickle.dumps` as a process that never imported megatron.core writes it. Importing megatron.core (other
-    tests of this process may have) replaces `torch.storage._load_from_bytes` with its own function, and plain
-    pickles of tensors then name `megatron.core.safe_globals`, which SGLang's unpickler (and ours) refuses."""
-    import torch.storage
-
-    def _load_from_bytes(b: bytes) -> object:  # never called: only its name is pickled
-        raise AssertionError
-
-    _load_from_bytes.__module__, _load_from_bytes.__qualname__ = "torch.storage", "_load_from_bytes"
-    current = torch.storage._load_from_bytes
-    torch.storage._load_from_bytes = _load_from_bytes
-    try:
-        return pickle.dumps(obj)
-    finally:
-        torch.storage._load_from_bytes = current
 
 
 def test_named_tensor_list_and_plain_pickle_payloads(tmp_path: Path) -> None:
