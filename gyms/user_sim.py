@@ -2,8 +2,9 @@
 
 One UserSimulator serves every episode: calls are bounded by a semaphore, each has a timeout, and timeouts,
 connection errors, 408/409/429/5xx, empty replies and (for `json=True`) replies without a JSON object are retried
-with exponential backoff and jitter. A call that still fails raises UserSimError; gyms then answer with their
-fallback feedback and mark `info["user_sim_error"]`, so nothing is silently scored. An optional on-disk cache
+with exponential backoff and jitter; a reply longer than `max_reply_chars` fails at once (kind "too_long"). A call
+that still fails raises UserSimError; gyms then answer with their fallback feedback and mark
+`info["user_sim_error"]`, so nothing is silently scored. An optional on-disk cache
 keyed by the request makes replays deterministic and debugging cheap. The API key comes from the environment
 variable the config names, never from the config itself.
 """
@@ -46,7 +47,8 @@ class UserSimError(RuntimeError):
 
     def __init__(self, message: str, kind: str, attempts: int) -> None:
         super().__init__(message)
-        self.kind = kind  # timeout | connection | rate_limit | server | bad_response | client | empty | bad_json
+        # timeout | connection | rate_limit | server | bad_response | client | empty | bad_json | too_long
+        self.kind = kind
         self.attempts = attempts
 
 
@@ -226,6 +228,13 @@ class UserSimulator:
             raise _RetryableError("bad_response", f"not a chat completion: {str(payload)[:200]}") from e
         self._counts["prompt_tokens"] += usage.prompt_tokens
         self._counts["completion_tokens"] += usage.completion_tokens
+        if len(str(raw)) > self.cfg.max_reply_chars:
+            raise UserSimError(
+                f"user simulator reply of {len(str(raw))} characters is longer than user_sim.max_reply_chars "
+                f"({self.cfg.max_reply_chars})",
+                "too_long",
+                1,
+            )
         text = strip_think(str(raw))
         if not text:
             raise _RetryableError("empty", "empty reply")

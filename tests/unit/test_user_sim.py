@@ -119,6 +119,20 @@ def test_persistently_malformed_or_empty_replies_fail(server: OpenAIServer) -> N
         assert sim.metrics()["failures"] == 1.0
 
 
+def test_an_over_long_reply_is_a_counted_failure(server: OpenAIServer) -> None:
+    """A reply over `max_reply_chars` (thinking included) never reaches the episode: one request, no retry."""
+    server.rules = [reply("<think>" + "x" * 60 + "</think>short")]
+    sim = make_sim(server, max_reply_chars=64)
+    with pytest.raises(UserSimError) as e:
+        chat(sim)
+    assert str(e.value) == "user simulator reply of 80 characters is longer than user_sim.max_reply_chars (64)"
+    assert (e.value.kind, e.value.attempts, server.count) == ("too_long", 1, 1)
+    m = sim.metrics()
+    assert (m["failures"], m["retries"], m["answered"]) == (1.0, 0.0, 0.0)
+    server.rules = [reply("y" * 64)]
+    assert chat(make_sim(server, max_reply_chars=64)).text == "y" * 64
+
+
 def test_client_errors_are_not_retried(server: OpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
     server.rules = [reply(Fault(400, '{"error": {"message": "bad model"}}'))]
     sim = make_sim(server)

@@ -166,6 +166,7 @@ class UserSimConfig:
     cache_dir: str = ""  # on-disk response cache keyed by the request; empty disables it
     disable_thinking: bool = False  # send chat_template_kwargs.enable_thinking=false (Qwen3 on vLLM/SGLang)
     http_backend: str = "aiohttp"  # HTTP transport of the openai client: "aiohttp" (fast when busy) or "httpx"
+    max_reply_chars: int = 100_000  # longer replies (thinking included) are a failed call, not episode text
 
 
 @dataclass
