@@ -15,7 +15,7 @@ from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.rollout.engine import EngineError, RolloutEngine
 from userrl_megatron.rollout.server.local import LocalEngine
-from userrl_megatron.rollout.server.sampling import parse_sampling_params
+from userrl_megatron.rollout.server.sampling import SamplingSpec, parse_sampling_params
 from userrl_megatron.rollout.server.scheduler import Request
 from userrl_megatron.types import SamplingParams
 
@@ -233,3 +233,38 @@ def test_a_failing_forward_aborts_its_requests_and_the_engine_keeps_serving(
         failed = run(engine.generate([5, 6, 7], GREEDY))
     assert failed.finish_reason == "abort" and failed.output_ids == []
     assert run(engine.generate([5, 6, 7], GREEDY)).output_ids == hf_greedy(hf, [5, 6, 7], GREEDY.max_new_tokens)
+
+
+def test_a_request_that_fails_inside_a_batch_fails_alone(engine: LocalEngine, hf: torch.nn.Module) -> None:
+    """Two requests whose own settings make sampling raise (built past validation, as a bug would let them
+    through): one at the prefill's sampling, one at its first decode step. Each ends with the engine error; the
+    requests prefilled and decoded with them finish as if alone. At 84e0012 the whole batch got the error."""
+    vocab = hf.config.vocab_size
+    good = prompts(5, seed=11)
+    at_prefill = SamplingSpec(max_new_tokens=8, min_new_tokens=2, stop_token_ids=frozenset({2**70}))
+    at_decode = SamplingSpec(max_new_tokens=8, repetition_penalty=0.0)  # inf logits once a token is out: NaN probs
+
+    async def batch() -> list[Request]:
+        await engine.pause("in_place")  # everything waits, then is admitted in one prefill
+        greedy = parse_sampling_params({"max_new_tokens": 8, "temperature": 0}, vocab)
+        requests = [Request(p, greedy) for p in good[:3]] + [Request(good[3], at_prefill)]
+        requests += [Request(good[4], at_decode), Request(good[0][:4], greedy)]
+        tasks = [asyncio.ensure_future(engine.core.generate(r)) for r in requests]
+        while engine.core.scheduler.counts() != (0, len(requests)):
+            await asyncio.sleep(0.01)
+        await engine.resume()
+        return list(await asyncio.gather(*tasks))
+
+    done = run(batch())
+    assert engine.core.scheduler.decode_steps > 0
+    for request, prompt in zip(done[:3] + done[5:], [*good[:3], good[0][:4]], strict=True):
+        assert request.output_ids == hf_greedy(hf, prompt, 8), request.finish_reason
+        assert request.finish_reason == {"type": "length", "length": 8}
+    failed_prefill, failed_decode = done[3], done[4]
+    assert failed_prefill.output_ids == [] and failed_decode.output_ids == [failed_decode.output_ids[0]]
+    assert failed_prefill.finish_reason["status_code"] == 500 and failed_decode.finish_reason["status_code"] == 500
+    assert failed_prefill.finish_reason["err_type"] == "ValueError"
+    assert failed_prefill.finish_reason["message"] == "engine error: Overflow when unpacking long long"
+    assert failed_decode.finish_reason["err_type"] == "RuntimeError"
+    assert failed_decode.finish_reason["message"].startswith("engine error: probability tensor contains")
+    assert run(engine.generate(good[1], GREEDY)).output_ids == hf_greedy(hf, good[1], GREEDY.max_new_tokens)

@@ -5,7 +5,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from userrl_megatron.rollout.server.protocol import SAMPLING_FIELDS, contract_error, parse_generate
+from userrl_megatron.rollout.server.protocol import (
+    SAMPLING_FIELDS,
+    check_logprob_fields,
+    contract_error,
+    parse_generate,
+)
 from userrl_megatron.rollout.server.sampling import SampleRow, parse_sampling_params, sample
 from userrl_megatron.types import SamplingParams
 
@@ -39,6 +44,84 @@ def test_defaults_and_greedy_encoding() -> None:
 def test_invalid_sampling_params_use_sglangs_messages(params: dict, message: str) -> None:
     with pytest.raises(ValueError) as e:
         parse_sampling_params(params, VOCAB)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"stop_token_ids": [50]}, "stop_token_ids must be in [0, 49], got [50]."),
+        ({"stop_token_ids": [2**70], "min_new_tokens": 2}, f"stop_token_ids must be in [0, 49], got [{2**70}]."),
+        ({"stop_token_ids": [-1]}, "stop_token_ids must be in [0, 49], got [-1]."),
+        ({"logit_bias": {"5": 1e308}}, "logit_bias values must be in [-100, 100], got 1e+308 for token 5."),
+        ({"logit_bias": {"5": float("nan")}}, "logit_bias values must be in [-100, 100], got nan for token 5."),
+        ({"logit_bias": {"5": "x"}}, "logit_bias values must be numbers, got 'x' for token 5."),
+        ({"logit_bias": {"a": 1.0}}, "logit_bias keys must be token ids, got 'a'."),
+        ({"logit_bias": [1]}, "logit_bias must be a map of token ids to numbers, got [1]."),
+        ({"temperature": 10**400}, f"temperature must be a finite number, got {10**400}."),
+        ({"top_p": {}}, "top_p must be a number, got {}."),
+        ({"max_new_tokens": 1.5}, "max_new_tokens must be an integer, got 1.5."),
+        ({"stop": ["a"] * 33}, "at most 32 stop strings are allowed, got 33"),
+        ({"stop": [1]}, "stop must be a string or a list of strings, got [1]."),
+        ({"n": 0}, "n must be at least 1, got 0."),
+        ({"n": 129}, "n must be at most 128, got 129."),
+    ],
+)  # fmt: skip
+def test_values_the_model_cannot_take_are_refused_naming_the_field(params: dict, message: str) -> None:
+    """Each of these got past validation at 84e0012 and failed the whole batch inside the scheduler."""
+    with pytest.raises(ValueError) as e:
+        parse_sampling_params(params, VOCAB)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            {"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": 1_000_000},
+            "top_logprobs_num must be in [0, 50], got 1000000.",
+        ),
+        (
+            {"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": -5},
+            "top_logprobs_num must be in [0, 50], got -5.",
+        ),
+        ({"input_ids": [1, 2], "top_logprobs_num": -5}, "top_logprobs_num must be in [0, 50], got -5."),
+        (
+            {"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 3},
+            "req.logprob_start_len=3 is higher than the number of input tokens len(req.origin_input_ids)=2. "
+            "Please use a smaller logprob_start_len.",
+        ),
+        (
+            {"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": -2},
+            "logprob_start_len must be -1 (none) or at least 0, got -2.",
+        ),
+    ],
+)  # fmt: skip
+def test_logprob_fields_are_checked_against_the_model(body: dict, message: str) -> None:
+    items, _ = parse_generate(body, _model())
+    with pytest.raises(ValueError) as e:
+        check_logprob_fields(items[0], VOCAB)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"input_ids": [1], "sampling_params": {"n": 0}}, "n must be at least 1, got 0."),
+        ({"input_ids": [1], "sampling_params": {"n": 2**70}}, f"n must be at most 128, got {2**70}."),
+        ({"text": "abc", "sampling_params": {"n": 0}}, "n must be at least 1, got 0."),
+        (
+            {"text": ["ab", "abcdef"]},
+            "The text prompt has 6 characters, more than this server takes (5: rollout.embedded.max_prompt_chars).",
+        ),
+    ],
+)  # fmt: skip
+def test_n_and_prompt_length_are_checked_before_expanding_or_tokenising(body: dict, message: str) -> None:
+    def refuse(text: str) -> list[int]:
+        raise AssertionError(f"tokenised {text!r}")
+
+    with pytest.raises(ValueError) as e:
+        parse_generate(body, SimpleNamespace(encode=refuse), max_prompt_chars=5)
     assert str(e.value) == message
 
 
@@ -94,15 +177,17 @@ def test_sampler_logprobs_and_truncation() -> None:
     greedy = parse_sampling_params({"temperature": 0}, 4)
     hot = parse_sampling_params({"temperature": 2.0, "top_k": 1}, 4)  # top_k 1 draws the argmax but keeps T
     rows = [SampleRow(greedy, [], None), SampleRow(hot, [], torch.Generator().manual_seed(0))]
-    tokens, logprobs, top = sample(logits.clone(), rows, top_logprobs=2)
-    assert tokens == [0, 1]
+    out = sample(logits.clone(), rows, top_logprobs=2)
+    tokens, logprobs, top = out.tokens, out.logprobs, out.top
+    assert tokens == [0, 1] and out.failed == {}
     assert logprobs[0] == pytest.approx(torch.log_softmax(logits[0], -1)[0].item())
     assert logprobs[1] == pytest.approx(torch.log_softmax(logits[1] / 2.0, -1)[1].item())  # before truncation
     assert top.indices.tolist() == [[0, 1], [1, 2]]
     nucleus = parse_sampling_params({"top_p": 0.5}, 4)  # token 1 alone holds > 50% of row 2's mass
     draws = {
-        sample(logits[1:].clone(), [SampleRow(nucleus, [], torch.Generator().manual_seed(s))])[0][0] for s in range(20)
+        sample(logits[1:].clone(), [SampleRow(nucleus, [], torch.Generator().manual_seed(s))]).tokens[0]
+        for s in range(20)
     }
     assert draws == {1}
-    banned = sample(logits[:1].clone(), [SampleRow(greedy, [], None, banned=(0,))])[0]
+    banned = sample(logits[:1].clone(), [SampleRow(greedy, [], None, banned=(0,))]).tokens
     assert banned == [1]

@@ -15,7 +15,13 @@ from typing import Any
 from aiohttp import web
 
 from userrl_megatron.rollout.server.core import EngineCore, call_soon
-from userrl_megatron.rollout.server.protocol import GenerateItem, contract_error, generate_response, parse_generate
+from userrl_megatron.rollout.server.protocol import (
+    GenerateItem,
+    check_logprob_fields,
+    contract_error,
+    generate_response,
+    parse_generate,
+)
 from userrl_megatron.rollout.server.sampling import parse_sampling_params
 from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request
 from userrl_megatron.sync.handles import is_base64
@@ -141,9 +147,10 @@ def build_app(core: EngineCore) -> web.Application:
 
 
 def make_request(core: EngineCore, item: GenerateItem) -> Request:
-    """Validate one item's sampling params and length; ValueError carries SGLang's message."""
+    """Validate one item's sampling and log-prob fields and its length; ValueError names the field."""
     spec = parse_sampling_params(item.sampling, core.model.spec.vocab_size)
     core.check_input(item.input_ids, spec.max_new_tokens)
+    check_logprob_fields(item, core.model.spec.vocab_size)
     return Request(
         input_ids=item.input_ids,
         sampling=spec,

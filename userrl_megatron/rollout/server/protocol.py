@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from userrl_megatron.rollout.server.model import EngineModel
+from userrl_megatron.rollout.server.sampling import MAX_N
 from userrl_megatron.rollout.server.scheduler import Request
 
 # SGLang 0.5.23 `sglang.api.v1.SamplingParams` fields, in its order (the contract lists them in errors).
@@ -142,8 +143,39 @@ class GenerateItem:
     routed_experts_start_len: int = 0  # first position whose routing is returned (0 … prompt length)
 
 
-def parse_generate(body: dict[str, Any], model: EngineModel) -> tuple[list[GenerateItem], bool]:
-    """The items of a `/generate` body and whether the reply is a single object (one prompt, n == 1)."""
+def check_logprob_fields(item: GenerateItem, vocab_size: int) -> None:
+    """`top_logprobs_num` within the vocabulary and `logprob_start_len` within the prompt; ValueError names the
+    field. SGLang 0.5.23 checks neither up front (an out-of-range count fails its scheduler's batch); a start
+    beyond the prompt is its own abort message."""
+    if not 0 <= item.top_logprobs_num <= vocab_size:
+        raise ValueError(f"top_logprobs_num must be in [0, {vocab_size}], got {item.top_logprobs_num}.")
+    if item.return_logprob:
+        if item.logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be -1 (none) or at least 0, got {item.logprob_start_len}.")
+        if item.logprob_start_len > len(item.input_ids):
+            raise ValueError(
+                f"req.logprob_start_len={item.logprob_start_len} is higher than the number of input tokens "
+                f"len(req.origin_input_ids)={len(item.input_ids)}. Please use a smaller logprob_start_len."
+            )
+
+
+def check_prompt_chars(texts: list[str], limit: int, what: str = "text") -> None:
+    """Each text prompt at most `limit` characters (0: no limit); checked before any tokenising."""
+    for t in texts:
+        if limit and len(t) > limit:
+            raise ValueError(
+                f"The {what} prompt has {len(t)} characters, more than this server takes ({limit}: "
+                "rollout.embedded.max_prompt_chars)."
+            )
+
+
+def parse_generate(
+    body: dict[str, Any], model: EngineModel, max_prompt_chars: int = 0
+) -> tuple[list[GenerateItem], bool]:
+    """The items of a `/generate` body and whether the reply is a single object (one prompt, n == 1).
+
+    Text prompts are tokenised here (callers run this off the event loop when the body has `text`), after their
+    length is checked against `max_prompt_chars`."""
     given = [body.get(k) is not None for k in ("text", "input_ids", "input_embeds")]
     if sum(given) != 1:
         raise ValueError("Either text, input_ids or input_embeds should be provided.")
@@ -152,7 +184,10 @@ def parse_generate(body: dict[str, Any], model: EngineModel) -> tuple[list[Gener
     text, ids = body.get("text"), body.get("input_ids")
     if text is not None:
         single = isinstance(text, str)
-        prompts = [model.encode(t) for t in ([text] if single else text)]
+        texts = [text] if single else text
+        check_prompt_chars(texts, max_prompt_chars)
+        _sample_count(body)  # a bad n is refused before the tokenising it would multiply
+        prompts = [model.encode(t) for t in texts]
     else:
         single = not (ids and isinstance(ids[0], list))
         prompts = [ids] if single else ids
@@ -170,17 +205,14 @@ def parse_generate(body: dict[str, Any], model: EngineModel) -> tuple[list[Gener
             return [default if v is None else v for v in value]
         return [value] * batch
 
-    sampling = per_item("sampling_params", {})
-    ns = {int(s.get("n") or 1) for s in sampling}
-    if len(ns) > 1:
-        raise ValueError("The n parameter must be the same for all requests in a batch.")
-    n = ns.pop()
+    n = _sample_count(body)
     rids = _rids(body.get("rid"), batch, single and n == 1)
     return_routed = bool(body.get("return_routed_experts"))
     routed_start = int(body.get("routed_experts_start_len") or 0)
     if return_routed:
         _check_routed_start(routed_start, prompts)
     items = []
+    sampling = per_item("sampling_params", {})
     for prompt, params, lp, start, top, rid in zip(
         prompts,
         sampling,
@@ -206,6 +238,21 @@ def parse_generate(body: dict[str, Any], model: EngineModel) -> tuple[list[Gener
                 )
             )
     return items, single and n == 1
+
+
+def _sample_count(body: dict[str, Any]) -> int:
+    """`sampling_params.n` (one value for the whole batch), in [1, MAX_N]."""
+    params = body.get("sampling_params")
+    sampling = params if isinstance(params, list) else [params or {}]
+    ns = {1 if (s or {}).get("n") is None else s["n"] for s in sampling}
+    if len(ns) > 1:
+        raise ValueError("The n parameter must be the same for all requests in a batch.")
+    n = ns.pop()
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}.")
+    if n > MAX_N:
+        raise ValueError(f"n must be at most {MAX_N}, got {n}.")
+    return n
 
 
 def _check_routed_start(start: int, prompts: list[list[int]]) -> None:

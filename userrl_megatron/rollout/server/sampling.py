@@ -11,6 +11,9 @@ from typing import Any
 import torch
 
 _SAMPLING_EPS = 1e-6
+MAX_STOP_COUNT = 32  # SGLang 0.5.23's limit on stop strings
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range of a logit_bias value; a larger one overflows float32 logits to inf/nan
+MAX_N = 128  # OpenAI's largest n; each sample is a request of its own
 # Keys SGLang accepts that this engine cannot honour: refused with a clear message instead of being ignored.
 UNSUPPORTED_KEYS = ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "custom_params", "watermark")
 
@@ -60,33 +63,89 @@ def parse_sampling_params(raw: dict[str, Any] | None, vocab_size: int) -> Sampli
         value = raw.get(key)
         return default if value is None else value
 
-    temperature = float(get("temperature", 1.0))
-    top_k = int(get("top_k", -1))
     stop = get("stop", [])
     spec = SamplingSpec(
-        max_new_tokens=int(get("max_new_tokens", 128)),
-        min_new_tokens=int(get("min_new_tokens", 0)),
-        temperature=temperature,
-        top_p=float(get("top_p", 1.0)),
-        top_k=top_k,
-        min_p=float(get("min_p", 0.0)),
-        frequency_penalty=float(get("frequency_penalty", 0.0)),
-        presence_penalty=float(get("presence_penalty", 0.0)),
-        repetition_penalty=float(get("repetition_penalty", 1.0)),
+        max_new_tokens=_int(raw, "max_new_tokens", 128),
+        min_new_tokens=_int(raw, "min_new_tokens", 0),
+        temperature=_float(raw, "temperature", 1.0),
+        top_p=_float(raw, "top_p", 1.0),
+        top_k=_int(raw, "top_k", -1),
+        min_p=_float(raw, "min_p", 0.0),
+        frequency_penalty=_float(raw, "frequency_penalty", 0.0),
+        presence_penalty=_float(raw, "presence_penalty", 0.0),
+        repetition_penalty=_float(raw, "repetition_penalty", 1.0),
         stop=[stop] if isinstance(stop, str) else list(stop),
-        stop_token_ids=frozenset(int(t) for t in get("stop_token_ids", [])),
+        stop_token_ids=frozenset(_token_ids(get("stop_token_ids", []), vocab_size)),
         ignore_eos=bool(get("ignore_eos", False)),
         skip_special_tokens=bool(get("skip_special_tokens", True)),
         spaces_between_special_tokens=bool(get("spaces_between_special_tokens", True)),
         no_stop_trim=bool(get("no_stop_trim", False)),
-        n=int(get("n", 1)),
-        logit_bias={int(k): float(v) for k, v in get("logit_bias", {}).items()},
+        n=_int(raw, "n", 1),
+        logit_bias=_logit_bias(get("logit_bias", {})),
         sampling_seed=raw.get("sampling_seed"),
     )
     _verify(spec, vocab_size)
     if 0 <= spec.temperature < _SAMPLING_EPS:  # greedy, as SGLang encodes it
         spec.temperature, spec.top_k = 1.0, 1
     return spec
+
+
+def _number(raw: dict[str, Any], key: str) -> Any:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} must be a number, got {value!r}.")
+    return value
+
+
+def _float(raw: dict[str, Any], key: str, default: float) -> float:
+    """A float field; a number too large for a float is refused naming the field (not an OverflowError)."""
+    if raw.get(key) is None:
+        return default
+    try:
+        return float(_number(raw, key))
+    except OverflowError:
+        raise ValueError(f"{key} must be a finite number, got {raw[key]}.") from None
+
+
+def _int(raw: dict[str, Any], key: str, default: int) -> int:
+    if raw.get(key) is None:
+        return default
+    value = _number(raw, key)
+    if not isinstance(value, int):
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(f"{key} must be an integer, got {value}.")
+        value = int(value)
+    return value
+
+
+def _token_ids(ids: Any, vocab_size: int) -> list[int]:
+    """`stop_token_ids`: token ids of the model's vocabulary (an id outside it cannot be masked or matched)."""
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError(f"stop_token_ids must be a list of token ids, got {ids!r}.")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"stop_token_ids must be in [0, {vocab_size - 1}], got {bad[:5]}.")
+    return list(ids)
+
+
+def _logit_bias(bias: Any) -> dict[int, float]:
+    """`logit_bias`: token-id keys (checked against the vocabulary in `_verify`), finite values in [-100, 100]."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a map of token ids to numbers, got {bias!r}.")
+    out = {}
+    for key, value in bias.items():
+        try:
+            token_id = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}.") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"logit_bias values must be numbers, got {value!r} for token {key}.")
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:  # NaN fails too
+            raise ValueError(
+                f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {value} for token {key}."
+            )
+        out[token_id] = float(value)
+    return out
 
 
 def _verify(s: SamplingSpec, vocab_size: int) -> None:
@@ -120,6 +179,12 @@ def _verify(s: SamplingSpec, vocab_size: int) -> None:
             raise ValueError(f"sampling_seed must be in [-2**63, 2**63 - 1], got {s.sampling_seed}.")
     if s.n < 1:
         raise ValueError(f"n must be at least 1, got {s.n}.")
+    if s.n > MAX_N:
+        raise ValueError(f"n must be at most {MAX_N}, got {s.n}.")
+    if len(s.stop) > MAX_STOP_COUNT:
+        raise ValueError(f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(s.stop)}")
+    if not all(isinstance(stop, str) for stop in s.stop):
+        raise ValueError(f"stop must be a string or a list of strings, got {s.stop!r}.")
 
 
 @dataclass
@@ -132,24 +197,44 @@ class SampleRow:
     banned: tuple[int, ...] = ()  # token ids masked out (EOS/stop ids before min_new_tokens)
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -> tuple[list[int], list[float], Any]:
+@dataclass
+class Sampled:
+    """What `sample` gives back: per row the token and its log-prob, the top log-probs, and the rows that failed."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    top: Any  # torch.return_types.topk of [rows, k], or None
+    failed: dict[int, Exception]  # row -> the error that row alone raised (its token and log-prob are meaningless)
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -> Sampled:
     """Next token of every row, its log-prob, and (if asked) the top log-probs of each row.
 
     logits: [rows, vocab] float32 on the engine's device; modified in place by penalties, biases and bans. Every
     tensor made here is made on that device, and each row's generator must live there too (`torch.multinomial`
-    on CUDA refuses a CPU generator).
+    on CUDA refuses a CPU generator). A row whose own settings make a step raise fails alone (`Sampled.failed`):
+    every other row of the batch is sampled as if it had not been there.
     """
+    failed: dict[int, Exception] = {}
     for i, row in enumerate(rows):
-        _adjust_logits(logits[i], row)
+        try:
+            _adjust_logits(logits[i], row)
+        except Exception as e:
+            failed[i] = e
+            logits[i] = 0.0  # keeps its row of the batched ops finite; the row's result is discarded
     temperatures = torch.tensor([row.spec.temperature for row in rows], dtype=logits.dtype, device=logits.device)
     logprobs = torch.log_softmax(logits / temperatures.unsqueeze(1), dim=-1)
     tokens = logprobs.argmax(dim=-1)
     for i, row in enumerate(rows):
-        if not row.spec.greedy:
-            tokens[i] = _draw(logprobs[i], row.spec, row.generator)
+        if not row.spec.greedy and i not in failed:
+            try:
+                tokens[i] = _draw(logprobs[i], row.spec, row.generator)
+            except Exception as e:
+                failed[i] = e
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
-    top = logprobs.topk(top_logprobs, dim=-1) if top_logprobs else None
-    return tokens.tolist(), chosen.tolist(), top
+    k = min(top_logprobs, logprobs.shape[-1])
+    top = logprobs.topk(k, dim=-1) if k > 0 else None
+    return Sampled(tokens.tolist(), chosen.tolist(), top, failed)
 
 
 def _adjust_logits(logits: torch.Tensor, row: SampleRow) -> None:

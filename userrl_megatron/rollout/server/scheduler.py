@@ -22,7 +22,7 @@ from userrl_megatron.rollout.server.kv import BatchKV
 from userrl_megatron.rollout.server.model import EngineModel
 from userrl_megatron.rollout.server.prefill import PrefillRow, run_prefill
 from userrl_megatron.rollout.server.prefix import PrefixCache
-from userrl_megatron.rollout.server.sampling import SampleRow, SamplingSpec, sample
+from userrl_megatron.rollout.server.sampling import Sampled, SampleRow, SamplingSpec, sample
 
 log = logging.getLogger(__name__)
 
@@ -271,9 +271,21 @@ class Scheduler:
             self._prefill(batch)
         except Exception as e:
             log.exception("prefill failed")
-            for request, _ in batch:
-                if not request.finished:
+            left = [r for r, _ in batch if not r.finished and not self._is_running(r)]
+            if len(batch) == 1:
+                for request in left:
                     self._finish(request, _engine_error(e))
+                return
+            for request in left:  # again one by one: a request that fails alone ends alone, the rest go on
+                try:
+                    self._prefill([(request, self._prefill_row(request))])
+                except Exception as alone:
+                    log.exception("prefill of request %s failed", request.rid)
+                    if not request.finished and not self._is_running(request):
+                        self._finish(request, _engine_error(alone))
+
+    def _is_running(self, request: Request) -> bool:
+        return any(r is request for r in self._running)
 
     def _prefill_row(self, request: Request) -> PrefillRow:
         tokens = request.input_ids + request.output_ids
@@ -347,18 +359,31 @@ class Scheduler:
     def _sample_and_check(self, requests: list[Request], logits: torch.Tensor) -> None:
         rows = [SampleRow(r.sampling, r.output_ids, r._generator, self._banned(r)) for r in requests]
         top_k = max(r.top_logprobs_num if r.return_logprob else 0 for r in requests)
-        tokens, logprobs, top = sample(logits, rows, top_k)
-        self.last_progress = time.perf_counter()  # progress means tokens, not forwards: a failing sampler is not alive
+        out = sample(logits, rows, top_k)
+        if len(out.failed) < len(requests):  # progress means tokens, not forwards: a failing sampler is not alive
+            self.last_progress = time.perf_counter()
         for i, request in enumerate(requests):
-            request.output_ids.append(tokens[i])
-            request.output_logprobs.append(logprobs[i])
-            if request.return_logprob and request.top_logprobs_num:
-                request.output_top_logprobs.append(_top_pairs(top, i, request.top_logprobs_num))
-            reason = self._finish_reason(request)
-            if reason is not None:
-                self._finish(request, reason)
-            elif request.on_token is not None:
-                request.on_token(request)
+            if i in out.failed:  # this request's own settings failed: it ends alone, the batch goes on
+                log.error("sampling failed for request %s: %r", request.rid, out.failed[i])
+                self._finish(request, _engine_error(out.failed[i]))
+                continue
+            try:
+                self._take_token(request, i, out)
+            except Exception as e:
+                log.exception("finishing a step failed for request %s", request.rid)
+                if not request.finished:
+                    self._finish(request, _engine_error(e))
+
+    def _take_token(self, request: Request, row: int, out: Sampled) -> None:
+        request.output_ids.append(out.tokens[row])
+        request.output_logprobs.append(out.logprobs[row])
+        if request.return_logprob and request.top_logprobs_num:
+            request.output_top_logprobs.append(_top_pairs(out.top, row, request.top_logprobs_num))
+        reason = self._finish_reason(request)
+        if reason is not None:
+            self._finish(request, reason)
+        elif request.on_token is not None:
+            request.on_token(request)
 
     def _banned(self, request: Request) -> tuple[int, ...]:
         spec = request.sampling
