@@ -159,6 +159,9 @@ def test_embedded_server_command() -> None:
         "--prefix-cache-tokens", "0",
         "--random-seed", "0",
         "--health-check-timeout", "20.0",
+        "--control-timeout", "30.0",
+        "--max-request-bytes", "67108864",
+        "--max-prompt-chars", "1000000",
         "--served-model-name", "policy",
         "--parent-pid", "42",
     ]  # fmt: skip

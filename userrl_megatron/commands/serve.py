@@ -35,6 +35,9 @@ def _serve(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "enable_return_routed_experts": args.enable_return_routed_experts or None,
         "health_check_timeout_s": args.health_check_timeout,
+        "control_timeout_s": args.control_timeout,
+        "max_request_bytes": args.max_request_bytes,
+        "max_prompt_chars": args.max_prompt_chars,
     }
     cfg = replace(EmbeddedServerConfig(), **{k: v for k, v in overrides.items() if v is not None})
     if cfg.threads:
@@ -138,6 +141,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="record MoE routing so /generate can return routed_experts (as SGLang's flag)",
     )
     p.add_argument("--health-check-timeout", type=float, help="seconds /health waits for a forward")
+    p.add_argument("--control-timeout", type=float, help="seconds a blocking control call (group join) may take")
+    p.add_argument("--max-request-bytes", type=int, help="largest request body; larger ones get 413")
+    p.add_argument("--max-prompt-chars", type=int, help="longest text prompt, refused before tokenising")
     p.add_argument("--served-model-name", default="", help="name /v1/models reports (default: --model)")
     p.add_argument("--weight-version", default="default", help="starting weight-version label")
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone (set by the launcher)")

@@ -98,6 +98,9 @@ class EmbeddedServerConfig:
     enable_return_routed_experts: bool = False  # MoE: /generate may return routed_experts (SGLang flag of that name)
     health_check_timeout_s: float = 20.0  # /health answers 503 when no forward completes within this time
     startup_timeout_s: float = 300.0  # how long to wait for a launched server's /health_generate to answer 200
+    control_timeout_s: float = 30.0  # longest wait of a blocking control call: group join, each broadcast, disk read
+    max_request_bytes: int = 67108864  # largest request body (64 MiB); a larger one gets 413 before it is read
+    max_prompt_chars: int = 1000000  # longest text prompt (a chat's messages together), refused before tokenising
 
 
 @dataclass

@@ -183,6 +183,9 @@ def embedded_server_command(
         "--prefix-cache-tokens", str(cfg.prefix_cache_tokens),
         "--random-seed", str(cfg.random_seed),
         "--health-check-timeout", str(cfg.health_check_timeout_s),
+        "--control-timeout", str(cfg.control_timeout_s),
+        "--max-request-bytes", str(cfg.max_request_bytes),
+        "--max-prompt-chars", str(cfg.max_prompt_chars),
     ]  # fmt: skip
     if cfg.threads:
         command += ["--threads", str(cfg.threads)]

@@ -9,7 +9,10 @@ paused they run at once.
 import asyncio
 import contextlib
 import logging
+import socket
+import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +22,7 @@ from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.rollout.server.model import EngineModel
 from userrl_megatron.rollout.server.sampling import parse_sampling_params
 from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request, Scheduler, engine_failed
+from userrl_megatron.rollout.server.threads import DaemonPool, start_daemon, wait_bounded
 from userrl_megatron.rollout.server.weights import receive_weights
 from userrl_megatron.sync.bucket import FlatBuffer
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
@@ -29,6 +33,21 @@ log = logging.getLogger(__name__)
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
 SELECTORS = ("target", "draft", "all")
 HEALTH_RID_PREFIX = "HEALTH_CHECK"
+MAX_STALE_JOINS = 4  # superseded or timed-out group joins still running in their threads; more inits are refused
+TOKENIZER_THREADS = 4  # text prompts tokenised at once, off the event loop
+STOP_GRACE_S = 5.0  # how long shutdown waits for the scheduler thread (a forward, a broadcast) before leaving it
+
+
+@dataclass(eq=False)
+class _Join:
+    """One `init_weights_update_group` in progress; `abandoned` once its caller stopped waiting for it."""
+
+    group_name: str
+    wake: asyncio.Event  # set when a newer init (or shutdown) supersedes this one
+    reason: str = ""  # why it was superseded
+    in_thread: bool = False  # the blocking join has started in its thread
+    finished: bool = False  # ... and ended
+    abandoned: bool = False  # its caller was answered with a failure before it ended
 
 
 def resolve_device(device: str) -> str:
@@ -63,6 +82,10 @@ class EngineCore:
             cfg.enable_return_routed_experts,
         )
         self.groups: dict[str, tuple[Any, str]] = {}  # group name -> (process group, backend)
+        self._join: _Join | None = None  # the one pending group join
+        self._stale_joins = 0  # abandoned joins whose threads still wait for their rendezvous
+        self._join_lock = threading.Lock()  # groups, _join and _stale_joins, shared with the join threads
+        self._tokenizers = DaemonPool(TOKENIZER_THREADS, "tokenizer")
         self._receive_buffers: dict[str, FlatBuffer] = {}  # device -> the flat bucket buffer reused across updates
         self._session: str | None = None  # selector of the open weight-update session
         self._released: set[str] = set()
@@ -77,13 +100,30 @@ class EngineCore:
         self.scheduler.start()
         self.started = True
 
+    def begin_shutdown(self) -> None:
+        """Answer everything in flight now (requests end as aborted, a pending group join fails), so that
+        stopping the server waits for nothing."""
+        self.scheduler.abort(abort_all=True, message="The server is shutting down.")
+        self._supersede("the server is shutting down")
+
     def shutdown(self) -> None:
+        """Stop the scheduler (waiting at most STOP_GRACE_S for a forward or a broadcast it is in) and destroy
+        the weight-update groups."""
         if self.started:
-            self.scheduler.stop()
+            self.scheduler.stop(timeout_s=STOP_GRACE_S)
             self.started = False
-        for group, _ in self.groups.values():
-            destroy_custom_process_group(group)
-        self.groups.clear()
+        with self._join_lock:
+            groups = [group for group, _ in self.groups.values()]
+            self.groups.clear()
+        for group in groups:
+            try:
+                destroy_custom_process_group(group)
+            except Exception as e:  # the scheduler thread may still be in a broadcast on it
+                log.warning("destroying a weight-update group at shutdown failed: %s", e)
+
+    async def tokenize(self, fn: Any) -> Any:
+        """Run `fn()` (tokenising, a chat template) on a tokenizer thread: a long prompt never stalls the loop."""
+        return await self._tokenizers.run(fn)
 
     async def _on_scheduler(self, fn: Any, needs_idle: bool = False) -> Any:
         return await asyncio.wrap_future(self.scheduler.call(fn, needs_idle=needs_idle))
@@ -196,33 +236,120 @@ class EngineCore:
         group_name: str = "weight_update_group",
         backend: str = "nccl",
     ) -> tuple[bool, str]:
-        """Join the trainer's group as rank `rank_offset` (one rank: the embedded engine has no TP).
+        """Join the trainer's group as rank `rank_offset` (one rank: the embedded engine has no TP), answering
+        within `control_timeout_s` (SGLang 0.5.23 waits up to torch's 30 minutes, its scheduler blocked).
 
-        The group is recorded by the joining thread itself, so a caller that goes away meanwhile loses nothing.
-        """
-
-        def join() -> None:
-            if not group_name:
-                raise ValueError("Group name cannot be empty")
-            if group_name in self.groups:
-                raise ValueError(f"group {group_name!r} already exists")
-            group = init_custom_process_group(
-                backend=backend,
-                init_method=f"tcp://{master_address}:{master_port}",
-                world_size=world_size,
-                rank=rank_offset,
-                group_name=group_name,
-                timeout=timedelta(minutes=30),
-            )
-            self.groups[group_name] = (group, backend)
-
+        At most one join is pending: a new call supersedes it, and its caller is answered at once. Waiting for
+        the rendezvous address to listen is a coroutine (nothing is left behind when it ends); the join itself,
+        once something listens there, runs in a daemon thread under the same timeout and records the group
+        itself unless its caller stopped waiting (so a caller that goes away loses nothing)."""
         try:
-            await asyncio.to_thread(join)
+            await self._join_group(master_address, master_port, rank_offset, world_size, group_name, backend)
         except Exception as e:
             message = f"Failed to initialize custom process group: {e}."
             log.error(message)
             return False, message
         return True, "Succeeded to initialize custom process group."
+
+    async def _join_group(
+        self, address: str, port: int, rank: int, world_size: int, group_name: str, backend: str
+    ) -> None:
+        if not group_name:
+            raise ValueError("Group name cannot be empty")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside the group of world_size {world_size}")
+        timeout = self.cfg.control_timeout_s
+        with self._join_lock:
+            if group_name in self.groups:
+                raise ValueError(f"group {group_name!r} already exists")
+            if self._stale_joins >= MAX_STALE_JOINS:
+                raise RuntimeError(
+                    f"{self._stale_joins} earlier joins are still waiting for their rendezvous (each gives up "
+                    f"within {timeout:g} s: rollout.embedded.control_timeout_s)"
+                )
+        self._supersede(f"superseded by a newer init_weights_update_group (group {group_name!r})")
+        join = _Join(group_name, asyncio.Event())
+        with self._join_lock:
+            self._join = join
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            where = f"tcp://{address}:{port}"
+            await self._until(join, _listening(address, port), deadline, f"nothing listens at {where}")
+            join.in_thread = True
+            joined = start_daemon(
+                lambda: self._join_in_thread(join, backend, where, world_size, rank, timeout), "weights-group-join"
+            )
+            await self._until(join, asyncio.wrap_future(joined), deadline, f"the rendezvous at {where} is incomplete")
+        finally:
+            with self._join_lock:
+                if self._join is join and not (join.in_thread and not join.abandoned):
+                    self._join = None  # a join still in its thread stays pending until the thread is done
+
+    def _join_in_thread(
+        self, join: _Join, backend: str, init_method: str, world_size: int, rank: int, timeout: float
+    ) -> None:
+        try:
+            group = init_custom_process_group(
+                backend=backend,
+                init_method=init_method,
+                world_size=world_size,
+                rank=rank,
+                group_name=join.group_name,
+                timeout=timedelta(seconds=timeout),
+            )
+        except BaseException:
+            self._join_done(join)
+            raise
+        if not self._join_done(join, group, backend):  # its caller was told it failed: nobody will use it
+            destroy_custom_process_group(group)
+            raise RuntimeError(f"group {join.group_name!r} was joined after its caller gave up; destroyed")
+
+    def _join_done(self, join: _Join, group: Any = None, backend: str = "") -> bool:
+        """Record a finished join (its group, unless abandoned); whether the group was kept."""
+        with self._join_lock:
+            join.finished = True
+            if self._join is join:
+                self._join = None
+            if join.abandoned:
+                self._stale_joins -= 1
+                return False
+            if group is not None:
+                self.groups[join.group_name] = (group, backend)
+            return True
+
+    async def _until(self, join: _Join, step: Any, deadline: float, what: str) -> Any:
+        """Await `step` until it is done, the join is superseded or the deadline passes (the last two raise)."""
+        task, woken = asyncio.ensure_future(step), asyncio.ensure_future(join.wake.wait())
+        try:
+            remaining = max(deadline - asyncio.get_running_loop().time(), 0.0)
+            done, _ = await asyncio.wait({task, woken}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()  # a join already in its thread goes on and records its group
+            raise
+        finally:
+            woken.cancel()
+        if task in done:
+            return task.result()
+        with self._join_lock:
+            finished = join.in_thread and join.finished
+            if join.in_thread and not join.finished:
+                join.abandoned = True
+                self._stale_joins += 1
+        if finished:  # the thread ended just now: its outcome stands
+            return await task
+        task.cancel()
+        if join.wake.is_set():
+            raise RuntimeError(join.reason)
+        raise TimeoutError(f"{what} after {self.cfg.control_timeout_s:g} s (rollout.embedded.control_timeout_s)")
+
+    def _supersede(self, reason: str) -> None:
+        """Wake the pending join's caller with `reason`; its thread, if it started one, is abandoned."""
+        with self._join_lock:
+            join = self._join
+            self._join = None
+        if join is not None and not join.wake.is_set():
+            join.reason = reason
+            join.wake.set()
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> tuple[bool, str]:
         entry = self.groups.pop(group_name, None)
@@ -336,7 +463,11 @@ class EngineCore:
     ) -> tuple[bool, str]:
         """Load a safetensors checkpoint directory; on failure the previous weights are put back (as SGLang)."""
         try:
-            named = await asyncio.to_thread(read_safetensors_dir, model_path)
+            named = await wait_bounded(
+                start_daemon(lambda: read_safetensors_dir(model_path), "weights-from-disk"),
+                self.cfg.control_timeout_s,
+                f"reading {model_path}",
+            )
         except Exception as e:
             return False, f"Failed to get weights iterator: {e}."
         backup = {name: p.detach().to("cpu", copy=True) for name, p in self.model.model.named_parameters()}
@@ -486,6 +617,27 @@ class EngineCore:
             "version": "userrl-embedded",
             "frontend": "python",
         }
+
+
+async def _listening(address: str, port: int) -> None:
+    """Return once a TCP connection to address:port succeeds (the trainer's rendezvous store is up), retrying
+    while it is refused. Name resolution runs in a daemon thread (the loop's executor is joined at exit)."""
+    infos = await asyncio.wrap_future(
+        start_daemon(lambda: socket.getaddrinfo(address, port, type=socket.SOCK_STREAM), "resolve")
+    )
+    family, _, _, _, where = infos[0]
+    delay = 0.05
+    while True:
+        try:
+            _, writer = await asyncio.open_connection(where[0], where[1], family=family)
+        except OSError:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return
 
 
 def read_safetensors_dir(path: str) -> list[tuple[str, torch.Tensor]]:

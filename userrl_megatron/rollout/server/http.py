@@ -29,7 +29,9 @@ from userrl_megatron.sync.handles import is_base64
 log = logging.getLogger(__name__)
 
 CORE_KEY = web.AppKey("core", EngineCore)
+SHUTDOWN_GRACE_S = 2.0  # how long a stopping server lets handlers finish (everything in flight was answered)
 REQUIRED = object()
+MAX_JSON_DEPTH = 64  # nesting of a request body (pydantic, which SGLang validates with, stops at 200)
 FLUSH_OK = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
@@ -62,10 +64,28 @@ async def read_json(request: web.Request, required: bool = True) -> Any:
         if required:
             raise BadRequestError("1 validation error:\n  body: Field required")
         return {}
+    too_deep = BadRequestError(f"1 validation error:\n  body: JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except json.JSONDecodeError as e:
         raise BadRequestError(f"1 validation error:\n  body: JSON decode error ({e.msg} at position {e.pos})") from e
+    except RecursionError:  # deeper than the interpreter's stack
+        raise too_deep from None
+    if _depth_over(body, MAX_JSON_DEPTH):
+        raise too_deep
+    return body
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether lists and objects nest deeper than `limit` (iterative: a deep body cannot exhaust the stack)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def fields(body: Any, spec: dict[str, tuple[type | tuple[type, ...], Any]]) -> dict[str, Any]:
@@ -110,7 +130,7 @@ def build_app(core: EngineCore) -> web.Application:
     """The aiohttp application serving the native API and the OpenAI routes."""
     from userrl_megatron.rollout.server.openai_api import add_openai_routes
 
-    app = web.Application(middlewares=[bad_request_middleware], client_max_size=1024**3)
+    app = web.Application(middlewares=[bad_request_middleware], client_max_size=core.cfg.max_request_bytes)
     app[CORE_KEY] = core
     r = app.router
     for method in ("POST", "PUT"):
@@ -170,7 +190,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if problem is not None:
         return web.json_response({"error": problem}, status=400)
     try:
-        items, single = parse_generate(body, core.model)
+        if body.get("text") is not None:  # tokenising a long text must not stall the loop
+            items, single = await core.tokenize(lambda: parse_generate(body, core.model, core.cfg.max_prompt_chars))
+        else:
+            items, single = parse_generate(body, core.model)
         requests = [make_request(core, item) for item in items]
         if body.get("stream") and not single:
             raise ValueError("Streaming a batch or n > 1 is not supported by the embedded server.")
@@ -423,7 +446,9 @@ async def _memory(request: web.Request, operation: Callable) -> web.Response:
 async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event) -> None:
     """Serve until `stop` is set (the caller owns the core's lifetime)."""
     # A client that disconnects cancels its handler, which aborts its requests (as SGLang does).
-    runner = web.AppRunner(build_app(core), access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(
+        build_app(core), access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -432,4 +457,5 @@ async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event) -> 
     try:
         await stop.wait()
     finally:
+        core.begin_shutdown()  # requests end as aborted, a pending group join fails: handlers return at once
         await runner.cleanup()

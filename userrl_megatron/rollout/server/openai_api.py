@@ -15,11 +15,70 @@ from typing import Any
 from aiohttp import web
 
 from userrl_megatron.rollout.server.core import EngineCore, call_soon
-from userrl_megatron.rollout.server.http import CORE_KEY, BadRequestError, error_shape, make_request, read_json
-from userrl_megatron.rollout.server.protocol import GenerateItem, output_text
+from userrl_megatron.rollout.server.http import (
+    CORE_KEY,
+    REQUIRED,
+    BadRequestError,
+    error_shape,
+    fields,
+    make_request,
+    read_json,
+)
+from userrl_megatron.rollout.server.protocol import GenerateItem, check_prompt_chars, output_text
+from userrl_megatron.rollout.server.sampling import MAX_N
 from userrl_megatron.rollout.server.scheduler import Request
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+MAX_TOP_LOGPROBS = 20  # OpenAI's range of chat top_logprobs
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's range of the legacy completions logprobs
+# Keyword arguments of transformers' apply_chat_template: refused inside chat_template_kwargs (only template
+# variables belong there; a template of the client's is SGLang's refusal too).
+TEMPLATE_CALL_ARGS = (
+    "conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
+    "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+)  # fmt: skip
+# Body fields both routes read, with their JSON types (pydantic-style 400 naming the field otherwise).
+SAMPLING_TYPES: dict[str, tuple[Any, Any]] = {
+    "model": (str, None),
+    "temperature": (float, None),
+    "top_p": (float, None),
+    "top_k": (int, None),
+    "min_p": (float, None),
+    "frequency_penalty": (float, None),
+    "presence_penalty": (float, None),
+    "repetition_penalty": (float, None),
+    "min_tokens": (int, None),
+    "max_tokens": (int, None),
+    "n": (int, None),
+    "seed": (int, None),
+    "stop": ((str, list), None),
+    "stop_token_ids": (list, None),
+    "logit_bias": (dict, None),
+    "ignore_eos": (bool, None),
+    "skip_special_tokens": (bool, None),
+    "no_stop_trim": (bool, None),
+    "stream": (bool, None),
+}
+CHAT_TYPES = {
+    **SAMPLING_TYPES,
+    "messages": (list, REQUIRED),
+    "max_completion_tokens": (int, None),
+    "logprobs": (bool, None),
+    "top_logprobs": (int, None),
+    "response_format": (dict, None),
+    "tools": (list, None),
+    "chat_template_kwargs": (dict, None),
+    "stream_options": (dict, None),
+}
+COMPLETION_TYPES = {
+    **SAMPLING_TYPES,
+    "prompt": ((str, list), REQUIRED),
+    "logprobs": (int, None),
+    "echo": (bool, None),
+    "suffix": (str, None),
+    "return_token_ids": (bool, None),
+}
 
 
 def add_openai_routes(app: web.Application) -> None:
@@ -59,25 +118,98 @@ async def get_model(request: web.Request) -> web.Response:
     return web.json_response(_card(core))
 
 
-def _chat_item(core: EngineCore, body: Any) -> GenerateItem:
-    """The native request a chat body stands for; ValueError / BadRequestError on bad input."""
+def _invalid(path: str, message: str) -> BadRequestError:
+    return BadRequestError(f"1 validation error:\n  body.{path}: {message}")
+
+
+def _check_common(body: dict[str, Any], spec: dict[str, tuple[Any, Any]]) -> None:
+    """JSON types of the fields a route reads, then the element types of the composite ones."""
+    fields(body, spec)
+    stop = body.get("stop")
+    if isinstance(stop, list) and not all(isinstance(x, str) for x in stop):
+        raise _invalid("stop", f"Input should be a string or a list of strings, got {stop!r}")
+    ids = body.get("stop_token_ids")
+    if ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise _invalid("stop_token_ids", f"Input should be a list of integers, got {ids!r}")
+    n = body.get("n")
+    if n is not None and not 1 <= n <= MAX_N:
+        raise ValueError(f"n must be in [1, {MAX_N}], got {n}.")
+
+
+def _check_chat_body(core: EngineCore, body: Any) -> None:
+    """Everything about a chat body that needs no tokenizer (types, ranges, prompt length); runs on the loop."""
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
         raise BadRequestError("1 validation error:\n  body.messages: Field required (a non-empty list of messages)")
+    _check_common(body, CHAT_TYPES)
+    chars = sum(_message_chars(i, m) for i, m in enumerate(body["messages"]))
+    if body.get("tools") is not None:
+        if not all(isinstance(t, dict) for t in body["tools"]):
+            raise _invalid("tools", "Input should be a list of objects")
+        chars += len(json.dumps(body["tools"]))
+    if chars > core.cfg.max_prompt_chars:
+        raise ValueError(
+            f"The chat prompt has {chars} characters, more than this server takes ({core.cfg.max_prompt_chars}: "
+            "rollout.embedded.max_prompt_chars)."
+        )
+    response_format = body.get("response_format")
+    if response_format is not None and not isinstance(response_format.get("type"), str):
+        raise _invalid("response_format.type", f"Field required (a string), got {response_format!r}")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if "chat_template" in kwargs:
+        raise ValueError("Request-supplied chat_template is not allowed.")
+    reserved = sorted(k for k in kwargs if k in TEMPLATE_CALL_ARGS)
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may hold template variables only, not {', '.join(reserved)}.")
+    top = body.get("top_logprobs")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}.")
+
+
+def _message_chars(index: int, m: Any) -> int:
+    """Check one message's shape; the characters of its text."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise BadRequestError(f"1 validation error:\n  body.messages.{index}: each message needs a role (a string)")
+    content = m.get("content")
+    if content is None or isinstance(content, str):
+        return len(content or "")
+    if not isinstance(content, list):
+        raise _invalid(
+            f"messages.{index}.content", f"Input should be a string or a list of content parts, got {content!r}"
+        )
+    chars = 0
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise _invalid(f"messages.{index}.content.{j}", f"Input should be a content part object, got {part!r}")
+        if part["type"] == "text":
+            if not isinstance(part.get("text"), str):
+                raise _invalid(f"messages.{index}.content.{j}.text", f"Input should be a string, got {part!r}")
+            chars += len(part["text"])
+    return chars
+
+
+def _chat_item(core: EngineCore, body: dict[str, Any]) -> GenerateItem:
+    """The native request a checked chat body stands for (chat template, tokenising); ValueError on bad input.
+    Runs on a tokenizer thread."""
     tokenizer = core.model.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("The model has no chat template; use /generate with input_ids.")
     response_format = (body.get("response_format") or {}).get("type", "text")
     if response_format not in ("text", "json_object"):
         raise ValueError(f"response_format {response_format!r} is not supported by the embedded server.")
-    text = tokenizer.apply_chat_template(
-        [_message(m) for m in body["messages"]],
-        tools=body.get("tools"),
-        add_generation_prompt=True,
-        tokenize=False,
-        **(body.get("chat_template_kwargs") or {}),
-    )
+    try:
+        text = tokenizer.apply_chat_template(
+            [_message(m) for m in body["messages"]],
+            tools=body.get("tools"),
+            add_generation_prompt=True,
+            tokenize=False,
+            **(body.get("chat_template_kwargs") or {}),
+        )
+    except Exception as e:  # the template raised on these messages (a client's input, not the server)
+        raise ValueError(f"The chat template cannot render these messages: {type(e).__name__}: {e}") from e
     input_ids = list(tokenizer.encode(text, add_special_tokens=False))
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
     if max_tokens is None:
         max_tokens = core.model.spec.context_length - len(input_ids)
     sampling = {
@@ -103,17 +235,15 @@ def _chat_item(core: EngineCore, body: Any) -> GenerateItem:
         sampling={k: v for k, v in sampling.items() if v is not None},
         return_logprob=bool(body.get("logprobs")),
         logprob_start_len=-1,
-        top_logprobs_num=int(body.get("top_logprobs") or 0),
+        top_logprobs_num=body.get("top_logprobs") or 0,
         return_text_in_logprobs=False,
     )
 
 
-def _message(m: Any) -> dict[str, Any]:
-    if not isinstance(m, dict) or "role" not in m:
-        raise BadRequestError("1 validation error:\n  body.messages: each message needs a role")
+def _message(m: dict[str, Any]) -> dict[str, Any]:
     content = m.get("content")
     if isinstance(content, list):  # content parts: keep the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        content = "".join(p["text"] for p in content if p["type"] == "text")
     return {**m, "content": content or ""}
 
 
@@ -129,10 +259,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     core = request.app[CORE_KEY]
     body = await read_json(request)
     try:
-        item = _chat_item(core, body)
-        n = int(body.get("n") or 1)
-        if n < 1:
-            raise ValueError(f"n must be at least 1, got {n}.")
+        _check_chat_body(core, body)
+        item = await core.tokenize(lambda: _chat_item(core, body))
+        n = body.get("n") or 1
         requests = [make_request(core, item) for _ in range(n)]
     except ValueError as e:
         return error_shape(str(e), kind="BadRequestError")
@@ -238,17 +367,41 @@ async def _stream_chat(
     return response
 
 
-def _completion_items(core: EngineCore, body: Any) -> list[GenerateItem]:
-    """One native request per prompt of a `/v1/completions` body (SGLang's defaults: max_tokens 16)."""
+def _check_completion_body(core: EngineCore, body: Any) -> list[str | list[int]]:
+    """Types, ranges and text lengths of a `/v1/completions` body (on the loop); its prompts."""
     if not isinstance(body, dict) or body.get("prompt") in (None, "", []):
         raise BadRequestError("1 validation error:\n  body.prompt: Field required")
+    _check_common(body, COMPLETION_TYPES)
     if body.get("stream"):
         raise ValueError("Streaming /v1/completions is not supported by the embedded server.")
     if body.get("echo") or body.get("suffix"):
         raise ValueError("echo and suffix are not supported by the embedded server.")
     prompt = body["prompt"]
-    if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+    if isinstance(prompt, str) or all(_is_token_id(t) for t in prompt):
         prompt = [prompt]
+    if not all(isinstance(p, str) or (isinstance(p, list) and all(_is_token_id(t) for t in p)) for p in prompt):
+        raise _invalid(
+            "prompt",
+            "Input should be a string, a list of strings, a list of token ids or a list of lists of token ids, "
+            f"got {body['prompt']!r}"[:300],
+        )
+    check_prompt_chars([p for p in prompt if isinstance(p, str)], core.cfg.max_prompt_chars)
+    max_tokens = body.get("max_tokens", 16)
+    if not isinstance(max_tokens, int) or max_tokens <= 0:  # SGLang's validator: positive (0 too is refused)
+        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise ValueError(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {logprobs}.")
+    return prompt
+
+
+def _is_token_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def _completion_items(core: EngineCore, body: dict[str, Any], prompt: list[str | list[int]]) -> list[GenerateItem]:
+    """One native request per prompt of a checked `/v1/completions` body (SGLang's defaults: max_tokens 16);
+    tokenises text prompts (run on a tokenizer thread when there are any)."""
     prompts: list[list[int]] = []
     for p in prompt:
         if isinstance(p, str):
@@ -256,11 +409,8 @@ def _completion_items(core: EngineCore, body: Any) -> list[GenerateItem]:
                 raise ValueError("The model has no tokenizer; send the prompt as token ids.")
             p = list(core.model.tokenizer.encode(p))
         prompts.append(list(p))
-    max_tokens = body.get("max_tokens", 16)
-    if not isinstance(max_tokens, int) or max_tokens <= 0:
-        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
     sampling = {
-        "max_new_tokens": max_tokens,
+        "max_new_tokens": body.get("max_tokens", 16),
         "temperature": body.get("temperature", 1.0),
         "top_p": body.get("top_p", 1.0),
         "top_k": body.get("top_k", -1),
@@ -295,10 +445,12 @@ async def completions(request: web.Request) -> web.Response:
     core = request.app[CORE_KEY]
     body = await read_json(request)
     try:
-        items = _completion_items(core, body)
-        n = int(body.get("n") or 1)
-        if n < 1:
-            raise ValueError(f"n must be at least 1, got {n}.")
+        prompt = _check_completion_body(core, body)
+        if any(isinstance(p, str) for p in prompt):  # tokenising a long text must not stall the loop
+            items = await core.tokenize(lambda: _completion_items(core, body, prompt))
+        else:
+            items = _completion_items(core, body, prompt)
+        n = body.get("n") or 1
         pairs = [(item, make_request(core, item)) for item in items for _ in range(n)]
     except ValueError as e:
         return error_shape(str(e), kind="BadRequestError")

@@ -112,11 +112,15 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the loop; wait for the thread at most `timeout_s` (a daemon thread stuck in a forward or a
+        broadcast is left to end with the process)."""
         with self._cond:
             self._stop = True
             self._cond.notify()
-        self._thread.join()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("the scheduler thread is still busy after %s s; leaving it", timeout_s)
 
     def submit(self, request: Request) -> None:
         """Queue a request; its `on_finish` fires on the scheduler thread (at once if the engine has stopped)."""
