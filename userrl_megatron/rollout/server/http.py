@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from userrl_megatron.rollout.auth import bearer_matches, is_public
 from userrl_megatron.rollout.server.core import EngineCore, call_soon
 from userrl_megatron.rollout.server.protocol import (
     GenerateItem,
@@ -29,6 +30,7 @@ from userrl_megatron.sync.handles import is_base64
 log = logging.getLogger(__name__)
 
 CORE_KEY = web.AppKey("core", EngineCore)
+API_KEY = web.AppKey("api_key", str)  # "" = no key required
 SHUTDOWN_GRACE_S = 2.0  # how long a stopping server lets handlers finish (everything in flight was answered)
 REQUIRED = object()
 MAX_JSON_DEPTH = 64  # nesting of a request body (pydantic, which SGLang validates with, stops at 200)
@@ -126,12 +128,26 @@ async def bad_request_middleware(request: web.Request, handler: Callable) -> web
         return error_shape(str(e))
 
 
-def build_app(core: EngineCore) -> web.Application:
-    """The aiohttp application serving the native API and the OpenAI routes."""
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """SGLang's `--api-key` check, before routing and before the body is read: every path but health, readiness
+    and metrics needs `Authorization: Bearer <key>`; else 401 `{"error": "Unauthorized"}`, as SGLang answers."""
+    key = request.app[API_KEY]
+    public = not key or is_public(request.method, request.path)
+    if not public and not bearer_matches(request.headers.get("Authorization"), key):
+        return web.json_response({"error": "Unauthorized"}, status=401)
+    return await handler(request)
+
+
+def build_app(core: EngineCore, api_key: str = "") -> web.Application:
+    """The aiohttp application serving the native API and the OpenAI routes (requiring `api_key` if given)."""
     from userrl_megatron.rollout.server.openai_api import add_openai_routes
 
-    app = web.Application(middlewares=[bad_request_middleware], client_max_size=core.cfg.max_request_bytes)
+    app = web.Application(
+        middlewares=[auth_middleware, bad_request_middleware], client_max_size=core.cfg.max_request_bytes
+    )
     app[CORE_KEY] = core
+    app[API_KEY] = api_key
     r = app.router
     for method in ("POST", "PUT"):
         r.add_route(method, "/generate", generate)
@@ -443,11 +459,11 @@ async def _memory(request: web.Request, operation: Callable) -> web.Response:
 # ---- running ----
 
 
-async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event) -> None:
-    """Serve until `stop` is set (the caller owns the core's lifetime)."""
+async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event, api_key: str = "") -> None:
+    """Serve until `stop` is set (the caller owns the core's lifetime), requiring `api_key` if given."""
     # A client that disconnects cancels its handler, which aborts its requests (as SGLang does).
     runner = web.AppRunner(
-        build_app(core), access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S
+        build_app(core, api_key), access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)

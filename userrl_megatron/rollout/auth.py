@@ -1,0 +1,41 @@
+"""The API key of the engines and the router a run starts (docs/engine.md, "Security model").
+
+A run takes its key from the environment variable `rollout.api_key_env` names (default `USERRL_ENGINE_API_KEY`),
+or, when that variable is unset, makes a random one. The key travels only in process environments and in
+memory (Ray task arguments to the engine actors and the weight senders), never in a config, on a command line
+or in a log. Requests carry it as SGLang's clients do: `Authorization: Bearer <key>`.
+"""
+
+import logging
+import os
+import secrets
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEY_ENV = "USERRL_ENGINE_API_KEY"
+KEY_BYTES = 32  # entropy of a generated key
+# Paths anyone may call on a server with a key, as SGLang 0.5.23 (`sglang/srt/utils/auth.py`): prefixes.
+PUBLIC_PREFIXES = ("/health", "/ready", "/metrics")
+
+
+def run_api_key(env_name: str) -> str:
+    """The key of this run's engines: `$env_name` when set, else a new random key (logged without its value)."""
+    key = os.environ.get(env_name, "")
+    if key:
+        log.info("engines and router require the API key in $%s", env_name)
+        return key
+    log.info("engines and router require a random API key made for this run ($%s is unset)", env_name)
+    return secrets.token_urlsafe(KEY_BYTES)
+
+
+def is_public(method: str, path: str) -> bool:
+    """Whether a request needs no key (SGLang's rule: OPTIONS, health, readiness and metrics)."""
+    return method == "OPTIONS" or path.startswith(PUBLIC_PREFIXES)
+
+
+def bearer_matches(header: str | None, key: str) -> bool:
+    """Whether an `Authorization` header is `Bearer <key>` (scheme case-insensitive, constant-time compare)."""
+    if not header:
+        return False
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode())
