@@ -3,15 +3,18 @@ shared-memory handle is read bit-exact by another, unrelated process; its memory
 let go; the receiver reads only its own rank's entry and resolves only the globals SGLang's unpickler allows."""
 
 import base64
+import collections
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing.reductions as reductions
 
 from tests.support.payloads import plain_pickle
 from userrl_megatron.config.schema import SyncConfig
@@ -147,3 +150,83 @@ def test_payload_holders_follow_the_placement() -> None:
         [0, 0],
         [0],
     ]
+
+
+class Reduce:
+    """Pickles as `fn(*args)`: how a hostile payload names any allowed global with arguments of its choice."""
+
+    def __init__(self, fn: object, *args: object) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple:
+        return self.fn, self.args
+
+
+def hostile(obj: object) -> str:
+    return base64.b64encode(plain_pickle([("w", obj)])).decode()
+
+
+def one_float_storage() -> torch.TypedStorage:
+    with warnings.catch_warnings():  # TypedStorage is deprecated: a payload still may hold one
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.ones(1).storage()
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        # torch grows a storage too short for the view with uninitialised memory: 576 floats from 1.
+        (
+            Reduce(torch._utils._rebuild_tensor, one_float_storage(), 0, (576,), (1,)),
+            r"a tensor of size \[576\] \(stride \[1\], offset 0\) does not fit its storage of 4 bytes",
+        ),
+        (
+            Reduce(
+                torch._utils._rebuild_tensor_v2, one_float_storage(), 1, (1,), (1,), False, collections.OrderedDict()
+            ),
+            r"a tensor of size \[1\] \(stride \[1\], offset 1\) does not fit its storage of 4 bytes",
+        ),
+        # An overlapping view larger than its storage (stride 0): every later reshape would copy it out.
+        (
+            Reduce(torch._utils._rebuild_tensor, one_float_storage(), 0, (1 << 40,), (0,)),
+            r"a tensor of size \[1099511627776\] \(stride \[0\], offset 0\) does not fit its storage of 4 bytes",
+        ),
+        (Reduce(torch._utils._rebuild_tensor, one_float_storage(), -1, (1,), (1,)), "a bad tensor view: offset -1"),
+        (bytearray(b"x"), r"Blocked unsafe global \(builtins\.bytearray\) during pickle deserialization"),
+        (range(10**12), r"Blocked unsafe global \(builtins\.range\) during pickle deserialization"),
+        (Reduce(bytes, 10**12), r"bytes\(n\) is not allowed in a weight payload"),
+        (Reduce(torch.UntypedStorage, 10**12), "constructing UntypedStorage is not allowed in a weight payload"),
+        (Reduce(torch.Tensor, 576), "constructing Tensor is not allowed in a weight payload"),
+        (
+            Reduce(reductions.rebuild_storage_filename, torch.UntypedStorage, b"/m.sock", b"/torch_1_2_3", 10**15),
+            r"a storage of 1000000000000000 bytes \(at most 1073741824\)",
+        ),
+        (
+            Reduce(reductions.rebuild_storage_filename, torch.UntypedStorage, b"/m.sock", b"/etc/passwd", 8),
+            r"not a torch shared-memory file name: b'/etc/passwd'",
+        ),
+    ],
+    ids=[
+        "576-from-1",
+        "offset-past-end",
+        "stride-0",
+        "negative-offset",
+        "bytearray",
+        "range",
+        "bytes-n",
+        "untyped-storage-n",
+        "tensor-n",
+        "huge-shared-file",
+        "not-a-torch-file",
+    ],
+)
+def test_hostile_payloads_are_refused(obj: object, message: str) -> None:
+    with pytest.raises(pickle.UnpicklingError, match=message):
+        decode_payload([hostile(obj)], None)
+
+
+def test_a_payload_holds_at_most_max_bytes_of_tensors() -> None:
+    payload = base64.b64encode(plain_pickle([("a", torch.ones(16)), ("b", torch.ones(16))])).decode()
+    assert [name for name, _ in decode_payload([payload], None, max_bytes=128)] == ["a", "b"]
+    with pytest.raises(pickle.UnpicklingError, match="the payload's tensors exceed 100 bytes"):
+        decode_payload([payload], None, max_bytes=100)

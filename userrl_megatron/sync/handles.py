@@ -15,7 +15,11 @@ numel). The sender writes them as `types.SimpleNamespace` (SGLang's unpickler al
 SGLang to import its class from); the receiver takes either.
 
 Receiving (the embedded server) follows SGLang 0.5.23's `SafeUnpickler`: only the globals such a payload needs
-are resolved; anything else is refused with SGLang's message.
+are resolved; anything else is refused with SGLang's message. It is stricter than SGLang's: a tensor is rebuilt
+only inside its storage and no larger than it (torch would grow a short storage with uninitialised memory), the
+tensors of one payload hold at most `max_bytes` together and no storage is larger, shared memory is named only
+as torch names it, tensor and storage classes are arguments never called (`torch.Tensor(n)` allocates), and
+`bytearray`, `range` and `bytes(n)` are refused.
 """
 
 import base64
@@ -24,8 +28,11 @@ import builtins
 import codecs
 import collections
 import copyreg
+import functools
 import io
+import math
 import pickle
+import re
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -120,9 +127,141 @@ class FlattenedTensorMetadata:
     numel: int
 
 
-def _rebuild_cuda_tensor(*args: Any) -> torch.Tensor:
-    """torch's CUDA IPC rebuild, with the device given by UUID (or index) mapped to this process's index."""
+class _Budget:
+    """What one payload may make the engine hold: tensors of `max_bytes` together, no storage larger."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.used = max_bytes, 0
+        self.tensor_rebuilds: list[Any] = []  # this payload's bound tensor rebuilds (_rebuild_from_type_v2 calls)
+
+    def storage(self, nbytes: int) -> None:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or not 0 <= nbytes <= self.max_bytes:
+            raise pickle.UnpicklingError(f"a storage of {nbytes!r} bytes (at most {self.max_bytes})")
+
+    def tensor(self, nbytes: int) -> None:
+        self.used += nbytes
+        if self.used > self.max_bytes:
+            raise pickle.UnpicklingError(f"the payload's tensors exceed {self.max_bytes} bytes")
+
+
+@dataclass(frozen=True)
+class _ClassRef:
+    """A class the payload names as an argument (a tensor or storage type), never constructs: calling it would
+    allocate uninitialised memory (`torch.Tensor(n)`, `torch.UntypedStorage(n)`)."""
+
+    cls: type
+
+    def __call__(self, *args: Any) -> Any:
+        raise pickle.UnpicklingError(f"constructing {self.cls.__name__} is not allowed in a weight payload")
+
+
+def _unwrap(ref: Any, allowed: tuple[type, ...]) -> type:
+    if not isinstance(ref, _ClassRef) or ref.cls not in allowed:
+        raise pickle.UnpicklingError(f"expected one of {', '.join(c.__name__ for c in allowed)}, got {ref!r}")
+    return ref.cls
+
+
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or not all(type(v) is int and v >= 0 for v in value):
+        raise pickle.UnpicklingError(f"{what} must be a sequence of non-negative integers, got {value!r}")
+    return tuple(value)
+
+
+def _check_view(budget: _Budget, nbytes: int, itemsize: int, offset: Any, size: Any, stride: Any) -> None:
+    """A tensor of `size`/`stride` at element `offset` reads only its storage's `nbytes` and is no larger than
+    it (torch would grow the storage with uninitialised memory; an overlapping view could be huge)."""
+    size, stride = _ints(size, "size"), _ints(stride, "stride")
+    if type(offset) is not int or offset < 0 or len(size) != len(stride):
+        raise pickle.UnpicklingError(f"a bad tensor view: offset {offset!r}, size {size}, stride {stride}")
+    numel = math.prod(size)
+    extent = 0 if numel == 0 else offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) + 1
+    if extent * itemsize > nbytes or numel * itemsize > nbytes - min(nbytes, offset * itemsize):
+        raise pickle.UnpicklingError(
+            f"a tensor of size {list(size)} (stride {list(stride)}, offset {offset}) does not fit its storage "
+            f"of {nbytes} bytes"
+        )
+    budget.tensor(numel * itemsize)
+
+
+def _typed(storage: Any) -> torch.TypedStorage:
+    if not isinstance(storage, torch.TypedStorage):
+        raise pickle.UnpicklingError(f"expected a typed storage, got {type(storage).__name__}")
+    return storage
+
+
+def _rebuild_tensor(budget: _Budget, storage: Any, offset: Any, size: Any, stride: Any) -> torch.Tensor:
+    typed = _typed(storage)
+    _check_view(budget, typed._untyped_storage.nbytes(), typed.dtype.itemsize, offset, size, stride)
+    return torch._utils._rebuild_tensor(typed, offset, size, stride)
+
+
+def _rebuild_tensor_v2(
+    budget: _Budget, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *meta: Any
+) -> torch.Tensor:
+    if hooks:
+        raise pickle.UnpicklingError("a tensor with backward hooks")
+    typed = _typed(storage)
+    _check_view(budget, typed._untyped_storage.nbytes(), typed.dtype.itemsize, offset, size, stride)
+    return torch._utils._rebuild_tensor_v2(typed, offset, size, stride, bool(requires_grad), hooks, *meta)
+
+
+def _rebuild_parameter(data: Any, requires_grad: Any, hooks: Any) -> torch.nn.Parameter:
+    if not isinstance(data, torch.Tensor) or hooks:
+        raise pickle.UnpicklingError("a parameter is rebuilt from a tensor, without backward hooks")
+    return torch._utils._rebuild_parameter(data, bool(requires_grad), hooks)
+
+
+def _rebuild_from_type(budget: _Budget, func: Any, new_type: Any, args: Any, state: Any) -> torch.Tensor:
+    if not any(func is f for f in budget.tensor_rebuilds) or not isinstance(args, tuple) or state:
+        raise pickle.UnpicklingError("a tensor subclass is rebuilt only from a tensor rebuild, without state")
+    return torch._tensor._rebuild_from_type_v2(func, _unwrap(new_type, _TENSOR_TYPES), args, state)
+
+
+def _mp_rebuild_tensor(budget: _Budget, cls: Any, storage: Any, metadata: Any) -> torch.Tensor:
+    """torch's `multiprocessing.reductions.rebuild_tensor`, checked."""
+    if not isinstance(metadata, tuple) or len(metadata) != 4:
+        raise pickle.UnpicklingError("tensor metadata is (offset, size, stride, requires_grad)")
+    offset, size, stride, requires_grad = metadata
+    typed = _typed(storage)
+    _check_view(budget, typed._untyped_storage.nbytes(), typed.dtype.itemsize, offset, size, stride)
+    return reductions.rebuild_tensor(_unwrap(cls, _TENSOR_TYPES), typed, (offset, size, stride, bool(requires_grad)))
+
+
+def _rebuild_typed_storage(storage: Any, dtype: Any) -> torch.TypedStorage:
+    if not isinstance(storage, torch.UntypedStorage) or not isinstance(dtype, torch.dtype):
+        raise pickle.UnpicklingError("a typed storage wraps an untyped storage with a dtype")
+    return reductions.rebuild_typed_storage(storage, dtype)
+
+
+def _rebuild_storage_filename(
+    budget: _Budget, cls: Any, manager: Any, handle: Any, size: Any, dtype: Any = None
+) -> torch.UntypedStorage | torch.TypedStorage:
+    """A shared-memory file of torch's naming (`/torch_<pid>_<n>_<n>`) of at most the budget's bytes."""
+    cls = _unwrap(cls, _STORAGE_TYPES)
+    if not isinstance(handle, bytes) or not SHM_HANDLE.fullmatch(handle) or not isinstance(manager, bytes):
+        raise pickle.UnpicklingError(f"not a torch shared-memory file name: {handle!r}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise pickle.UnpicklingError(f"not a dtype: {dtype!r}")
+    budget.storage(size if dtype is None or type(size) is not int else size * dtype.itemsize)
+    return reductions.rebuild_storage_filename(cls, manager, handle, size, dtype)
+
+
+def _rebuild_storage_empty(cls: Any) -> torch.UntypedStorage | torch.TypedStorage:
+    return _unwrap(cls, _STORAGE_TYPES)()
+
+
+def _rebuild_cuda_tensor(budget: _Budget, *args: Any) -> torch.Tensor:
+    """torch's CUDA IPC rebuild, with the device given by UUID (or index) mapped to this process's index; the
+    tensor must lie inside the storage the handle declares."""
+    if len(args) != 15:
+        raise pickle.UnpicklingError(f"a CUDA tensor handle has 15 fields, got {len(args)}")
     args_list = list(args)
+    args_list[0], args_list[4] = _unwrap(args[0], _TENSOR_TYPES), _unwrap(args[4], _STORAGE_TYPES)
+    size, stride, offset, dtype, storage_bytes = args[1], args[2], args[3], args[5], args[8]
+    if not isinstance(dtype, torch.dtype):
+        raise pickle.UnpicklingError(f"not a dtype: {dtype!r}")
+    budget.storage(storage_bytes)
+    _check_view(budget, storage_bytes, dtype.itemsize, offset, size, stride)
     device = args_list[CUDA_DEVICE_ARG]
     if isinstance(device, str):
         matches = [
@@ -134,73 +273,116 @@ def _rebuild_cuda_tensor(*args: Any) -> torch.Tensor:
     return reductions.rebuild_cuda_tensor(*args_list)
 
 
-def _load_storage_bytes(data: bytes) -> torch.UntypedStorage:
-    """A storage pickled by value (plain `pickle`), loaded without running arbitrary code."""
+def _load_storage_bytes(budget: _Budget, data: Any) -> torch.TypedStorage:
+    """A storage pickled by value (plain `pickle`, its bytes in the request body), loaded without running
+    arbitrary code."""
+    if not isinstance(data, bytes):
+        raise pickle.UnpicklingError("a storage by value is bytes")
     storage = torch.load(io.BytesIO(data), weights_only=True)
     if not isinstance(storage, (torch.TypedStorage, torch.UntypedStorage)):
         raise pickle.UnpicklingError(f"Expected a Torch storage, got {type(storage).__name__}")
+    untyped = storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
+    budget.storage(untyped.nbytes())
     return storage
 
 
-_BUILTINS = ("bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int", "list", "range", "set")
+def _bytes(*args: Any) -> bytes:
+    """`bytes(...)` without the size form (`bytes(n)` allocates n bytes)."""
+    if args and isinstance(args[0], int):
+        raise pickle.UnpicklingError("bytes(n) is not allowed in a weight payload")
+    return bytes(*args)
+
+
+def _encode(text: Any, encoding: Any = "latin1", errors: Any = "strict") -> bytes:
+    """How protocol-2 pickles write bytes: `_codecs.encode(str, "latin1")`, nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
+        raise pickle.UnpicklingError("_codecs.encode only re-encodes latin-1 text")
+    return codecs.encode(text, "latin1")
+
+
+_TENSOR_TYPES: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
+_STORAGE_TYPES: tuple[type, ...] = (torch.UntypedStorage, torch.TypedStorage)
+SHM_HANDLE = re.compile(rb"/torch_\d+_\d+_\d+")
+DEFAULT_MAX_BYTES = 1 << 30  # what a payload may make the engine hold when the caller sets no bound
+_BUILTINS = ("bool", "complex", "dict", "float", "frozenset", "int", "list", "set", "slice", "str", "tuple")
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
-# (module, name) -> what it resolves to: the part of SGLang 0.5.23's allow-list that weight payloads use.
+# (module, name) -> what it resolves to: the part of SGLang 0.5.23's allow-list that weight payloads use, each
+# constructor that could allocate replaced by a checked one (`bytearray`, `range` and sized constructors refused).
 ALLOWED: dict[tuple[str, str], Any] = {
-    **{("builtins", n): getattr(builtins, n) for n in (*_BUILTINS, "slice", "str", "tuple")},
+    **{("builtins", n): getattr(builtins, n) for n in _BUILTINS},
     **{("torch", n): d for n, d in _DTYPES.items()},
+    ("builtins", "bytes"): _bytes,
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("copyreg", "__newobj__"): copyreg.__newobj__,  # type: ignore[attr-defined]
     ("types", "SimpleNamespace"): types.SimpleNamespace,
-    ("_codecs", "encode"): codecs.encode,
+    ("_codecs", "encode"): _encode,
     ("torch", "Size"): torch.Size,
     ("torch", "device"): torch.device,
     ("torch", "dtype"): torch.dtype,
-    ("torch", "Tensor"): torch.Tensor,
-    ("torch", "UntypedStorage"): torch.UntypedStorage,
-    ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
-    ("torch._utils", "_rebuild_tensor"): torch._utils._rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
-    ("torch._tensor", "_rebuild_from_type_v2"): torch._tensor._rebuild_from_type_v2,
-    ("torch.storage", "UntypedStorage"): torch.storage.UntypedStorage,
-    ("torch.storage", "TypedStorage"): torch.storage.TypedStorage,
+    ("torch", "Tensor"): _ClassRef(torch.Tensor),
+    ("torch", "UntypedStorage"): _ClassRef(torch.UntypedStorage),
+    ("torch.nn.parameter", "Parameter"): _ClassRef(torch.nn.Parameter),
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch.storage", "UntypedStorage"): _ClassRef(torch.UntypedStorage),
+    ("torch.storage", "TypedStorage"): _ClassRef(torch.TypedStorage),
+    ("torch.multiprocessing.reductions", "rebuild_typed_storage"): _rebuild_typed_storage,
+    ("torch.multiprocessing.reductions", "rebuild_storage_empty"): _rebuild_storage_empty,
+    ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"): FlattenedTensorMetadata,
+}
+# Rebuilds that draw on the payload's byte budget (bound to it per payload).
+METERED: dict[tuple[str, str], Callable[..., Any]] = {
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
     ("torch.storage", "_load_from_bytes"): _load_storage_bytes,
-    ("torch.multiprocessing.reductions", "rebuild_tensor"): reductions.rebuild_tensor,
-    ("torch.multiprocessing.reductions", "rebuild_typed_storage"): reductions.rebuild_typed_storage,
-    ("torch.multiprocessing.reductions", "rebuild_storage_filename"): reductions.rebuild_storage_filename,
-    ("torch.multiprocessing.reductions", "rebuild_storage_empty"): reductions.rebuild_storage_empty,
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type,
+    ("torch.multiprocessing.reductions", "rebuild_tensor"): _mp_rebuild_tensor,
+    ("torch.multiprocessing.reductions", "rebuild_storage_filename"): _rebuild_storage_filename,
     ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"): _rebuild_cuda_tensor,
     ("sglang.srt.utils.patch_torch", "_rebuild_cuda_tensor_modified"): _rebuild_cuda_tensor,
-    ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"): FlattenedTensorMetadata,
 }
 
 
 class SafeUnpickler(pickle.Unpickler):
-    """Resolves only the globals a weight payload needs (a subset of what SGLang 0.5.23 allows)."""
+    """Resolves only the globals a weight payload needs (a subset of what SGLang 0.5.23 allows), and rebuilds
+    tensors only inside their storage, within `max_bytes`."""
+
+    def __init__(self, file: io.BytesIO, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        super().__init__(file)
+        self.budget = _Budget(max_bytes)
+        self._bound: dict[tuple[str, str], Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
-        found = ALLOWED.get((module, name))
+        key = (module, name)
+        if key in METERED:
+            if key not in self._bound:
+                self._bound[key] = bound = functools.partial(METERED[key], self.budget)
+                if name in ("_rebuild_tensor", "_rebuild_tensor_v2"):
+                    self.budget.tensor_rebuilds.append(bound)
+            return self._bound[key]
+        found = ALLOWED.get(key)
         if found is None:
             raise pickle.UnpicklingError(f"Blocked unsafe global ({module}.{name}) during pickle deserialization")
         return found
 
 
-def deserialize(payload: str | bytes) -> Any:
+def deserialize(payload: str | bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
     """One rank's payload (base64 text, or the raw pickle) -> the object it holds, tensors mapped in place."""
     data = payload.encode() if isinstance(payload, str) else bytes(payload)
     if not (len(data) >= 2 and data[0] == 0x80):
         data = base64.b64decode(data, validate=True)
-    return SafeUnpickler(io.BytesIO(data)).load()
+    return SafeUnpickler(io.BytesIO(data), max_bytes).load()
 
 
-def decode_payload(payloads: Sequence[str | bytes], load_format: str | None, rank: int = 0) -> list[tuple[str, Any]]:
+def decode_payload(
+    payloads: Sequence[str | bytes], load_format: str | None, rank: int = 0, max_bytes: int = DEFAULT_MAX_BYTES
+) -> list[tuple[str, Any]]:
     """TP rank `rank`'s (name, tensor) pairs of an `/update_weights_from_tensor` request (entries of other ranks
-    are not read: reading one maps its memory)."""
+    are not read: reading one maps its memory); its tensors hold at most `max_bytes` together."""
     if load_format not in LOAD_FORMATS:
         raise NotImplementedError(f"Unknown load_format={load_format}")
     if rank >= len(payloads):
         raise IndexError(f"no payload for TP rank {rank} ({len(payloads)} given)")
-    obj = deserialize(payloads[rank])
+    obj = deserialize(payloads[rank], max_bytes)
     if load_format == "flattened_bucket":
         return _flattened_tensors(obj)
     if not isinstance(obj, (list, tuple)) or not all(
