@@ -54,12 +54,14 @@ def test_saving_over_an_existing_checkpoint_replaces_it(tmp_path: Path) -> None:
 
 
 def test_prune_keeps_the_newest(tmp_path: Path) -> None:
-    for step in (3, 1, 2):
+    for step in (1, 2, 3):
         write_checkpoint(tmp_path, f"step_{step}", step, float(step))
     (tmp_path / "notes").mkdir()  # not a checkpoint: never touched
+    write_checkpoint(tmp_path, "backup", 0, 0.0)  # not named by a trainer: the person's, never touched
+    (tmp_path / LATEST).write_text("step_3\n")
     removed = prune(tmp_path, keep_last=2)
     assert [p.name for p in removed] == ["step_1"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST, "notes", "step_2", "step_3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup", LATEST, "notes", "step_2", "step_3"]
 
 
 def test_missing_and_dangling_checkpoints_are_reported(tmp_path: Path) -> None:

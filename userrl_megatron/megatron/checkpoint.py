@@ -12,11 +12,12 @@ Layout of one checkpoint directory:
 
 Saving is atomic: everything is written to `.<name>.incomplete` beside the target, renamed into place, and
 only then is `<parent>/latest` moved to point at it (write-then-rename as well). `keep_last` then deletes
-the oldest sibling checkpoints; in the background (`checkpoint_writer.py`) that commit waits until every
-rank's files are written. Loading accepts a checkpoint directory or a folder with a `latest` pointer; the model
-loads under any TP/PP/DP layout whose padded vocabulary matches (see `convert.arch.padded_vocab_size`), the
-optimizer state under any layout when saved "fully_reshardable", under any DP size when "dp_reshardable".
-The directory must be on a filesystem every rank sees.
+the oldest sibling checkpoints of the run's history (`checkpoint_files.prune`); in the background
+(`checkpoint_writer.py`) that commit waits until every rank's files are written. Loading accepts a checkpoint
+directory or a folder with a `latest` pointer; the model loads under any TP/PP/DP layout whose padded
+vocabulary matches (see `convert.arch.padded_vocab_size`), the optimizer state under any layout when saved
+"fully_reshardable", under any DP size when "dp_reshardable". The directory must be on a filesystem every
+rank sees.
 """
 
 import contextlib
@@ -123,7 +124,7 @@ def save_state(
             write_manifest(tmp)
             commit(tmp, path, pointer)
             if keep_last is not None:
-                prune(path.parent, keep_last)
+                prune(path.parent, keep_last, current=path)
         torch.distributed.barrier()
         log.info("checkpoint %s written", path)
 

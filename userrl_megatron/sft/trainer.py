@@ -20,7 +20,14 @@ from typing import Any
 
 from userrl_megatron.config import AlgoConfig, RootConfig, save_config
 from userrl_megatron.errors import RunError, UserError
-from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage, resolve
+from userrl_megatron.megatron.checkpoint_files import (
+    EXTRA_FILE,
+    META_FILE,
+    CheckpointError,
+    checkpoints_newest_first,
+    newest_intact,
+    resolve,
+)
 from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.chat import ChatTemplate
@@ -235,11 +242,14 @@ class SFTTrainer:
         if source == "disable":
             return 0
         root = self.run_dir / "checkpoints" if source == "auto" else Path(source)
-        candidates = checkpoints_newest_first(root) or ([] if source == "auto" else [root])
-        path = next((p for p in candidates if find_damage(p) is None), None)
+        try:
+            candidates = checkpoints_newest_first(root)
+            if source != "auto" and not candidates and not (root / META_FILE).is_file():
+                raise RunError(f"checkpoint.resume = {source}: no checkpoint there")
+            path = newest_intact(candidates or ([] if source == "auto" else [root]))
+        except CheckpointError as e:
+            raise RunError(str(e)) from e
         if path is None:
-            if source != "auto":
-                raise RunError(f"checkpoint.resume = {source}: {find_damage(Path(source))}")
             return 0
         extra = checkpoint_extra(path)
         if extra.get("kind") != KIND:

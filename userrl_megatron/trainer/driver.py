@@ -25,7 +25,15 @@ from typing import Any
 from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.errors import RunError
 from userrl_megatron.eval.training import write_step_evaluation
-from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage, resolve
+from userrl_megatron.megatron.checkpoint_files import (
+    EXTRA_FILE,
+    META_FILE,
+    CheckpointError,
+    checkpoints_newest_first,
+    find_damage,
+    newest_intact,
+    resolve,
+)
 from userrl_megatron.observability import Timers, Tracker, read_metrics
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.observability.progress import StepProgress
@@ -264,10 +272,14 @@ class Trainer:
             yield
         except Exception as e:
             self.saving = None
-            kept = checkpoints_newest_first(path.parent)
-            intact = f"{kept[0]} is intact" if kept else "no earlier checkpoint exists"
+            try:
+                history = checkpoints_newest_first(path.parent)
+            except CheckpointError:
+                history = []  # the save's own failure is what to report
+            kept = next((p for p in history if find_damage(p) is None), None)
+            intact = f"{kept} is intact" if kept else "no earlier checkpoint exists"
             # Steps logged while a background save was written run again after a resume: their lines go now.
-            self.tracker.rewind(json.loads((kept[0] / EXTRA_FILE).read_text()).get("step", 0) if kept else 0)
+            self.tracker.rewind(json.loads((kept / EXTRA_FILE).read_text()).get("step", 0) if kept else 0)
             free = shutil.disk_usage(path.parent).free / 2**20  # the writers often lose ENOSPC's message
             raise RunError(
                 f"saving checkpoint {path} failed ({_root_cause(e)}; {free:.1f} MiB free there); {intact}"
@@ -307,28 +319,12 @@ class Trainer:
         if source == "disable":
             return 0
         if source != "auto" and is_sft_checkpoint(source):
-            if not checkpoints_newest_first(self.run_dir / "checkpoints"):
+            if not self._history(self.run_dir / "checkpoints"):
                 return self.start_from(Path(source))
             source = "auto"  # the run has its own checkpoints since it started from the SFT weights
             log.info("checkpoint.resume names an SFT checkpoint, but the run has its own: resuming from those")
-        if source == "auto":
-            candidates = checkpoints_newest_first(self.run_dir / "checkpoints")
-        else:
-            candidates = checkpoints_newest_first(source) or [Path(source)]
-            if find_damage(candidates[0]) == "userrl_checkpoint.json is missing":
-                raise RunError(f"checkpoint.resume = {source}: no checkpoint there")
-        for i, path in enumerate(candidates):
-            damage = find_damage(path)
-            if damage is None:
-                break
-            older = candidates[i + 1] if i + 1 < len(candidates) else None
-            if older is None:
-                raise RunError(
-                    f"checkpoint {path} is damaged ({damage}) and no older one is kept: move it away to "
-                    "restart the run from its initial weights"
-                )
-            log.error("checkpoint %s is damaged (%s): resuming from %s instead", path, damage, older)
-        else:
+        path = self._resume_point(source)
+        if path is None:
             return 0
         state = self.parts.actors.call("load", str(path), self.cfg.checkpoint.load_optimizer)
         self.parts.tasks.restore(state["tasks"])
@@ -339,6 +335,29 @@ class Trainer:
             self.tracker.log(state["record"], step)  # interrupted between its checkpoint and its log line
         log.info("resumed from %s at step %d", path, step)
         return step
+
+    def _resume_point(self, source: str) -> Path | None:
+        """The newest undamaged checkpoint of the run's history (`source` "auto") or of what `source` names; each
+        damaged one skipped is logged. None: nothing to resume."""
+        if source == "auto":
+            candidates = self._history(self.run_dir / "checkpoints")
+        else:
+            candidates = self._history(Path(source))
+            if not candidates and not (Path(source) / META_FILE).is_file():
+                raise RunError(f"checkpoint.resume = {source}: no checkpoint there")
+            candidates = candidates or [Path(source)]
+        try:
+            return newest_intact(candidates)
+        except CheckpointError as e:
+            raise RunError(str(e)) from e
+
+    @staticmethod
+    def _history(root: Path) -> list[Path]:
+        """`checkpoints_newest_first`, a `latest` pointer outside `root` stopping the run."""
+        try:
+            return checkpoints_newest_first(root)
+        except CheckpointError as e:
+            raise RunError(str(e)) from e
 
     def start_from(self, path: Path) -> int:
         """Step 0 from the weights of an SFT checkpoint (`userrl sft`): its model only; the RL optimizer, schedule

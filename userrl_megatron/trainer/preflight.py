@@ -57,12 +57,23 @@ def finished_step(cfg: RootConfig) -> int | None:
 def is_sft_checkpoint(path: str | Path) -> bool:
     """Whether `path` (a checkpoint, or a folder with a `latest` pointer) was written by `userrl sft`."""
     path = Path(path)
-    for ckpt in (path, path / _read(path / LATEST)):
+    for ckpt in (path, _latest(path)):
+        if ckpt is None:
+            continue
         try:
             return json.loads((ckpt / EXTRA_FILE).read_text()).get("kind") == "sft"
         except (OSError, ValueError, AttributeError):
             continue
     return False
+
+
+def _latest(root: Path) -> Path | None:
+    """The folder `root/latest` names when it names one beside it (`checkpoint_files.latest_target`'s rule), else
+    None (no pointer; or one pointing outside, which `check_before_start` reports)."""
+    name = _read(root / LATEST)
+    if not name or name in (".", "..") or Path(name).name != name or (root / name).is_symlink():
+        return None
+    return root / name
 
 
 def _read(path: Path) -> str:
@@ -81,9 +92,11 @@ def _logged_steps(path: Path) -> set[int]:
 
 
 def _checkpoint_step(root: Path) -> int | None:
+    latest = _latest(root)
+    if latest is None:
+        return None
     try:
-        extra = root / (root / LATEST).read_text().strip() / EXTRA_FILE
-        return int(json.loads(extra.read_text())["step"])
+        return int(json.loads((latest / EXTRA_FILE).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # no (readable) checkpoint: the driver decides what to do
 
@@ -96,6 +109,12 @@ def _resume_problems(cfg: RootConfig) -> list[str]:
         return []
     path = run_directory(cfg) / "checkpoints" if source == "auto" else Path(source)
     shape = model_shape(cfg.model.path)
+    try:
+        checkpoint_files.latest_target(path)
+    except checkpoint_files.CheckpointError as e:
+        return [str(e)]  # a pointer outside the run directory
+    except OSError:
+        pass
     try:
         meta = checkpoint_files.read_metadata(path)
     except (checkpoint_files.CheckpointError, OSError, ValueError):
