@@ -1,4 +1,5 @@
-"""Faults that must lose nothing: a damaged latest checkpoint, a second run on the same directory, a full disk.
+"""Faults that must lose nothing: a damaged latest checkpoint (fallback, then a save and a prune below it), a second
+run on the same directory, a full disk.
 
 Each is a real `userrl train` of a tiny policy on EchoGym (tests/support/tiny_run.py)."""
 
@@ -11,6 +12,7 @@ import pytest
 
 from tests.support.tiny_models import make_tiny_model
 from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, tiny_run, train, train_command
+from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage
 from userrl_megatron.observability import read_metrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -21,20 +23,20 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model("qwen3", tmp_path_factory.mktemp("tiny"), seed=5, tokenizer="char", num_hidden_layers=2)
 
 
-def _largest_file(checkpoint: Path) -> Path:
-    return max((f for f in checkpoint.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
-
-
 def test_damaged_checkpoint_falls_back_and_the_run_directory_is_locked(model: Path, tmp_path: Path) -> None:
     run = tmp_path / "damaged"
-    common = [*tiny_run(model, tmp_path, "damaged", 3), "checkpoint.every_steps=1", "checkpoint.keep_last=2"]
-    train(common)
-    damaged = _largest_file(run / "checkpoints" / "step_3")
+    checkpoints = run / "checkpoints"
+    common = tiny_run(model, tmp_path, "damaged", 4)
+    train([*common, "checkpoint.every_steps=2", "checkpoint.keep_last=2"])  # step_2, step_4
+    damaged = checkpoints / "step_4" / EXTRA_FILE
     os.truncate(damaged, damaged.stat().st_size // 2)
 
+    # Falls back to step_2, then saves step_3 below the damaged step_4 and prunes to one checkpoint: the one just
+    # written (latest) stays, the damaged one is left for the person, not counted.
+    again = [*common, "run.total_steps=3", "checkpoint.every_steps=1", "checkpoint.keep_last=1"]
     log = tmp_path / "resumed.log"
     with log.open("w") as out:
-        resumed = subprocess.Popen(train_command([*common, "run.total_steps=4"]), cwd=REPO, stdout=out, stderr=out)
+        resumed = subprocess.Popen(train_command(again), cwd=REPO, stdout=out, stderr=out)
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while f"pid {resumed.pid} " not in (run / ".lock").read_text():  # poll until the new run holds the lock
         assert resumed.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
@@ -45,11 +47,16 @@ def test_damaged_checkpoint_falls_back_and_the_run_directory_is_locked(model: Pa
     assert f"pid {resumed.pid} on" in second.stderr
 
     assert resumed.wait(timeout=RUN_TIMEOUT_S) == 0, log.read_text()[-3000:]
-    text, step_3 = log.read_text(), run / "checkpoints" / "step_3"
-    assert f"checkpoint {step_3} is damaged ({damaged.relative_to(step_3)} has" in text
-    assert f"resuming from {run / 'checkpoints' / 'step_2'} instead" in text
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4]  # step 3 again, logged once
-    assert (run / "checkpoints" / "latest").read_text().strip() == "step_4"
+    text, step_4 = log.read_text(), checkpoints / "step_4"
+    damage = f"{EXTRA_FILE} has {damaged.stat().st_size} bytes"
+    assert f"checkpoint {step_4} is damaged ({damage}" in text
+    assert f"resuming from {checkpoints / 'step_2'} instead" in text
+    assert f"pruning {checkpoints} left step_4 (damaged: {damage}" in text
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]  # step 3 again, logged once
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_3", "step_4"]
+    assert (checkpoints / "latest").read_text().strip() == "step_3"
+    assert checkpoints_newest_first(checkpoints) == [checkpoints / "step_3"]  # what the next resume loads
+    assert find_damage(checkpoints / "step_3") is None
 
 
 def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(model: Path, tmp_path: Path) -> None:
