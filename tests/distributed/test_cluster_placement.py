@@ -18,6 +18,7 @@ import pytest
 
 from userrl_megatron.config import load_config
 from userrl_megatron.errors import UserError
+from userrl_megatron.rollout.sglang import KEY_ENTRY
 from userrl_megatron.trainer.dry_run import BringUp, bring_up, simulated_cluster
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -69,7 +70,7 @@ def engines(result: BringUp, ips: list[str]) -> list[tuple]:
 def sglang(model: str, port: int, tp: int, mem: float, host: str = "127.0.0.1", colocated: bool = True) -> list[str]:
     """The SGLang command line of one engine process on GPUs, as SGLang's server arguments want it."""
     command = [
-        PY, "-m", "sglang.launch_server",
+        PY, str(KEY_ENTRY), "USERRL_ENGINE_API_KEY", "sglang.launch_server",  # --api-key from that variable
         "--model-path", model,
         "--host", host,
         "--port", str(port),
@@ -150,16 +151,22 @@ def test_qwen3_30b_a3b_h100_on_one_node_with_the_router(cluster: list[str]) -> N
     assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(8)), [[0, 1], [2, 3], [4, 5], [6, 7]])]
     router = result.router
     assert router is not None and router.watch and router.env == {}
+    # The run's key reaches the router and every engine in their environment only (never shown in `env`).
+    keys = {e.launch.secrets["USERRL_ENGINE_API_KEY"] for e in result.engines} | {
+        router.secrets["USERRL_ENGINE_API_KEY"]
+    }
+    assert len(keys) == 1 and len(keys.pop()) >= 32
     port = int(router.url.rsplit(":", 1)[1])
     assert router.url == f"http://127.0.0.1:{port}"
     prometheus = router.command[router.command.index("--prometheus-port") + 1]
     assert router.command == [
-        PY, "-m", "sglang_router.launch_router",
+        PY, str(KEY_ENTRY), "USERRL_ENGINE_API_KEY", "sglang_router.launch_router",
         "--host", "127.0.0.1",
         "--port", str(port),
         "--worker-urls", *urls,
         "--policy", "round_robin",
         "--prometheus-port", prometheus,
+        "--prometheus-host", "127.0.0.1",
         "--log-level", "warn",
     ]  # fmt: skip
     assert prometheus.isdigit() and prometheus != str(port)

@@ -1,5 +1,6 @@
 """`rollout.router: sglang` with two embedded engines on Ray: the pool's generation goes through the real
-sglang-router (round robin spreads it over both engines), while pause and resume still go to each engine."""
+sglang-router (round robin spreads it over both engines), while pause and resume still go to each engine. The
+router and both engines require the run's key (here a random one): a call without it gets 401."""
 
 import asyncio
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig
+from userrl_megatron.rollout.engine import EngineError, SGLangClient
 from userrl_megatron.rollout.pool import RolloutPool
 from userrl_megatron.rollout.router import list_workers
 from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON
@@ -29,7 +31,12 @@ def test_pool_generates_through_the_router(ray_cluster: Any, tmp_path: Path) -> 
     async def go() -> tuple[list[list[int]], list[int], list[str], list[str]]:
         async with RolloutPool(cfg, str(model), log_dir=tmp_path / "engines") as pool:
             assert pool.router is not None
-            workers = sorted(w["url"] for w in list_workers(pool.router.url))
+            assert list_workers(pool.router.url) == []  # the worker list needs the key too
+            workers = sorted(w["url"] for w in list_workers(pool.router.url, pool.api_key))
+            for url in [pool.router.url, *pool.urls]:
+                async with SGLangClient(url) as unkeyed:
+                    with pytest.raises(EngineError, match="401"):
+                        await unkeyed.generate([5, 6, 7], greedy)
             outputs = [(await pool.session(f"e{i}").generate([5, 6, 7], greedy)).output_ids for i in range(4)]
             await pool.pause()  # control calls go to the engines themselves
             await pool.resume()

@@ -50,7 +50,8 @@ CALL_S = 300.0
 @pytest.fixture(scope="module")
 def server(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     # The default health timeout (20 s): a healthy server's /health passes however busy the machine is.
-    cfg = EmbeddedServerConfig(device="cpu", startup_timeout_s=STARTUP_S)
+    # Disk loads may read the two models' directories (and nothing else).
+    cfg = EmbeddedServerConfig(device="cpu", startup_timeout_s=STARTUP_S, weight_dirs=[str(models[0].parent)])
     log = tmp_path_factory.mktemp("logs") / "serve.log"
     srv = launch_embedded(str(models[0]), cfg, free_port(), served_model_name="tiny", log_path=log)
     yield srv
@@ -418,12 +419,14 @@ def test_load_completions_and_weight_updates_from_tensor_and_disk(
     assert torch.equal(torch.tensor(rows), (norm * 2)[:4])
 
     hf_b = AutoModelForCausalLM.from_pretrained(models[1], dtype=torch.float32).eval()
+    assert call(server, "/begin_weight_update", {})[0] == 200  # disk loads need the session too
     status, out = call(server, "/update_weights_from_disk", {"model_path": str(models[1]), "weight_version": "b"})
     assert (status, out["success"], out["num_paused_requests"]) == (200, True, 0)
     body = {"input_ids": [7, 8, 9], "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
     assert call(server, "/generate", body)[1]["output_ids"] == hf_greedy(hf_b, [7, 8, 9], 6)
-    status, out = call(server, "/update_weights_from_disk", {"model_path": "/nonexistent"})
+    status, out = call(server, "/update_weights_from_disk", {"model_path": str(models[0].parent / "nonexistent")})
     assert status == 400 and out["message"].startswith("Failed to get weights iterator: no *.safetensors files")
     restore = {"model_path": str(models[0]), "weight_version": "default"}
     assert call(server, "/update_weights_from_disk", restore)[0] == 200
+    assert call(server, "/end_weight_update", {})[0] == 200
     assert call(server, "/generate", body)[1]["output_ids"] == hf_greedy(hf_a, [7, 8, 9], 6)

@@ -5,6 +5,7 @@ import pytest
 from userrl_megatron.config import load_config
 from userrl_megatron.config.schema import SGLangConfig
 from userrl_megatron.rollout.router import router_command
+from userrl_megatron.rollout.sglang import KEY_ENTRY
 from userrl_megatron.trainer.components import _rollout_config, algo_config
 
 
@@ -48,8 +49,12 @@ def test_router_command() -> None:
         "--worker-urls", "http://a:1", "http://b:2",
         "--policy", "cache_aware",
         "--prometheus-port", "29100",
+        "--prometheus-host", "127.0.0.1",
         "--log-level", "warn",
     ]  # fmt: skip
+    keyed = router_command(SGLangConfig(python="py"), ["http://a:1"], 30100, 29100, api_key_env="KEY_VAR")
+    assert keyed[:4] == ["py", str(KEY_ENTRY), "KEY_VAR", "sglang_router.launch_router"]  # --api-key from $KEY_VAR
+    assert keyed[4:] == router_command(SGLangConfig(python="py"), ["http://a:1"], 30100, 29100)[3:]
     with pytest.raises(ValueError, match=r"^router policy must be one of round_robin, random, cache_aware, "):
         router_command(SGLangConfig(), ["http://a:1"], 1, 2, "manual")
     with pytest.raises(ValueError, match=r"^the router needs at least one worker$"):

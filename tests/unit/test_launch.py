@@ -3,14 +3,16 @@
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
 from userrl_megatron.rollout.engine import EngineError
-from userrl_megatron.rollout.launch import embedded_server_command, launch_server
+from userrl_megatron.rollout.launch import embedded_launch, embedded_server_command, launch_server
 from userrl_megatron.rollout.sglang import (
+    KEY_ENTRY,
     SGLANG_VENV_PYTHON,
     NodeSpan,
     resolve_device,
@@ -165,13 +167,26 @@ def test_embedded_server_command() -> None:
         "--served-model-name", "policy",
         "--parent-pid", "42",
     ]  # fmt: skip
+    # With a key: the variable that holds it (never the key), the directories disk loads may read, the bound of
+    # a tensor payload.
+    keyed = replace(cfg, weight_dirs=["/ckpt/a", "/ckpt/b"], max_weight_payload_bytes=1024)
+    assert embedded_server_command("/m", keyed, 31000, python="py", api_key_env="KEY_VAR")[-8:] == [
+        "--api-key-env", "KEY_VAR",
+        "--weights-dir", "/ckpt/a",
+        "--weights-dir", "/ckpt/b",
+        "--max-weight-payload-bytes", "1024",
+    ]  # fmt: skip
+    launch = embedded_launch("/m", cfg, 31000, api_key="k" * 43, api_key_env="KEY_VAR")
+    assert launch.secrets == {"KEY_VAR": "k" * 43} and launch.env == {} and "k" * 43 not in repr(launch)
+    assert launch.command[-2:] == ["--api-key-env", "KEY_VAR"]
+    keyed_sglang = sglang_command(SGLangConfig(), "/m", 1, 1, python="py", api_key_env="KEY_VAR")
+    assert keyed_sglang[:4] == ["py", str(KEY_ENTRY), "KEY_VAR", "sglang.launch_server"]
+    assert keyed_sglang[4:] == sglang_command(SGLangConfig(), "/m", 1, 1, python="py")[3:]
 
 
 def test_engine_threads_share_the_cores_unless_set() -> None:
     """Ray gives an actor holding one CPU OMP_NUM_THREADS=1, which the engine would inherit: the launch names
     its threads, by default the machine's cores shared among the engines."""
-    from dataclasses import replace
-
     from userrl_megatron.config.schema import RolloutConfig
     from userrl_megatron.rollout.pool import engine_threads
 

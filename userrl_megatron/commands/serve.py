@@ -38,8 +38,11 @@ def _serve(args: argparse.Namespace) -> int:
         "control_timeout_s": args.control_timeout,
         "max_request_bytes": args.max_request_bytes,
         "max_prompt_chars": args.max_prompt_chars,
+        "weight_dirs": args.weights_dir,
+        "max_weight_payload_bytes": args.max_weight_payload_bytes,
     }
     cfg = replace(EmbeddedServerConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    api_key = _api_key(args, cfg.host)
     if cfg.threads:
         import torch
 
@@ -52,7 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         watch = asyncio.ensure_future(_watch_parent(args.parent_pid, stop)) if args.parent_pid else None
-        await serve(core, cfg.host, args.port, stop)
+        await serve(core, cfg.host, args.port, stop, api_key)
         if watch is not None:
             watch.cancel()
 
@@ -81,13 +84,14 @@ def _serve_sglang(args: argparse.Namespace) -> int:
     cfg = SGLangConfig()
     overrides = {"host": args.host, "python": args.sglang_python, "max_total_tokens": args.max_total_tokens}
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    api_key = _api_key(args, cfg.host)
     want = args.device or "auto"
     device = "cuda" if want.startswith("cuda") or (want == "auto" and _has_cuda()) else "cpu"
     dtype = "auto" if args.dtype is None else args.dtype
     try:
         server = launch_sglang(
             cfg, str(resolve_model(args.model)), 1, args.port, dtype, device=device,
-            served_model_name=args.served_model_name,
+            served_model_name=args.served_model_name, api_key=api_key, api_key_env=args.api_key_env or "",
         )  # fmt: skip
     except EngineError as e:
         raise UserError(f"SGLang did not start: {e}") from e
@@ -97,6 +101,29 @@ def _serve_sglang(args: argparse.Namespace) -> int:
     code = server.process.wait()
     server.stop()  # whatever of its process group is left
     return 0 if code in (0, 128 + signal.SIGTERM, -signal.SIGTERM) else 1
+
+
+def _api_key(args: argparse.Namespace, host: str) -> str:
+    """The key the server requires: `$<--api-key-env>`; none ("") only on a loopback address."""
+    import os
+
+    from userrl_megatron.config.env_names import env_name_problem
+    from userrl_megatron.errors import UserError
+    from userrl_megatron.rollout.launch import is_loopback
+
+    if args.api_key_env:
+        if problem := env_name_problem("--api-key-env", args.api_key_env):
+            raise UserError(problem)
+        key = os.environ.get(args.api_key_env, "")
+        if not key:
+            raise UserError(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty")
+        return key
+    if not is_loopback(host):
+        raise UserError(
+            f"serving on {host} needs a key (anyone who reaches the server could replace its weights): export one "
+            "in an environment variable and pass --api-key-env NAME"
+        )
+    return ""
 
 
 def _has_cuda() -> bool:
@@ -144,6 +171,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control-timeout", type=float, help="seconds a blocking control call (group join) may take")
     p.add_argument("--max-request-bytes", type=int, help="largest request body; larger ones get 413")
     p.add_argument("--max-prompt-chars", type=int, help="longest text prompt, refused before tokenising")
+    p.add_argument(
+        "--api-key-env",
+        help="environment variable holding the API key every call but health must send (Authorization: Bearer); "
+        "required unless the host is loopback",
+    )
+    p.add_argument(
+        "--weights-dir",
+        action="append",
+        help="directory /update_weights_from_disk may load from, with what is below it (repeatable; default none: "
+        "the endpoint is refused)",
+    )
+    p.add_argument("--max-weight-payload-bytes", type=int, help="tensors of one update_weights_from_tensor payload")
     p.add_argument("--served-model-name", default="", help="name /v1/models reports (default: --model)")
     p.add_argument("--weight-version", default="default", help="starting weight-version label")
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone (set by the launcher)")

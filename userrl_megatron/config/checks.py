@@ -4,7 +4,7 @@ import functools
 import re
 
 from gyms.config import FUNCTION_OPERATORS
-from userrl_megatron.config.env_names import env_field_problems
+from userrl_megatron.config.env_names import NO_KEY, env_field_problems
 from userrl_megatron.config.layout import layout_problems
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.model_fit import model_fit_problems
@@ -167,6 +167,11 @@ def _engine_problems(cfg: RootConfig) -> list[str]:
     for key, port in (("rollout.embedded.base_port", e.base_port), ("rollout.sglang.base_port", g.base_port)):
         if port and not 1 <= port <= 65535 - cfg.rollout.num_engines:  # 0: the pool picks free ports
             problems.append(f"{key} = {port} leaves no room for rollout.num_engines = {cfg.rollout.num_engines} ports")
+    if cfg.rollout.api_key_env == NO_KEY:
+        problems.append(
+            "rollout.api_key_env = none: every engine a run starts requires a key; name the variable that holds it "
+            "(left unset, the run makes a random key)"
+        )
     return problems
 
 

@@ -86,6 +86,7 @@ RANGES: dict[str, Rule] = {
     "rollout.embedded.control_timeout_s": POSITIVE,
     "rollout.embedded.max_request_bytes": COUNT,
     "rollout.embedded.max_prompt_chars": COUNT,
+    "rollout.embedded.max_weight_payload_bytes": NON_NEGATIVE,
     "rollout.sglang.mem_fraction_static": OPEN_PROBABILITY,
     "rollout.sglang.startup_timeout_s": POSITIVE,
     "rollout.sglang.max_total_tokens": NON_NEGATIVE,

@@ -101,6 +101,8 @@ class EmbeddedServerConfig:
     control_timeout_s: float = 30.0  # longest wait of a blocking control call: group join, each broadcast, disk read
     max_request_bytes: int = 67108864  # largest request body (64 MiB); a larger one gets 413 before it is read
     max_prompt_chars: int = 1000000  # longest text prompt (a chat's messages together), refused before tokenising
+    weight_dirs: list[str] = field(default_factory=list)  # where /update_weights_from_disk may load; [] = refused
+    max_weight_payload_bytes: int = 0  # tensors of one /update_weights_from_tensor payload; 0 = 8 B/parameter, >= 1 GiB
 
 
 @dataclass
@@ -134,6 +136,7 @@ class RolloutConfig:
     max_infra_failed_steps: int = 3  # that many such steps in a row stop the run (the infrastructure is down)
     router: str = "none"  # "none" (the pool routes, sticky per episode) or "sglang" (sglang-router, generation only)
     router_policy: str = "round_robin"  # sglang-router policy: round_robin, random, cache_aware or power_of_two
+    api_key_env: str = "USERRL_ENGINE_API_KEY"  # variable holding the engines' and router's key; unset: random per run
     sglang: SGLangConfig = field(default_factory=SGLangConfig)  # SGLang server settings (backend: sglang)
     embedded: EmbeddedServerConfig = field(default_factory=EmbeddedServerConfig)  # embedded server (backend: embedded)
 

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from importlib import metadata
@@ -131,7 +132,7 @@ async def policy_identity(cfg: RootConfig, model_dir: Path | None) -> dict[str, 
     if cfg.eval.engine_url:
         from userrl_megatron.rollout.engine import EngineError, SGLangClient
 
-        async with SGLangClient(cfg.eval.engine_url, timeout_s=30.0) as client:
+        async with SGLangClient(cfg.eval.engine_url, timeout_s=30.0, api_key=engine_url_key(cfg)) as client:
             try:
                 info = await client.get_model_info()
             except EngineError as e:
@@ -182,7 +183,8 @@ async def open_policy(
     if cfg.eval.engine_url:
         from userrl_megatron.rollout.engine import SGLangClient
 
-        async with SGLangClient(cfg.eval.engine_url, timeout_s=rollout.request_timeout_s) as client:
+        key = engine_url_key(cfg)
+        async with SGLangClient(cfg.eval.engine_url, timeout_s=rollout.request_timeout_s, api_key=key) as client:
             yield TokenPolicy(runner, lambda _: client, identity, rollout.max_concurrent_episodes)
         return
     from userrl_megatron.rollout.standalone import standalone_pool
@@ -314,3 +316,9 @@ class _NoPolicy:
 
     async def run(self, task: Task, episode_id: str, sampling: SamplingParams) -> Any:
         raise AssertionError("a cached evaluation plays no episode")
+
+
+def engine_url_key(cfg: RootConfig) -> str | None:
+    """The key calls to `eval.engine_url` carry: `$rollout.api_key_env` when set (an engine started with
+    `userrl serve --api-key-env` of that variable), else none."""
+    return os.environ.get(cfg.rollout.api_key_env) or None

@@ -204,6 +204,7 @@ class LedgerPool:
         self.kv_tokens: list[int] = []
         self.exhausted, self.restarts_total, self.log_dir, self.on_restart = False, 0, None, None
         self.concurrency = 1
+        self.api_key = ""  # the simulated engines require none
 
     def devices_of(self, engine: int) -> list[int]:
         return self.engine_devices[engine]

@@ -15,10 +15,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from userrl_megatron.config.schema import EmbeddedServerConfig
+from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV
 from userrl_megatron.rollout.engine import HEALTH_PROBE_S, EngineError
 
 log = logging.getLogger(__name__)
@@ -30,13 +31,15 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 @dataclass(frozen=True)
 class ProcessLaunch:
     """One server process to start: its command line, what it adds to the inherited environment, and the URL
-    to wait on (empty: it serves no HTTP, as the nodes of a multi-node SGLang engine after node rank 0)."""
+    to wait on (empty: it serves no HTTP, as the nodes of a multi-node SGLang engine after node rank 0).
+    `secrets` are environment variables too (the API key), never logged nor shown (dry runs show `env`)."""
 
     command: list[str]
     env: dict[str, str]
     url: str
     health_path: str = HEALTH_PATH
     watch: bool = False  # run under `rollout/watchdog.py` (`watched`): stopped when its launcher is gone
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -90,12 +93,14 @@ def launch_server(
     log_path: Path | None = None,
     env: dict[str, str] | None = None,
     health_path: str = HEALTH_PATH,
+    secrets: dict[str, str] | None = None,
 ) -> ServerProcess:
-    """Run `command` (stdout and stderr to `log_path`) and block until `url` is healthy.
+    """Run `command` (stdout and stderr to `log_path`, `env` and `secrets` added to its environment) and block
+    until `url` is healthy.
 
     Raises EngineError, with the end of the server's log, if the process exits or the deadline passes.
     """
-    return run_launch(ProcessLaunch(command, env or {}, url, health_path), timeout_s, log_path)
+    return run_launch(ProcessLaunch(command, env or {}, url, health_path, secrets=secrets or {}), timeout_s, log_path)
 
 
 def run_launch(launch: ProcessLaunch, timeout_s: float, log_path: Path | None = None) -> ServerProcess:
@@ -116,7 +121,7 @@ def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> Server
     if log_path is None:
         log_path = Path(tempfile.mkstemp(prefix="engine-", suffix=".log")[1])
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    shown = " ".join(f"{k}={v}" for k, v in launch.env.items())
+    shown = " ".join([f"{k}={v}" for k, v in launch.env.items()] + [f"{k}=<secret>" for k in launch.secrets])
     log.info("launching %s%s (log: %s)", f"{shown} " if shown else "", " ".join(launch.command), log_path)
     with open(log_path, "ab") as sink:
         process = subprocess.Popen(
@@ -124,7 +129,7 @@ def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> Server
             stdout=sink,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **launch.env},
+            env={**os.environ, **launch.env, **launch.secrets},
             start_new_session=True,
         )
     return ServerProcess(process, launch.url.rstrip("/"), log_path)
@@ -167,9 +172,11 @@ def embedded_server_command(
     served_model_name: str = "",
     python: str = sys.executable,
     parent_pid: int | None = None,
+    api_key_env: str = "",
 ) -> list[str]:
     """The `userrl serve` command line for one embedded engine; with `parent_pid` it exits when that process
-    does (so a crashed launcher leaves no server behind)."""
+    does (so a crashed launcher leaves no server behind); with `api_key_env` it requires the key that
+    environment variable holds."""
     command = [
         python, "-m", "userrl_megatron", "serve",
         "--model", model_path,
@@ -195,6 +202,12 @@ def embedded_server_command(
         command += ["--served-model-name", served_model_name]
     if parent_pid is not None:
         command += ["--parent-pid", str(parent_pid)]
+    if api_key_env:
+        command += ["--api-key-env", api_key_env]
+    for directory in cfg.weight_dirs:
+        command += ["--weights-dir", directory]
+    if cfg.max_weight_payload_bytes:
+        command += ["--max-weight-payload-bytes", str(cfg.max_weight_payload_bytes)]
     return command
 
 
@@ -206,11 +219,18 @@ def embedded_launch(
     served_model_name: str = "",
     gpus: Sequence[str] = (),
     node_ip: str = "127.0.0.1",
+    api_key: str = "",
+    api_key_env: str = DEFAULT_KEY_ENV,
 ) -> ProcessLaunch:
-    """What one embedded engine runs: `userrl serve`, stopped with this process, seeing `gpus` only (if given)."""
-    command = embedded_server_command(model_path, cfg, port, dtype, served_model_name, parent_pid=os.getpid())
+    """What one embedded engine runs: `userrl serve`, stopped with this process, seeing `gpus` only (if given),
+    requiring `api_key` (if given), which it gets in the environment variable `api_key_env`."""
+    key_env = api_key_env if api_key else ""
+    command = embedded_server_command(
+        model_path, cfg, port, dtype, served_model_name, parent_pid=os.getpid(), api_key_env=key_env
+    )
     env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
-    return ProcessLaunch(command, env, f"http://{connect_host(cfg.host, node_ip)}:{port}")
+    secrets = {api_key_env: api_key} if api_key else {}
+    return ProcessLaunch(command, env, f"http://{connect_host(cfg.host, node_ip)}:{port}", secrets=secrets)
 
 
 def launch_embedded(
@@ -222,10 +242,11 @@ def launch_embedded(
     log_path: Path | None = None,
     gpus: Sequence[str] = (),
     node_ip: str = "127.0.0.1",
+    api_key: str = "",
 ) -> ServerProcess:
-    """Start `userrl serve` and wait for it."""
-    launch = embedded_launch(model_path, cfg, port, dtype, served_model_name, gpus, node_ip)
-    return launch_server(launch.command, launch.url, cfg.startup_timeout_s, log_path, env=launch.env)
+    """Start `userrl serve` (requiring `api_key`, if given) and wait for it."""
+    launch = embedded_launch(model_path, cfg, port, dtype, served_model_name, gpus, node_ip, api_key)
+    return run_launch(launch, cfg.startup_timeout_s, log_path)
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

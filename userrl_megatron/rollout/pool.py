@@ -31,6 +31,7 @@ from ray.exceptions import RayActorError
 
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, SGLangConfig
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
+from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV, run_api_key
 from userrl_megatron.rollout.engine import EngineError, Generation, SGLangClient
 from userrl_megatron.rollout.launch import ProcessLaunch
 from userrl_megatron.types import SamplingParams
@@ -59,6 +60,8 @@ class EngineLaunch:
     node_rank: int = 0  # this process's node (0 serves HTTP and starts the others)
     followers: list[tuple[dict[str, Any], "EngineLaunch"]] = field(default_factory=list)  # Ray options, launch
     dry: bool = False  # record what would run instead of running it (`trainer/dry_run.py`)
+    api_key: str = field(default="", repr=False)  # the key the server requires ("" = none), in its environment
+    api_key_env: str = DEFAULT_KEY_ENV  # the environment variable that hands the key over
 
 
 @dataclass(frozen=True)
@@ -113,12 +116,16 @@ class EngineServer:
         spec = self.launch
         ip = ray.util.get_node_ip_address()
         if spec.backend != "sglang":
-            return embedded_launch(spec.model_path, spec.embedded, port, spec.dtype, gpus=spec.gpus, node_ip=ip)
+            return embedded_launch(
+                spec.model_path, spec.embedded, port, spec.dtype, gpus=spec.gpus, node_ip=ip, api_key=spec.api_key,
+                api_key_env=spec.api_key_env,
+            )  # fmt: skip
         device = resolve_device(spec.sglang, bool(spec.gpus or ray.get_gpu_ids()))
         span = NodeSpan(spec.nnodes, spec.node_rank, dist_init_addr) if spec.nnodes > 1 else None
         return sglang_launch(
-            spec.sglang, spec.model_path, spec.tp, port, spec.dtype, device, spec.gpus, spec.colocated, span, ip
-        )
+            spec.sglang, spec.model_path, spec.tp, port, spec.dtype, device, spec.gpus, spec.colocated, span, ip,
+            api_key=spec.api_key, api_key_env=spec.api_key_env,
+        )  # fmt: skip
 
     def records(self) -> list[EngineProcess]:
         """Dry: what the last start would have run, node rank 0 first."""
@@ -208,6 +215,7 @@ class RolloutPool:
         self.router_client: SGLangClient | None = None  # generation goes through it when set
         self.dry = dry  # engines record what they would run; nothing is launched (`trainer/dry_run.py`)
         self.router_launch: ProcessLaunch | None = None  # dry: what the router would run
+        self.api_key = run_api_key(cfg.api_key_env)  # what every engine and the router require (docs/engine.md)
 
     # ---- lifecycle ----
 
@@ -265,17 +273,19 @@ class RolloutPool:
 
     async def _start_router(self, urls: list[str]) -> None:
         """sglang-router in front of the engines: generation goes through it, control calls do not."""
-        from userrl_megatron.rollout.router import launch_router, router_command
+        from userrl_megatron.rollout.router import launch_router, router_launch
 
         log_path = self.log_dir / "router.log" if self.log_dir else None
+        key, key_env = self.api_key, self.cfg.api_key_env
         if self.dry:
-            port = _free_port()
-            command = router_command(self.cfg.sglang, urls, port, _free_port(), self.cfg.router_policy)
-            self.router_launch = ProcessLaunch(command, {}, f"http://127.0.0.1:{port}", "/health", watch=True)
+            self.router_launch = router_launch(
+                self.cfg.sglang, urls, _free_port(), _free_port(), self.cfg.router_policy, key, key_env
+            )
             return
         self.router = await asyncio.to_thread(
-            launch_router, self.cfg.sglang, urls, _free_port(), _free_port(), self.cfg.router_policy, log_path
-        )
+            launch_router, self.cfg.sglang, urls, _free_port(), _free_port(), self.cfg.router_policy, log_path,
+            api_key=key, api_key_env=key_env,
+        )  # fmt: skip
         self.router_client = self._client(self.router.url)
 
     async def _reroute(self, old_url: str, new_url: str) -> None:
@@ -283,7 +293,7 @@ class RolloutPool:
         from userrl_megatron.rollout.router import replace_worker
 
         if self.router is not None:
-            await asyncio.to_thread(replace_worker, self.router.url, old_url, new_url)
+            await asyncio.to_thread(replace_worker, self.router.url, old_url, new_url, self.api_key)
 
     async def __aenter__(self) -> "RolloutPool":
         await self.start()
@@ -395,6 +405,8 @@ class RolloutPool:
             index=index,
             colocated=rollout.colocate,
             dry=self.dry,
+            api_key=self.api_key,
+            api_key_env=rollout.api_key_env,
         )
         if self.placement is None:
             return launch
@@ -433,7 +445,9 @@ class RolloutPool:
 
     def _client(self, url: str) -> SGLangClient:
         # One quick transport retry: beyond that, failing over to another engine is faster than waiting.
-        return SGLangClient(url, timeout_s=self.cfg.request_timeout_s, max_retries=1, backoff_s=0.2)
+        return SGLangClient(
+            url, timeout_s=self.cfg.request_timeout_s, max_retries=1, backoff_s=0.2, api_key=self.api_key
+        )
 
     async def _each(self, call: Callable[[SGLangClient], Awaitable[None]]) -> None:
         live = [e.client for e in self.engines if e.healthy and e.client is not None]

@@ -16,17 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
-from userrl_megatron.rollout.launch import (
-    ProcessLaunch,
-    ServerProcess,
-    connect_host,
-    launch_server,
-    start_process,
-    watched,
-)
+from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV
+from userrl_megatron.rollout.launch import ProcessLaunch, ServerProcess, connect_host, run_launch, start_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VENV_PYTHON = PROJECT_ROOT / ".venv-sglang" / "bin" / "python"
+KEY_ENTRY = Path(__file__).with_name("key_entry.py")  # runs a module with `--api-key` taken from the environment
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 
 
@@ -67,16 +62,19 @@ def sglang_command(
     device: str = "cuda",
     colocated: bool = False,
     span: NodeSpan | None = None,
+    api_key_env: str = "",
 ) -> list[str]:
     """`python -m sglang.launch_server ...` for one engine (one node's process of it with `span`);
     `cfg.extra_args` come last, verbatim. The memory saver (torch_memory_saver) is asked for only when the
-    engine is `colocated` with the actor on CUDA: it is what lets the engine release its memory to it."""
+    engine is `colocated` with the actor on CUDA: it is what lets the engine release its memory to it. With
+    `api_key_env` SGLang gets `--api-key` from that environment variable, through `key_entry.py`."""
     if tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
     if span is not None and (span.nnodes < 1 or tp_size % span.nnodes or not 0 <= span.node_rank < span.nnodes):
         raise ValueError(f"tp_size {tp_size} cannot span {span.nnodes} nodes as node rank {span.node_rank}")
+    start = ["-m", "sglang.launch_server"] if not api_key_env else [str(KEY_ENTRY), api_key_env, "sglang.launch_server"]
     command = [
-        python or sglang_python(cfg), "-m", "sglang.launch_server",
+        python or sglang_python(cfg), *start,
         "--model-path", model_path,
         "--host", cfg.host,
         "--port", str(port),
@@ -124,10 +122,12 @@ def sglang_launch(
     node_ip: str = "127.0.0.1",
     served_model_name: str = "",
     base_gpu_id: int = 0,
+    api_key: str = "",
+    api_key_env: str = DEFAULT_KEY_ENV,
 ) -> ProcessLaunch:
     """What one engine process runs (under the watchdog: it stops with the process that started it), with
     `gpus` (its GPU ids on this node) visible and counted from 0, and the URL the driver reaches it at (none
-    on node ranks after 0)."""
+    on node ranks after 0); requiring `api_key` (if given), which it gets in the variable `api_key_env`."""
     if gpus:
         per_node = tp_size // (span.nnodes if span else 1)
         if len(gpus) != per_node:
@@ -135,11 +135,12 @@ def sglang_launch(
         base_gpu_id = 0  # the process sees its own GPUs only
     command = sglang_command(
         cfg, model_path, tp_size, port, dtype, base_gpu_id, served_model_name, device=device, colocated=colocated,
-        span=span,
+        span=span, api_key_env=api_key_env if api_key else "",
     )  # fmt: skip
     leader = span is None or span.node_rank == 0
     url = f"http://{connect_host(cfg.host, node_ip)}:{port}" if leader else ""
-    return ProcessLaunch(command, sglang_env(device, gpus), url, watch=True)
+    secrets = {api_key_env: api_key} if api_key else {}
+    return ProcessLaunch(command, sglang_env(device, gpus), url, watch=True, secrets=secrets)
 
 
 def launch_sglang(
@@ -156,12 +157,16 @@ def launch_sglang(
     gpus: Sequence[str] = (),
     span: NodeSpan | None = None,
     node_ip: str = "127.0.0.1",
+    api_key: str = "",
+    api_key_env: str = "",
 ) -> ServerProcess:
     """Start one SGLang server and wait until `/health_generate` answers 200 (node rank 0), or start one later
-    node's process of a multi-node engine without waiting (it serves nothing; node rank 0's health covers it)."""
+    node's process of a multi-node engine without waiting (it serves nothing; node rank 0's health covers it).
+    With `api_key` it requires that key (handed over in the variable `api_key_env`, default the run's)."""
     launch = sglang_launch(
-        cfg, model_path, tp_size, port, dtype, device, gpus, colocated, span, node_ip, served_model_name, base_gpu_id
-    )
+        cfg, model_path, tp_size, port, dtype, device, gpus, colocated, span, node_ip, served_model_name, base_gpu_id,
+        api_key, api_key_env or DEFAULT_KEY_ENV,
+    )  # fmt: skip
     if not launch.url:
         return start_process(launch, log_path)
-    return launch_server(watched(launch.command), launch.url, cfg.startup_timeout_s, log_path, env=launch.env)
+    return run_launch(launch, cfg.startup_timeout_s, log_path)

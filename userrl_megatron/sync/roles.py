@@ -3,17 +3,19 @@ as a sender sees them, each engine's ranks in a broadcast group, and for tensor 
 each engine TP rank maps."""
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class EngineEndpoint:
-    """One engine as the sender sees it: its URL, how many ranks it adds to the group (its TP size) and the
-    device index of its first TP rank in the placement's order (None: not on the trainer's devices)."""
+    """One engine as the sender sees it: its URL, how many ranks it adds to the group (its TP size), the
+    device index of its first TP rank in the placement's order (None: not on the trainer's devices) and the API
+    key its calls carry ("" = none)."""
 
     url: str
     tp_size: int = 1
     first_device: int | None = None
+    api_key: str = field(default="", repr=False)
 
 
 def group_world_size(engines: Sequence[EngineEndpoint]) -> int:

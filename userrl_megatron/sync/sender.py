@@ -181,7 +181,8 @@ class WeightSender:
         self.group_name = group_name
         self.backend = backend
         self._loop = _EventLoopThread()
-        factory = client_factory or _default_client
+        keys = {e.url: e.api_key for e in engines}
+        factory = client_factory or (lambda url: _default_client(url, keys[url]))
         self._clients = [self._call(_construct(factory, e.url)) for e in engines]
         self._group: dist.ProcessGroup | None = None
         self._connected = False
@@ -421,7 +422,7 @@ async def _construct(factory: Callable[[str], Any], url: str) -> Any:
     return factory(url)
 
 
-def _default_client(url: str) -> Any:
+def _default_client(url: str, api_key: str = "") -> Any:
     from userrl_megatron.rollout.engine import SGLangClient
 
-    return SGLangClient(url)
+    return SGLangClient(url, api_key=api_key)

@@ -194,7 +194,7 @@ class Components:
         placement's order (colocated engines start at device 0, disaggregated ones after the actor's devices)."""
         tp, m = self.cfg.rollout.engine_tp, self.cfg.megatron
         first = 0 if self.cfg.rollout.colocate else m.nnodes * m.devices_per_node
-        return {"url": url, "tp_size": tp, "first_device": first + index * tp}
+        return {"url": url, "tp_size": tp, "first_device": first + index * tp, "api_key": self.pool.api_key}
 
     @property
     def sync_method(self) -> str:

@@ -9,6 +9,7 @@ paused they run at once.
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -89,6 +90,10 @@ class EngineCore:
         self._receive_buffers: dict[str, FlatBuffer] = {}  # device -> the flat bucket buffer reused across updates
         self._session: str | None = None  # selector of the open weight-update session
         self._released: set[str] = set()
+        # What one /update_weights_from_tensor payload may hold: 8 bytes per parameter (the whole model twice in
+        # float32), at least 1 GiB (a shared bucket of sync.bucket_mb is mapped whole); or the configured bound.
+        params = sum(p.numel() for p in self.model.model.parameters())
+        self.payload_limit = cfg.max_weight_payload_bytes or max(8 * params, 1 << 30)
         self.started = False
         self.startup_time = time.time()
 
@@ -443,7 +448,7 @@ class EngineCore:
 
         def load() -> tuple[bool, str]:
             try:
-                self.model.load_weights(decode_payload(serialized_named_tensors, load_format))
+                self.model.load_weights(decode_payload(serialized_named_tensors, load_format, 0, self.payload_limit))
             except Exception as e:
                 return False, f"Failed to update parameter online: {e}"
             if weight_version is not None:
@@ -460,8 +465,25 @@ class EngineCore:
         flush_cache: bool = True,
         abort_all_requests: bool = False,
         weight_version: str | None = None,
+        allow_partial: bool = False,
     ) -> tuple[bool, str]:
-        """Load a safetensors checkpoint directory; on failure the previous weights are put back (as SGLang)."""
+        """Load a safetensors checkpoint directory; on failure the previous weights are put back (as SGLang).
+
+        Stricter than SGLang: only from directories the server was started with (`--weights-dir`, none: the
+        endpoint is off), only inside a weight-update session, and only a checkpoint with every parameter of the
+        model unless `allow_partial`."""
+        if not self.cfg.weight_dirs:
+            return False, (
+                "update_weights_from_disk is off on this server: start it with --weights-dir DIR "
+                "(rollout.embedded.weight_dirs) to load checkpoints from DIR"
+            )
+        if self._session is None:
+            return False, "update_weights_from_disk must run between begin_weight_update() and end_weight_update()"
+        if not under_any(model_path, self.cfg.weight_dirs):
+            return False, (
+                f"Failed to get weights iterator: {model_path!r} is not in a directory this server loads from "
+                "(--weights-dir)."
+            )
         try:
             named = await wait_bounded(
                 start_daemon(lambda: read_safetensors_dir(model_path), "weights-from-disk"),
@@ -470,6 +492,13 @@ class EngineCore:
             )
         except Exception as e:
             return False, f"Failed to get weights iterator: {e}."
+        missing = [] if allow_partial else self.model.missing_tensors(name for name, _ in named)
+        if missing:
+            shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+            return False, (
+                f"Failed to get weights iterator: {model_path} lacks {len(missing)} of the model's parameters "
+                f"({shown}); a partial load needs allow_partial: true."
+            )
         backup = {name: p.detach().to("cpu", copy=True) for name, p in self.model.model.named_parameters()}
         ok, message = await self._load(named, flush_cache, abort_all_requests, weight_version)
         if ok:
@@ -638,6 +667,16 @@ async def _listening(address: str, port: int) -> None:
         with contextlib.suppress(OSError):
             await writer.wait_closed()
         return
+
+
+def under_any(path: str, directories: list[str]) -> bool:
+    """Whether `path`, symlinks resolved, is one of `directories` or below one (resolved too)."""
+    resolved = os.path.realpath(path)
+    for directory in directories:
+        root = os.path.realpath(directory)
+        if os.path.commonpath([resolved, root]) == root:
+            return True
+    return False
 
 
 def read_safetensors_dir(path: str) -> list[tuple[str, torch.Tensor]]:

@@ -405,12 +405,14 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
             "recapture_cuda_graph": (bool, False),
             "token_step": (int, 0),
             "manifest": (dict, None),
+            "allow_partial": (bool, False),
         },
     )
     core = request.app[CORE_KEY]
     ok, message = await core.update_weights_from_disk(
-        body["model_path"], body["flush_cache"], body["abort_all_requests"], body["weight_version"]
-    )
+        body["model_path"], body["flush_cache"], body["abort_all_requests"], body["weight_version"],
+        body["allow_partial"],
+    )  # fmt: skip
     return success_message(ok, message, num_paused_requests=0)
 
 

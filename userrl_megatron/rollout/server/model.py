@@ -143,6 +143,26 @@ class EngineModel:
                 loaded += 1
         return loaded
 
+    def missing_tensors(self, names: Iterable[str]) -> list[str]:
+        """The model's parameters a checkpoint with tensors `names` would leave as they are (for fused MoE
+        experts: unless every expert's projections are named), in the model's order."""
+        names = set(names)
+        experts: set[tuple[str, str]] = set()  # (fused parameter name, expert index and projection)
+        for name in names:
+            if name not in self._params and (match := EXPERT_NAME.match(name)):
+                fused = "down_proj" if match["proj"] == "down_proj" else "gate_up_proj"
+                experts.add((f"{match['experts']}.{fused}", f"{match['e']}.{match['proj']}"))
+        missing = []
+        for name, param in self._params.items():
+            if name in names or (self.spec.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            if name.endswith(".mlp.experts.gate_up_proj") or name.endswith(".mlp.experts.down_proj"):
+                projs = ("down_proj",) if name.endswith("down_proj") else ("gate_proj", "up_proj")
+                if all((name, f"{e}.{proj}") in experts for e in range(param.shape[0]) for proj in projs):
+                    continue
+            missing.append(name)
+        return missing
+
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any] | None:
         """The parameter as float32 nested lists, first `truncate_size` rows (SGLang's `/get_weights_by_name`)."""
         if self.spec.tie_word_embeddings and name == "lm_head.weight":

@@ -132,8 +132,10 @@ def _check_common(body: dict[str, Any], spec: dict[str, tuple[Any, Any]]) -> Non
     if ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise _invalid("stop_token_ids", f"Input should be a list of integers, got {ids!r}")
     n = body.get("n")
-    if n is not None and not 1 <= n <= MAX_N:
-        raise ValueError(f"n must be in [1, {MAX_N}], got {n}.")
+    if n is not None and n < 1:  # OpenAI's refusal; SGLang 0.5.23 answers n 0 with one sample
+        raise ValueError(f"n must be at least 1, got {n}.")
+    if n is not None and n > MAX_N:
+        raise ValueError(f"n must be at most {MAX_N}, got {n}.")
 
 
 def _check_chat_body(core: EngineCore, body: Any) -> None:
