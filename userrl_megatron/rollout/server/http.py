@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from userrl_megatron.rollout.auth import bearer_matches, is_public
 from userrl_megatron.rollout.server.core import EngineCore, call_soon
@@ -461,12 +462,25 @@ async def _memory(request: web.Request, operation: Callable) -> web.Response:
 # ---- running ----
 
 
+class _Http2ProbeFilter(logging.Filter):
+    """Drops aiohttp's traceback for an HTTP/2 connection preface: sglang-router probes every worker with gRPC
+    before HTTP/1.1, and the refused probe is expected, not an error of the server."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, BadHttpMessage) and "PRI/Upgrade" in str(exc))
+
+
+HTTP2_PROBE_FILTER = _Http2ProbeFilter()  # one instance: adding it again is a no-op
+
+
 async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event, api_key: str = "") -> None:
     """Serve until `stop` is set (the caller owns the core's lifetime), requiring `api_key` if given."""
     # A client that disconnects cancels its handler, which aborts its requests (as SGLang does).
     runner = web.AppRunner(
         build_app(core, api_key), access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S
     )
+    logging.getLogger("aiohttp.server").addFilter(HTTP2_PROBE_FILTER)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
