@@ -59,7 +59,11 @@ class WeightUpdateRefusedError(RuntimeError):
         return (type(self), (str(self), self.urls))
 
 
-class UnknownWeightNameError(ValueError):
+class WeightNameCheckError(RuntimeError):
+    """An engine could not confirm that it has a pushed tensor's name (it did not answer in time)."""
+
+
+class UnknownWeightNameError(WeightNameCheckError, ValueError):
     """A pushed tensor name the engine's model does not have (SGLang would accept it and load nothing)."""
 
 
@@ -245,7 +249,7 @@ class WeightSender:
                     packer = self._new_packer(buckets)
                 with clock("pack"):
                     packer.add(name, tensor, bucket_bytes)
-            except (UnknownWeightNameError, WeightUpdateRefusedError) as e:
+            except (WeightNameCheckError, WeightUpdateRefusedError) as e:
                 failure = e
         try:
             if failure is None and packer.entries:
@@ -255,7 +259,7 @@ class WeightSender:
                 self._wait(inflight, clock)  # the bucket already on its way must land (or be refused) first
             if failure is not None:
                 raise failure
-        except (UnknownWeightNameError, WeightUpdateRefusedError):
+        except (WeightNameCheckError, WeightUpdateRefusedError):
             self._end_sessions()
             raise
         self._all(lambda c: c.end_weight_update())
@@ -348,6 +352,11 @@ class WeightSender:
         for engine, future in zip(self.engines, futures, strict=True):
             try:
                 future.result()
+            except TimeoutError as e:  # a busy engine, not a missing weight
+                raise WeightNameCheckError(
+                    f"the engine at {engine.url} did not answer within {CONTROL_TIMEOUT_S:g}s whether it has a "
+                    f"weight named {name!r}"
+                ) from e
             except Exception as e:
                 raise UnknownWeightNameError(
                     f"the engine at {engine.url} has no weight named {name!r} ({e}); the pushed names must be the "

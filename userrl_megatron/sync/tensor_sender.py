@@ -40,7 +40,7 @@ from userrl_megatron.sync.roles import payload_holders
 from userrl_megatron.sync.sender import (
     REFUSAL_GRACE_S,
     EngineEndpoint,
-    UnknownWeightNameError,
+    WeightNameCheckError,
     WeightSender,
     WeightUpdateRefusedError,
     _Clock,
@@ -153,7 +153,7 @@ class TensorSender(WeightSender):
                 try:
                     with clock("check_names"):
                         self._check_name(name)
-                except UnknownWeightNameError as e:
+                except WeightNameCheckError as e:
                     state.failure = e  # announced at the next boundary; until then everyone packs alike
             if packer.entries and not packer.fits(tensor, bucket_bytes):
                 self._exchange(packer, version, state, clock)
