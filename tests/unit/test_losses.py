@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from userrl_megatron.algo import LossInputs, aggregate, compute_policy_loss, kl_estimate
+from userrl_megatron.algo import LossInputs, aggregate, compute_policy_loss, kl_estimate, kl_penalty
 from userrl_megatron.algo.losses import mismatch_sums, ppo_clip_terms, truncated_is_weight
 from userrl_megatron.config import AlgoConfig
 
@@ -97,6 +97,53 @@ def test_kl_estimators_by_hand() -> None:
     assert kl_estimate(ref, ref, "k3").item() == 0.0
     with pytest.raises(ValueError, match="kl estimator must be one of"):
         kl_estimate(logp, ref, "k4")
+
+
+def userrl_kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
+    """UserRL's (verl's) `kl_penalty` as its core_algos.py computes it, for reference."""
+    if kind == "k1":
+        return logprob - ref_logprob
+    if kind == "k2":
+        return 0.5 * (logprob - ref_logprob).square()
+    kl = ref_logprob - logprob
+    return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("drift", [0.05, 1.0, 4.0, 30.0])  # spread of log π − log π_ref, nats
+def test_kl_penalty_matches_userrl_in_value_and_gradient(estimator: str, drift: float) -> None:
+    generator = torch.Generator().manual_seed(int(drift * 100))
+    ref = -torch.rand(64, 48, generator=generator, dtype=torch.float64) * 8
+    logp = ref + torch.randn(64, 48, generator=generator, dtype=torch.float64) * drift
+    ours, theirs = logp.clone().requires_grad_(), logp.clone().requires_grad_()
+    value = kl_penalty(ours, ref, estimator)
+    expected = userrl_kl_penalty(theirs, ref, estimator)
+    weights = torch.rand(64, 48, generator=generator, dtype=torch.float64)  # any downstream use of the penalty
+    (value * weights).sum().backward()
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(value.detach(), expected.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-12, atol=1e-12)
+    if estimator == "k3" and drift >= 4.0:  # drifted tokens are bounded and pass no gradient
+        bounded = value.detach() == 10.0
+        assert bounded.any() and (ours.grad[bounded] == 0).all()
+
+
+def test_a_drifted_policy_keeps_the_k3_penalty_bounded() -> None:
+    # The policy 30 nats below the reference on every token: unbounded, k3 is e^30 ≈ 1e13 per token.
+    logp = torch.full((2, 5), -40.0, requires_grad=True)
+    ref = torch.full((2, 5), -10.0)
+    assert kl_estimate(logp.detach(), ref, "k3").min().item() > 1e13  # the metric's estimate stays unbounded
+    cfg = AlgoConfig(kl_coef=0.1, kl_estimator="k3")
+    out = compute_policy_loss(
+        LossInputs(logp, logp.detach(), torch.zeros(2, 5), torch.ones(2, 5), ref_logprobs=ref), cfg
+    )
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(0.1 * 10.0)  # zero advantages: the penalty alone, at its bound
+    assert out.token_sums["actor/kl_ref"].item() == pytest.approx(10 * 10.0)
+    assert torch.equal(logp.grad, torch.zeros(2, 5))  # bounded, so no gradient (and no NaN from exp overflow)
+    far = torch.full((1,), -200.0, requires_grad=True)  # exp(200) overflows; the penalty and gradient do not
+    kl_penalty(far, torch.zeros(1), "k3").sum().backward()
+    assert far.grad is not None and far.grad.item() == 0.0
 
 
 def test_kl_penalty_needs_reference() -> None:

@@ -11,7 +11,7 @@ from userrl_megatron.algo.advantages import (
     register_advantage,
     score_trajectory,
 )
-from userrl_megatron.algo.kl import kl_estimate
+from userrl_megatron.algo.kl import kl_estimate, kl_penalty
 from userrl_megatron.algo.losses import (
     POLICY_LOSSES,
     LossInputs,
@@ -35,6 +35,7 @@ __all__ = [
     "group_normalize",
     "grpo_multiturn_advantages",
     "kl_estimate",
+    "kl_penalty",
     "register_advantage",
     "register_policy_loss",
     "score_trajectory",

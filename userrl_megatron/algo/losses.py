@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from userrl_megatron.algo.kl import kl_estimate
+from userrl_megatron.algo.kl import kl_estimate, kl_penalty
 from userrl_megatron.config.schema import AlgoConfig
 
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
@@ -143,7 +143,7 @@ def ppo_clip_loss(inputs: LossInputs, cfg: AlgoConfig, normalizer: float | None 
     if cfg.kl_coef > 0:
         if inputs.ref_logprobs is None:
             raise ValueError("algo.kl_coef > 0 needs reference log-probs")
-        kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, cfg.kl_estimator)
+        kl = kl_penalty(inputs.logprobs, inputs.ref_logprobs, cfg.kl_estimator)
         per_token = per_token + cfg.kl_coef * kl
         sums["actor/kl_ref"] = (kl.detach() * mask).sum()
     if inputs.entropy is not None:

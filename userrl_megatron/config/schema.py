@@ -189,7 +189,7 @@ class AlgoConfig:
     dual_clip_c: float = 3.0  # dual-clip bound for negative advantages (<= 1 disables)
     loss_agg: str = "token-mean"  # "token-mean", "seq-mean-token-sum" or "seq-mean-token-mean"
     kl_coef: float = 0.0  # weight of the KL(policy || reference) penalty in the loss (0 = no reference model)
-    kl_estimator: str = "k3"  # KL estimator: k1, k2 or k3
+    kl_estimator: str = "k3"  # KL estimator: k1, k2 or k3 (its penalty bounded to ±10 per token, as UserRL's)
     entropy_coef: float = 0.0  # weight of the entropy bonus
     tis_cap: float = -1.0  # truncated importance sampling cap (0 disables; -1: 2.0 if rollout.mode is async, else 0)
     ppo_epochs: int = 1  # passes over each step's episodes
