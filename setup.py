@@ -24,7 +24,7 @@ setup(
         "tensorboard",
         "rich",
         "pyarrow",
-        # megatron-core is installed by tools/install_venv.sh (--no-deps on Python 3.11; see README)
+        # megatron-core is installed by tools/install_venv.sh (--no-deps on Python 3.11; see docs/install.md)
     ],
     extras_require={
         "gpu": ["transformer-engine[pytorch]"],

@@ -146,6 +146,9 @@ SYNTAX: dict[str, str] = {
     "userrl eval --model M --gyms a,b --tasks N --out DIR UserRL's evaluation of a model / checkpoint; reruns resume": (
         "README's command summary (with its two continuation lines); run forms: README, 'Evaluating'"
     ),
+    "userrl plan --config FILE [--placement] GPU and host memory per phase (or every process's placement), no GPU": (
+        "README's command summary; run forms: README, 'GPU-cluster quickstart', docs/plan.md"
+    ),
     "userrl rollout --config FILE [key=value ...] episodes without training: rollouts.jsonl + a per-gym table": (
         "README's command summary; run form: tests/e2e/test_smallest_forms.py::test_rollout_with_only_the_model"
     ),
