@@ -62,6 +62,7 @@ class ServerPool:
     that this pool does not own: `repair` checks that each answers, and cannot restart one."""
 
     exhausted = False
+    api_key = ""  # the servers were started without one
 
     def __init__(self, urls: list[str]) -> None:
         self.urls = list(urls)
