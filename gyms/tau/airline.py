@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from gyms.tau.store import EpisodeDB, Record, Table
-from gyms.tau.toolkit import SHARED_TOOLS, ToolFn, tool
+from gyms.tau.toolkit import SHARED_TOOLS, ToolFn, tool, tool_table
 
 # tau-bench's fixed answer of list_all_airports (not derived from the database).
 AIRPORTS = {
@@ -315,5 +315,5 @@ _OWN_TOOLS = (
     update_reservation_flights,
     update_reservation_passengers,
 )
-TOOLS: dict[str, ToolFn] = {**SHARED_TOOLS, **{f.__name__: f for f in _OWN_TOOLS}}
+TOOLS: dict[str, ToolFn] = tool_table("airline", (*SHARED_TOOLS.values(), *_OWN_TOOLS))
 TABLES = ("flights", "reservations", "users")

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from gyms.tau.store import EpisodeDB, Record, to_hashable
-from gyms.tau.toolkit import SHARED_TOOLS, ToolFn, tool
+from gyms.tau.toolkit import SHARED_TOOLS, ToolFn, tool, tool_table
 
 CANCEL_REASONS = ("no longer needed", "ordered by mistake")
 
@@ -147,13 +147,25 @@ def modify_pending_order_payment(data: EpisodeDB, order_id: str, payment_method_
     return json.dumps(order)
 
 
-def _missing_item(order: Record, item_ids: list[str]) -> str | None:
-    """The first requested id asked for more often than the order holds it (a multiset check), else None."""
+def _missing_items(order: Record, item_ids: list[str]) -> list[Any]:
+    """[the first requested id asked for more often than the order holds it] (a multiset check), else [].
+
+    tau-bench's check is `for i in item_ids: if item_ids.count(i) > held.count(i)`, so whatever `item_ids` is, the
+    outcome is its outcome: a list is the multiset check; a string is checked character by character (str.count of
+    one character counts it, and no item id is one character: its first character is missing; "" passes); a number,
+    true/false or null raises `'int' object is not iterable` (Python's own text, from the iteration below); a
+    non-empty object raises `'dict' object has no attribute 'count'` ({} passes: nothing to check).
+    """
     # tau-bench counts with list.count per requested id: quadratic in a hostile list's length. One pass with the
     # same equality (to_hashable keeps == for the JSON values an argument can hold: [1] and [1.0] count alike).
     held = Counter(to_hashable(item["item_id"]) for item in order["items"])
     asked = Counter(to_hashable(item_id) for item_id in item_ids)
-    return next((i for i in item_ids if asked[to_hashable(i)] > held[to_hashable(i)]), None)
+    if asked and isinstance(item_ids, dict):
+        raise AttributeError("'dict' object has no attribute 'count'")
+    for item_id in item_ids:
+        if asked[to_hashable(item_id)] > held[to_hashable(item_id)]:
+            return [item_id]
+    return []
 
 
 def _price_difference(data: EpisodeDB, order: Record, item_ids: list[str], new_item_ids: list[str]) -> Any:
@@ -188,9 +200,9 @@ def _check_swap(
     order = orders[order_id]
     if order["status"] != status:
         return status_error
-    missing = _missing_item(order, item_ids)
-    if missing is not None:
-        return f"Error: {missing} not found"
+    missing = _missing_items(order, item_ids)
+    if missing:  # a list: the missing id can be null
+        return f"Error: {missing[0]} not found"
     if len(item_ids) != len(new_item_ids):
         return "Error: the number of items to be exchanged should match"
     diff = _price_difference(data, order, item_ids, new_item_ids)
@@ -259,7 +271,7 @@ def return_delivered_order_items(data: EpisodeDB, order_id: str, item_ids: list[
         return "Error: payment method not found"
     if "gift_card" not in payment_method_id and payment_method_id != order["payment_history"][0]["payment_method_id"]:
         return "Error: payment method should be either the original payment method or a gift card"
-    if _missing_item(order, item_ids) is not None:
+    if _missing_items(order, item_ids):
         return "Error: some item not found"
 
     order = orders.edit(order_id)
@@ -310,5 +322,5 @@ _OWN_TOOLS = (
     modify_user_address,
     return_delivered_order_items,
 )
-TOOLS: dict[str, ToolFn] = {**SHARED_TOOLS, **{f.__name__: f for f in _OWN_TOOLS}}
+TOOLS: dict[str, ToolFn] = tool_table("retail", (*SHARED_TOOLS.values(), *_OWN_TOOLS))
 TABLES = ("orders", "products", "users")

@@ -2,13 +2,17 @@
 
 A tool is a plain function `fn(data, **arguments) -> str` over an `EpisodeDB`. Arguments are not checked against
 the JSON schema (tau-bench does not either); a call that raises becomes the observation `Error: <message>`.
-Each tool function carries tau-bench's class name as its qualified name (`CancelPendingOrder.invoke`) so that
-Python's own argument errors read exactly as tau-bench's do, e.g.
-`Error: CancelPendingOrder.invoke() missing 1 required positional argument: 'reason'`.
+Each tool function carries tau-bench's class name as its qualified name (`CancelPendingOrder.invoke`), and in a
+domain's table (`tool_table`) tau-bench's module of that tool (`tau_bench.envs.retail.tools.cancel_pending_order`),
+so that Python's own argument errors read exactly as tau-bench's do, e.g.
+`Error: CancelPendingOrder.invoke() missing 1 required positional argument: 'reason'` and, for a call that passes
+its own `data`, `Error: tau_bench.envs.retail.tools.think.Think.invoke() got multiple values for keyword argument
+'data'`.
 """
 
 import json
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gyms.tau import arithmetic
@@ -22,6 +26,21 @@ def tool(fn: ToolFn) -> ToolFn:
     """Name a tool function like tau-bench's tool class (`snake_name` -> `SnakeName.invoke`)."""
     fn.__qualname__ = "".join(part.title() for part in fn.__name__.split("_")) + ".invoke"
     return fn
+
+
+def tool_table(domain: str, fns: Iterable[ToolFn]) -> dict[str, ToolFn]:
+    """A domain's tools by name, each a copy whose module is tau-bench's module of that tool in that domain.
+
+    Python names a function with its module in some argument errors (a second `data`); the shared tools appear in
+    both domains, under a different tau-bench module in each, hence copies.
+    """
+    table = {}
+    for fn in fns:
+        named = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        named.__qualname__, named.__doc__, named.__kwdefaults__ = fn.__qualname__, fn.__doc__, fn.__kwdefaults__
+        named.__module__ = f"tau_bench.envs.{domain}.tools.{fn.__name__}"
+        table[fn.__name__] = named
+    return table
 
 
 def invoke(tools: dict[str, ToolFn], db: EpisodeDB, name: str, arguments: dict[str, Any]) -> str:

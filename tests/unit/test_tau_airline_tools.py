@@ -321,3 +321,18 @@ def test_amounts_are_stored_as_given_so_int_and_float_hash_differently(airline):
     airline.call(as_int, "send_certificate", {"user_id": USER, "amount": 150})
     airline.call(as_float, "send_certificate", {"user_id": USER, "amount": 150.0})
     assert as_int.hash() != as_float.hash()
+
+
+@pytest.mark.parametrize(
+    ("name", "module"),
+    [
+        ("book_reservation", "book_reservation.BookReservation"),
+        ("think", "think.Think"),  # a tool both domains have, under each domain's module
+        ("get_user_details", "get_user_details.GetUserDetails"),
+    ],
+)
+def test_a_call_passing_data_names_tau_benchs_module(call, db, airline, name, module):
+    assert call(name, data={}) == (
+        f"Error: tau_bench.envs.airline.tools.{module}.invoke() got multiple values for keyword argument 'data'"
+    )
+    assert db.hash() == airline.base.hash()

@@ -405,3 +405,104 @@ def test_the_item_multiset_check_is_linear_and_keeps_list_count_equality(call, d
     many = ["7292993796", "7292993796"] + ["x"] * 200_000
     assert call(exchange, item_ids=many, new_item_ids=many, **args) == "Error: x not found"
     assert call(exchange, item_ids=[[1], [1.0]], new_item_ids=[1, 2], **args) == "Error: [1] not found"
+
+
+# item_ids / new_item_ids of every JSON type: the outcome of tau-bench's `for i in item_ids: item_ids.count(i) ...`
+# loop, whatever it is. Retail train task 2's only write returns #W4435622's 6777246137 to gift_card_1725971; task 6's
+# exchanges #W1504875's 9421195098 for 9799386954 with paypal_6262583 (both without outputs to say).
+RETURN = {"order_id": "#W4435622", "payment_method_id": "gift_card_1725971"}
+EXCHANGE = {"order_id": "#W1504875", "payment_method_id": "paypal_6262583"}
+
+
+@pytest.mark.parametrize(
+    ("item_ids", "expected"),
+    [
+        ({"6777246137": 1}, "Error: 'dict' object has no attribute 'count'"),  # object
+        ("6777246137", "Error: some item not found"),  # string: str.count per character; "6" is no item
+        (6777246137, "Error: 'int' object is not iterable"),  # number
+        (1.5, "Error: 'float' object is not iterable"),
+        (True, "Error: 'bool' object is not iterable"),
+        (None, "Error: 'NoneType' object is not iterable"),  # null
+        ([None], "Error: some item not found"),  # a null id is missing like any other
+    ],
+)
+def test_return_rejects_item_ids_as_tau_bench_does(retail, db, call, item_ids, expected):
+    assert call("return_delivered_order_items", item_ids=item_ids, **RETURN) == expected
+    assert db.hash() == retail.base.hash()
+    assert retail.score(retail.task("train", 2), db, []).reward == 0.0
+
+
+def test_return_item_ids_as_a_list_is_the_gold_return(retail, db, call):
+    order = json.loads(call("return_delivered_order_items", item_ids=["6777246137"], **RETURN))
+    assert (order["status"], order["return_items"]) == ("return requested", ["6777246137"])
+    assert retail.score(retail.task("train", 2), db, []).reward == 1.0
+
+
+@pytest.mark.parametrize("empty", [{}, ""])
+def test_an_empty_object_or_string_returns_nothing_as_tau_bench_does(retail, db, call, empty):
+    """tau-bench's loop has nothing to check, and `sorted` of either is []: the order becomes `return requested`."""
+    order = json.loads(call("return_delivered_order_items", item_ids=empty, **RETURN))
+    assert (order["status"], order["return_items"]) == ("return requested", [])
+    assert retail.score(retail.task("train", 2), db, []).reward == 0.0
+
+
+@pytest.mark.parametrize(
+    ("item_ids", "new_item_ids", "expected"),
+    [
+        ({"9421195098": 1}, ["9799386954"], "Error: 'dict' object has no attribute 'count'"),  # object
+        ("9421195098", ["9799386954"], "Error: 9 not found"),  # string: its first character is missing
+        (9421195098, ["9799386954"], "Error: 'int' object is not iterable"),  # number
+        (1.5, ["9799386954"], "Error: 'float' object is not iterable"),
+        (False, ["9799386954"], "Error: 'bool' object is not iterable"),
+        (None, ["9799386954"], "Error: 'NoneType' object is not iterable"),  # null
+        ([None], ["9799386954"], "Error: None not found"),
+        # new_item_ids: tau-bench takes its len, then its elements in order
+        (["9421195098"], "9799386954", "Error: the number of items to be exchanged should match"),  # 10 characters
+        (["9421195098"], "9", "Error: new item 9 not found or available"),
+        (["9421195098"], 9799386954, "Error: object of type 'int' has no len()"),
+        (["9421195098"], 1.5, "Error: object of type 'float' has no len()"),
+        (["9421195098"], True, "Error: object of type 'bool' has no len()"),
+        (["9421195098"], None, "Error: object of type 'NoneType' has no len()"),
+        (["9421195098"], [None], "Error: new item None not found or available"),
+        (["9421195098"], [["9799386954"]], "Error: unhashable type: 'list'"),
+    ],
+)
+def test_exchange_rejects_item_ids_as_tau_bench_does(retail, db, call, item_ids, new_item_ids, expected):
+    assert call("exchange_delivered_order_items", item_ids=item_ids, new_item_ids=new_item_ids, **EXCHANGE) == expected
+    assert db.hash() == retail.base.hash()
+    assert retail.score(retail.task("train", 6), db, []).reward == 0.0
+
+
+@pytest.mark.parametrize(
+    "new_item_ids",
+    [["9799386954"], {"9799386954": 1}],  # an object works by accident in tau-bench: len 1, its keys, sorted keys
+)
+def test_exchange_with_list_item_ids_is_the_gold_exchange(retail, db, call, new_item_ids):
+    out = call("exchange_delivered_order_items", item_ids=["9421195098"], new_item_ids=new_item_ids, **EXCHANGE)
+    order = json.loads(out)
+    assert (order["exchange_items"], order["exchange_new_items"]) == (["9421195098"], ["9799386954"])
+    assert retail.score(retail.task("train", 6), db, []).reward == 1.0
+
+
+def test_modify_pending_order_items_rejects_item_ids_as_an_object(call, db, retail):
+    args = {"order_id": "#W8955613", "new_item_ids": ["3928046918"], "payment_method_id": "gift_card_6682391"}
+    assert call("modify_pending_order_items", item_ids={"6309044598": 1}, **args) == (
+        "Error: 'dict' object has no attribute 'count'"
+    )
+    assert call("modify_pending_order_items", item_ids=[None], **args) == "Error: None not found"
+    assert db.hash() == retail.base.hash()
+
+
+@pytest.mark.parametrize(
+    ("name", "module"),
+    [
+        ("return_delivered_order_items", "return_delivered_order_items.ReturnDeliveredOrderItems"),
+        ("think", "think.Think"),
+        ("calculate", "calculate.Calculate"),
+    ],
+)
+def test_a_call_passing_data_names_tau_benchs_module(call, db, retail, name, module):
+    assert call(name, data={}) == (
+        f"Error: tau_bench.envs.retail.tools.{module}.invoke() got multiple values for keyword argument 'data'"
+    )
+    assert db.hash() == retail.base.hash()
