@@ -71,13 +71,16 @@ async def until(condition: Callable[[], Awaitable[bool] | bool], what: str) -> N
         await asyncio.sleep(0.05)
 
 
-async def server_info(url: str) -> dict:
-    async with aiohttp.ClientSession() as http, http.get(url + "/server_info") as response:
+async def server_info(url: str, key: str) -> dict:
+    """An engine's `/server_info`, with the pool's key (every engine the pool starts requires it)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession(headers=headers) as http, http.get(url + "/server_info") as response:
+        assert response.status == 200, await response.text()
         return await response.json()
 
 
-async def server_state(url: str) -> dict:
-    return (await server_info(url))["internal_states"][0]
+async def server_state(url: str, key: str) -> dict:
+    return (await server_info(url, key))["internal_states"][0]
 
 
 def test_routing_pause_and_health_checks(
@@ -96,7 +99,7 @@ def test_routing_pause_and_health_checks(
         async with RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path) as pool:
             assert "rollout pool: 0/2 embedded engines up, " in caplog.text  # a heartbeat while they start
             assert len(pool.urls) == 2 and len(set(pool.urls)) == 2
-            assert [(await server_info(url))["cpu_threads"] for url in pool.urls] == [2, 2]
+            assert [(await server_info(url, pool.api_key))["cpu_threads"] for url in pool.urls] == [2, 2]
             assert pool.concurrency == 2 * cfg.max_concurrent_episodes
             a, b = pool.session("a"), pool.session("b")
             await asyncio.gather(a.generate(prompt, turn), b.generate(prompt, turn))
@@ -109,9 +112,9 @@ def test_routing_pause_and_health_checks(
             # Pause while a long request (no stop token: it runs to max_new_tokens) is in flight on engine 1.
             long = SamplingParams(max_new_tokens=400, stop_token_ids=[])
             running = asyncio.create_task(b.generate(prompt, long))
-            await until(lambda: _running(pool.urls[1]), "the long request to run")
+            await until(lambda: _running(pool.urls[1], pool.api_key), "the long request to run")
             await pool.pause()
-            state = await server_state(pool.urls[1])
+            state = await server_state(pool.urls[1], pool.api_key)
             assert (state["paused"], state["running"]) == (True, 0)  # aborted by the pause
             held = asyncio.create_task(pool.session("d").generate(prompt, turn))
             await asyncio.sleep(0)
@@ -134,8 +137,8 @@ def test_routing_pause_and_health_checks(
     asyncio.run(scenario())
 
 
-async def _running(url: str) -> bool:
-    return (await server_state(url))["running"] >= 1
+async def _running(url: str, key: str) -> bool:
+    return (await server_state(url, key))["running"] >= 1
 
 
 def test_health_tells_slow_from_wedged_and_dead(placement: object, chatty: Path, tmp_path: Path) -> None:
@@ -319,9 +322,9 @@ def test_a_turn_aborted_by_a_weight_push_is_generated_again_on_the_new_weights(
             engine = pool.engines[session.history[0]]
             await engine.client.pause()  # the engine alone: turn 2 is sent and queues there
             gate.set()
-            await until(lambda: _waiting(engine.url), "the second turn to queue on the paused engine")
+            await until(lambda: _waiting(engine.url, pool.api_key), "the second turn to queue on the paused engine")
             await pool.pause()  # the push: abort whatever is in flight, hold new requests
-            state = await server_state(engine.url)
+            state = await server_state(engine.url, pool.api_key)
             for client in pool.clients:
                 await client.update_weight_version("5")
             await pool.resume()
@@ -339,5 +342,5 @@ def test_a_turn_aborted_by_a_weight_push_is_generated_again_on_the_new_weights(
     check_logprobs(episode, model)
 
 
-async def _waiting(url: str) -> bool:
-    return (await server_state(url))["waiting"] >= 1
+async def _waiting(url: str, key: str) -> bool:
+    return (await server_state(url, key))["waiting"] >= 1
