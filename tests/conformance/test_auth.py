@@ -5,10 +5,7 @@ answer to the same paths is the same), health stays public, nothing changed the 
 route, and it shows neither in the process table nor in the server's log."""
 
 import asyncio
-import json
 import secrets
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +16,7 @@ import pytest
 import torch
 
 from tests.conformance.conftest import SGLANG_CPU
-from tests.support.servers import free_port
+from tests.support.servers import free_port, http_call
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.rollout.engine import EngineError, SGLangClient
@@ -29,7 +26,6 @@ from userrl_megatron.rollout.server.http import build_app
 from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON, launch_sglang
 from userrl_megatron.types import SamplingParams
 
-CALL_S = 300.0  # one raw call: a bound for a hung server only
 WATCHED = ("model.norm.weight", "model.layers.0.self_attn.q_proj.weight")
 UNAUTHORIZED = (401, {"error": "Unauthorized"})
 
@@ -68,20 +64,9 @@ def routes(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str]]:
 
 
 def call(url: str, method: str, path: str, authorization: str | None, body: Any = None) -> tuple[int, Any]:
-    data = None if method in ("GET", "HEAD") else json.dumps({} if body is None else body).encode()
-    request = urllib.request.Request(url + path, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    if authorization is not None:
-        request.add_header("Authorization", authorization)
-    try:
-        with urllib.request.urlopen(request, timeout=CALL_S) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read()
-    try:
-        return status, json.loads(raw)
-    except json.JSONDecodeError:
-        return status, raw.decode(errors="replace")
+    """A raw call as a client without our library would make it: a JSON body (`{}` by default) except on GET."""
+    data = None if method in ("GET", "HEAD") else ({} if body is None else body)
+    return http_call(url, path, data, method, authorization)
 
 
 def weights(server: ServerProcess, key: str) -> dict[str, Any]:

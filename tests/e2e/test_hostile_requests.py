@@ -29,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.support.engine_ref import hf_greedy
-from tests.support.servers import free_port, push_weights
+from tests.support.servers import free_port, http_call, push_weights
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.rollout.engine import SGLangClient
@@ -91,18 +91,7 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def call(url: str, path: str, body: Any = None, method: str = "POST") -> tuple[int, Any]:
     """A raw HTTP call (urllib: independent of our client); returns (status, JSON or text)."""
-    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    request = urllib.request.Request(url + path, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=CALL_S) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read()
-    try:
-        return status, json.loads(raw)
-    except json.JSONDecodeError:
-        return status, raw.decode()
+    return http_call(url, path, body, method)
 
 
 def weights(url: str) -> list[list[float]]:

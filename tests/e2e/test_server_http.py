@@ -10,8 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.support.engine_ref import hf_greedy, hf_logprobs
 from tests.support.payloads import plain_pickle
-from tests.support.servers import free_port, push_weights
+from tests.support.servers import free_port, http_call, push_weights
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.rollout.engine import EngineError, SGLangClient
@@ -41,10 +39,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     )
 
 
-# Bounds only a hung server reaches: start-up, a clean exit after SIGTERM, one raw HTTP call.
+# Bounds only a hung server reaches: start-up, a clean exit after SIGTERM.
 STARTUP_S = 600.0
 STOP_S = 300.0
-CALL_S = 300.0
 
 
 @pytest.fixture(scope="module")
@@ -64,19 +61,8 @@ def hf_a(models: tuple[Path, Path]) -> torch.nn.Module:
 
 
 def call(server: ServerProcess, path: str, body: Any = None, method: str = "POST") -> tuple[int, Any]:
-    """A raw HTTP call (urllib: independent of our client); returns (status, JSON or text)."""
-    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    request = urllib.request.Request(server.url + path, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=CALL_S) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read()
-    try:
-        return status, json.loads(raw)
-    except json.JSONDecodeError:
-        return status, raw.decode()
+    """A raw HTTP call to `server`; returns (status, JSON or text)."""
+    return http_call(server.url, path, body, method)
 
 
 def test_generate_matches_transformers(server: ServerProcess, hf_a: torch.nn.Module) -> None:

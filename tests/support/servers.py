@@ -1,7 +1,11 @@
 """Helpers for tests that run real engine servers on 127.0.0.1, and a trainer-side weight push over gloo."""
 
 import asyncio
+import json
 import socket
+import urllib.error
+import urllib.request
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -9,6 +13,29 @@ import torch.distributed as dist
 from userrl_megatron.rollout.engine import SGLangClient
 from userrl_megatron.sync.bucket import dtype_name, pack_bucket
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
+
+CALL_S = 300.0  # one raw call: a bound for a hung server only
+
+
+def http_call(
+    url: str, path: str, body: Any = None, method: str = "POST", authorization: str | None = None
+) -> tuple[int, Any]:
+    """A raw HTTP call (urllib: independent of our client); returns (status, JSON or text). `body`: bytes as they
+    are, anything else as JSON, None for no body."""
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    request = urllib.request.Request(url + path, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if authorization is not None:
+        request.add_header("Authorization", authorization)
+    try:
+        with urllib.request.urlopen(request, timeout=CALL_S) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except json.JSONDecodeError:
+        return status, raw.decode(errors="replace")
 
 
 def free_port() -> int:
