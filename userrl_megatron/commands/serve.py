@@ -78,6 +78,7 @@ def _serve_sglang(args: argparse.Namespace) -> int:
     from userrl_megatron.config.schema import SGLangConfig
     from userrl_megatron.errors import UserError
     from userrl_megatron.model_store import resolve_model
+    from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV
     from userrl_megatron.rollout.engine import EngineError
     from userrl_megatron.rollout.sglang import launch_sglang
 
@@ -91,7 +92,7 @@ def _serve_sglang(args: argparse.Namespace) -> int:
     try:
         server = launch_sglang(
             cfg, str(resolve_model(args.model)), 1, args.port, dtype, device=device,
-            served_model_name=args.served_model_name, api_key=api_key, api_key_env=args.api_key_env or "",
+            served_model_name=args.served_model_name, api_key=api_key, api_key_env=args.api_key_env or DEFAULT_KEY_ENV,
         )  # fmt: skip
     except EngineError as e:
         raise UserError(f"SGLang did not start: {e}") from e

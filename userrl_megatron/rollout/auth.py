@@ -28,6 +28,12 @@ def run_api_key(env_name: str) -> str:
     return secrets.token_urlsafe(KEY_BYTES)
 
 
+def key_handover(api_key: str, env_name: str) -> tuple[str, dict[str, str]]:
+    """How a server process gets `api_key`: the variable it reads it from ("" = no key) and the environment entry
+    that holds it (`ProcessLaunch.secrets`)."""
+    return (env_name, {env_name: api_key}) if api_key else ("", {})
+
+
 def is_public(method: str, path: str) -> bool:
     """Whether a request needs no key (SGLang's rule: OPTIONS, health, readiness and metrics)."""
     return method == "OPTIONS" or path.startswith(PUBLIC_PREFIXES)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV
+from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV, key_handover
 from userrl_megatron.rollout.engine import HEALTH_PROBE_S, EngineError
 
 log = logging.getLogger(__name__)
@@ -224,12 +224,11 @@ def embedded_launch(
 ) -> ProcessLaunch:
     """What one embedded engine runs: `userrl serve`, stopped with this process, seeing `gpus` only (if given),
     requiring `api_key` (if given), which it gets in the environment variable `api_key_env`."""
-    key_env = api_key_env if api_key else ""
+    key_env, secrets = key_handover(api_key, api_key_env)
     command = embedded_server_command(
         model_path, cfg, port, dtype, served_model_name, parent_pid=os.getpid(), api_key_env=key_env
     )
     env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
-    secrets = {api_key_env: api_key} if api_key else {}
     return ProcessLaunch(command, env, f"http://{connect_host(cfg.host, node_ip)}:{port}", secrets=secrets)
 
 

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
-from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV
+from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV, key_handover
 from userrl_megatron.rollout.engine import EngineError
 from userrl_megatron.rollout.launch import ProcessLaunch, ServerProcess, run_launch
 from userrl_megatron.rollout.sglang import KEY_ENTRY, sglang_python
@@ -88,8 +88,8 @@ def router_launch(
     api_key_env: str = DEFAULT_KEY_ENV,
 ) -> ProcessLaunch:
     """What the router runs (under the watchdog), with the key in its environment."""
-    command = router_command(cfg, worker_urls, port, prometheus_port, policy, api_key_env if api_key else "")
-    secrets = {api_key_env: api_key} if api_key else {}
+    key_env, secrets = key_handover(api_key, api_key_env)
+    command = router_command(cfg, worker_urls, port, prometheus_port, policy, key_env)
     return ProcessLaunch(command, {}, f"http://127.0.0.1:{port}", "/health", watch=True, secrets=secrets)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
-from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV
+from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV, key_handover
 from userrl_megatron.rollout.launch import ProcessLaunch, ServerProcess, connect_host, run_launch, start_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -133,13 +133,13 @@ def sglang_launch(
         if len(gpus) != per_node:
             raise ValueError(f"an engine process of tp_size {tp_size} on one node needs {per_node} GPUs, got {gpus}")
         base_gpu_id = 0  # the process sees its own GPUs only
+    key_env, secrets = key_handover(api_key, api_key_env)
     command = sglang_command(
         cfg, model_path, tp_size, port, dtype, base_gpu_id, served_model_name, device=device, colocated=colocated,
-        span=span, api_key_env=api_key_env if api_key else "",
+        span=span, api_key_env=key_env,
     )  # fmt: skip
     leader = span is None or span.node_rank == 0
     url = f"http://{connect_host(cfg.host, node_ip)}:{port}" if leader else ""
-    secrets = {api_key_env: api_key} if api_key else {}
     return ProcessLaunch(command, sglang_env(device, gpus), url, watch=True, secrets=secrets)
 
 
@@ -158,14 +158,14 @@ def launch_sglang(
     span: NodeSpan | None = None,
     node_ip: str = "127.0.0.1",
     api_key: str = "",
-    api_key_env: str = "",
+    api_key_env: str = DEFAULT_KEY_ENV,
 ) -> ServerProcess:
     """Start one SGLang server and wait until `/health_generate` answers 200 (node rank 0), or start one later
     node's process of a multi-node engine without waiting (it serves nothing; node rank 0's health covers it).
     With `api_key` it requires that key (handed over in the variable `api_key_env`, default the run's)."""
     launch = sglang_launch(
         cfg, model_path, tp_size, port, dtype, device, gpus, colocated, span, node_ip, served_model_name, base_gpu_id,
-        api_key, api_key_env or DEFAULT_KEY_ENV,
+        api_key, api_key_env,
     )  # fmt: skip
     if not launch.url:
         return start_process(launch, log_path)
