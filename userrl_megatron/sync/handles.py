@@ -183,15 +183,16 @@ def _check_view(budget: _Budget, nbytes: int, itemsize: int, offset: Any, size: 
     budget.tensor(numel * itemsize)
 
 
-def _typed(storage: Any) -> torch.TypedStorage:
+def _fitted(budget: _Budget, storage: Any, offset: Any, size: Any, stride: Any) -> torch.TypedStorage:
+    """`storage`, a typed storage that the tensor view `offset`/`size`/`stride` lies inside (`_check_view`)."""
     if not isinstance(storage, torch.TypedStorage):
         raise pickle.UnpicklingError(f"expected a typed storage, got {type(storage).__name__}")
+    _check_view(budget, storage._untyped_storage.nbytes(), storage.dtype.itemsize, offset, size, stride)
     return storage
 
 
 def _rebuild_tensor(budget: _Budget, storage: Any, offset: Any, size: Any, stride: Any) -> torch.Tensor:
-    typed = _typed(storage)
-    _check_view(budget, typed._untyped_storage.nbytes(), typed.dtype.itemsize, offset, size, stride)
+    typed = _fitted(budget, storage, offset, size, stride)
     return torch._utils._rebuild_tensor(typed, offset, size, stride)
 
 
@@ -200,8 +201,7 @@ def _rebuild_tensor_v2(
 ) -> torch.Tensor:
     if hooks:
         raise pickle.UnpicklingError("a tensor with backward hooks")
-    typed = _typed(storage)
-    _check_view(budget, typed._untyped_storage.nbytes(), typed.dtype.itemsize, offset, size, stride)
+    typed = _fitted(budget, storage, offset, size, stride)
     return torch._utils._rebuild_tensor_v2(typed, offset, size, stride, bool(requires_grad), hooks, *meta)
 
 
@@ -222,8 +222,7 @@ def _mp_rebuild_tensor(budget: _Budget, cls: Any, storage: Any, metadata: Any) -
     if not isinstance(metadata, tuple) or len(metadata) != 4:
         raise pickle.UnpicklingError("tensor metadata is (offset, size, stride, requires_grad)")
     offset, size, stride, requires_grad = metadata
-    typed = _typed(storage)
-    _check_view(budget, typed._untyped_storage.nbytes(), typed.dtype.itemsize, offset, size, stride)
+    typed = _fitted(budget, storage, offset, size, stride)
     return reductions.rebuild_tensor(_unwrap(cls, _TENSOR_TYPES), typed, (offset, size, stride, bool(requires_grad)))
 
 
