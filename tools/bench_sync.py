@@ -54,6 +54,7 @@ def bench_ours(
     """Median seconds of a full sync through the trainer's components (Ray workers, engine pool), after one
     warm-up sync, over the transport `method` (sync.method)."""
     from userrl_megatron.config import load_config
+    from userrl_megatron.config.resolve import resolve_config
     from userrl_megatron.trainer.components import start_components
 
     cfg = load_config(
@@ -69,7 +70,7 @@ def bench_ours(
     )
 
     async def run() -> list[dict[str, float]]:
-        async with start_components(cfg, run_dir) as parts:
+        async with start_components(resolve_config(cfg), run_dir) as parts:
             await parts.sync_weights(0)  # warm-up: first-touch allocations on both sides
             return [await parts.sync_weights(version) for version in range(1, repeats + 1)]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.tiny_run import LEARNING_SETTINGS, learning_policy, tiny_run, train
+from userrl_megatron.config import load_config
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -64,6 +65,8 @@ def test_policy_learns_with_one_step_off_rollouts(policy: Path, tmp_path: Path) 
     assert [r["train/weight_version"] for r in learned] == [0.0, 0.0] + [float(s) for s in range(1, STEPS - 1)]
     assert all(r["batch/stale_groups"] == 0.0 for r in learned)
     assert all(0.0 < r["tis/weight"] <= 2.0 and 0.0 <= r["tis/clip_frac"] <= 1.0 for r in learned if "tis/weight" in r)
+    saved = load_config([str(tmp_path / "one_step_off" / "config.yaml")], check=False)
+    assert saved.algo.tis_cap == 2.0  # the run directory's config is the resolved one, the config that ran
 
 
 def test_policy_learns_with_partial_rollouts_and_over_sampling(policy: Path, tmp_path: Path) -> None:

@@ -51,10 +51,14 @@ class StateDictActors:
     def weight_checksums(self, rows: int) -> dict[str, float]:
         return {name: float(t[:rows].double().sum()) for name, t in self.state.items()}
 
-    def call(self, method: str, *args: Any) -> Any:
-        if method in ("offload", "onload"):
-            return None  # nothing to move: no Megatron state here
-        raise AttributeError(method)
+    def offload(self, weights: bool = True) -> None:
+        return None  # nothing to move: no Megatron state here
+
+    def onload(self, weights_only: bool = False) -> None:
+        return None
+
+    def offloaded(self) -> list[str]:
+        return []
 
 
 class ServerPool:

@@ -134,13 +134,13 @@ def test_sync_frees_grads_and_optimizer_before_engine_weights_return(monkeypatch
     # two live buckets hold the embedding and the LM head, 1.45 GiB each: 81.2 GiB).
     cfg = _layout(H100_32B, "plan.device_memory_gb=70", "rollout.engine_tp=2", "rollout.num_engines=8")
     assert plan_problems(plan_run(cfg)) == []
-    offload = LedgerActors._offload
+    offload = LedgerActors.offload
 
     def weights_only(self: LedgerActors, weights: bool = True) -> None:  # the sync before the fix frees nothing
         if weights:
             offload(self, weights)
 
-    monkeypatch.setattr(LedgerActors, "_offload", weights_only)
+    monkeypatch.setattr(LedgerActors, "offload", weights_only)
     problems = plan_problems(plan_run(cfg))
     assert problems and problems[0].startswith("weight sync: GPU 0 needs 81.2 GiB, 11.2 GiB more than"), problems
 

@@ -8,12 +8,15 @@ the phase it belongs to with what every device holds at that moment (the phase's
 ranks' pinned host memory is booked as the calls first allocate it (offload, saves), and kept: torch keeps it.
 """
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from userrl_megatron.config.schema import CheckpointConfig
 from userrl_megatron.megatron.offload import GRADS, NEEDS, STATE, WEIGHTS
 from userrl_megatron.plan.memory import ActorMemory, EngineMemory, HostMemory, sglang_kv_pool
-from userrl_megatron.types import Episode, EpisodeGroup, SamplingParams, Task, Turn
+from userrl_megatron.types import Episode, EpisodeGroup, SamplingParams, Task, TrainBatch, Turn
 
 ACTOR_STATE = ("actor weights", "actor grads", "actor optimizer")
 LABELS = dict(zip((WEIGHTS, GRADS, STATE), ACTOR_STATE, strict=True))  # offload's kinds -> the ledger's labels
@@ -80,7 +83,7 @@ class LedgerActors:
         self.kept_buckets = kept_buckets
         self.host = host or HostMemory(0, 0, 0, 0, 0)
         self.host_held: dict[str, int] = {"KL reference": self.host.reference} if self.host.reference else {}
-        self.offloaded: set[str] = set()
+        self.held_on_host: set[str] = set()  # labels in host memory now
         self.parked: set[str] = set()  # labels ever copied to the host by an offload
         for device in devices:  # built with the HF weights loaded: everything on the device
             for label, nbytes in self._state().items():
@@ -91,63 +94,74 @@ class LedgerActors:
         m = self.memory
         return dict(zip(ACTOR_STATE, (m.weights, m.grads, m.optimizer), strict=True))
 
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self, f"_{method}")(*args)
-
-    def _offload(self, weights: bool = True) -> None:
+    def offload(self, weights: bool = True) -> None:
         labels = ACTOR_STATE if weights else ACTOR_STATE[1:]
         for label in labels:
             for device in self.devices:
                 self.ledger.free(device, label)
-        self.offloaded.update(labels)
+        self.held_on_host.update(labels)
         self.parked.update(labels)  # the host regions stay allocated after onload, for the next offload
         held = self.host.offload("actor weights" in self.parked, "actor optimizer" in self.parked)
         self.host_held["offload"] = held
 
-    def _onload(self) -> None:
+    def onload(self, weights_only: bool = False) -> None:
         state = self._state()
-        for label in sorted(self.offloaded):
+        back = [label for label in sorted(self.held_on_host) if label == "actor weights" or not weights_only]
+        for label in back:
             for device in self.devices:
                 self.ledger.book(device, label, state[label])
-        self.offloaded.clear()
+        self.held_on_host.difference_update(back)
+
+    def offloaded(self) -> list[str]:
+        kinds = {label: kind for kind, label in LABELS.items()}
+        return sorted(kinds[label] for label in self.held_on_host)
 
     def _need(self, what: str) -> None:
         labels = {LABELS[kind] for kind in NEEDS[what]}
-        missing = [label for label in ACTOR_STATE if label in labels and label in self.offloaded]
+        missing = [label for label in ACTOR_STATE if label in labels and label in self.held_on_host]
         if missing:
             self.ledger.complain(f"{what} runs while the {', '.join(missing)} are offloaded (it would crash)")
 
-    def _compute_logprobs(self, batch: Any, trained_only: bool = False) -> None:
+    def compute_logprobs(self, batch: TrainBatch, trained_only: bool = False) -> list[list[float]]:
         # Planned at full size: the logits of trained positions only are never larger.
         self._need("a log-prob pass")
         m = self.memory
         self._temporary("log-probs", {"actor activations": m.forward_activations, "actor logits": m.forward_logits})
+        return [[0.0] * (sum(mask) if trained_only else len(mask)) for mask in batch.loss_mask]
 
-    _compute_ref_logprobs = _compute_logprobs
+    def compute_ref_logprobs(self, batch: TrainBatch) -> list[list[float]]:
+        return self.compute_logprobs(batch, trained_only=True)
 
-    def _train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
         self._need("a training step")
         m = self.memory
         self._temporary("training", {"actor activations": m.train_activations, "actor logits": m.train_logits})
         return {"actor/loss": 0.0}
 
-    def _save(self, path: str, state: Any = None, ckpt: Any = None, *args: Any) -> None:
+    def save(self, path: str, extra_state: dict[str, Any], ckpt: CheckpointConfig, background: bool) -> None:
         self._need("a checkpoint save")
-        staging = self.host.staging if getattr(ckpt, "save_optimizer", True) else self.host.staging_model_only
+        staging = self.host.staging if ckpt.save_optimizer else self.host.staging_model_only
         self.host_held["checkpoint staging"] = max(self.host_held.get("checkpoint staging", 0), staging)
         self.ledger.record("checkpoint")
 
-    def _finish_save(self, wait: bool) -> bool:
+    def finish_save(self, wait: bool) -> bool:
         return True  # a background save writes from host staging buffers: no device memory
 
-    def _export_hf(self, path: str) -> None:
+    def load(self, path: str, with_optimizer: bool = True) -> dict[str, Any]:
+        return {}
+
+    def load_weights(self, path: str) -> None:
+        return None
+
+    def export_hf(self, out_dir: str) -> str | None:
         self._need("an HF export")
         self._temporary("HF export", {"export buffer": self.bucket_bytes})
+        return out_dir
 
     def _temporary(self, phase: str, temporaries: dict[str, int]) -> None:
         self.ledger.record(phase, {device: temporaries for device in self.devices})
 
-    def push_weights(self, groups: list[str], version: int) -> dict[str, float]:
+    def push_weights(self, group_names: list[str], version: int) -> dict[str, float]:
         self._need("a weight export")
         if not self.kept_buckets:
             self._temporary("weight sync", {"sync buckets (2)": self.sync_bytes})
@@ -158,10 +172,10 @@ class LedgerActors:
         self.ledger.record("weight sync")
         return {}
 
-    def connect_engines(self, engines: list[dict[str, Any]], prefix: str, method: str) -> list[str]:
-        return [prefix]
+    def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str, method: str) -> list[str]:
+        return [group_prefix]
 
-    def disconnect_engines(self, groups: list[str]) -> None:
+    def disconnect_engines(self, group_names: list[str]) -> None:
         return None
 
     def weight_checksums(self, rows: int) -> dict[str, float]:
@@ -202,7 +216,8 @@ class LedgerPool:
         self.clients = [LedgerClient(self, e) for e in range(len(devices))]
         self.urls = [c.base_url for c in self.clients]
         self.kv_tokens: list[int] = []
-        self.exhausted, self.restarts_total, self.log_dir, self.on_restart = False, 0, None, None
+        self.exhausted, self.restarts_total, self.log_dir = False, 0, None
+        self.on_restart: Callable[[int, Any], Awaitable[None]] | None = None
         self.concurrency = 1
         self.api_key = ""  # the simulated engines require none
 
@@ -269,7 +284,15 @@ class LedgerRunner:
         return None if temperature is None else SamplingParams(temperature=temperature)
 
     async def run_groups(
-        self, tasks: list[Task], n: int, engine_for: Any, sampling: SamplingParams | None, concurrency: int
+        self,
+        tasks: list[Task],
+        n: int,
+        engine_for: Any,
+        sampling: SamplingParams | None = None,
+        concurrency: int | None = None,
+        /,
+        *,
+        gate: asyncio.Semaphore | None = None,
     ) -> list[EpisodeGroup]:
         self.ledger.record("rollout" if sampling is None else "evaluation")
         if sampling is not None:

@@ -36,6 +36,7 @@ from userrl_megatron.sft.experts import EXPERT_PREFIX, expert_rows
 from userrl_megatron.sft.rows import Rejection, RowError, read_rows
 from userrl_megatron.sft.tokens import Sample, tokenize_row
 from userrl_megatron.trainer.run_lock import RunLock
+from userrl_megatron.trainer.seams import Actors
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +133,9 @@ def sft_megatron(cfg: RootConfig, total_steps: int) -> Any:
 
 
 class SFTTrainer:
-    """The SFT loop over the actor ranks of `actors` (a trainer.workers.ActorGroup)."""
+    """The SFT loop over the actor ranks of `actors`."""
 
-    def __init__(self, cfg: RootConfig, run_dir: Path, actors: Any, train: Dataset, val: Dataset) -> None:
+    def __init__(self, cfg: RootConfig, run_dir: Path, actors: Actors, train: Dataset, val: Dataset) -> None:
         self.cfg, self.run_dir, self.actors = cfg, run_dir, actors
         self.train, self.val = train, val
         lengths = [len(s) for s in train.samples]
@@ -174,7 +175,7 @@ class SFTTrainer:
                 epoch, indices = self.plan[step - 1]
                 samples = [self.train.samples[i] for i in indices]
                 batch = train_batch([s.token_ids for s in samples], [s.loss_mask for s in samples])
-                metrics = self.actors.call("train_step", batch)
+                metrics = self.actors.train_step(batch)
                 done_in_epoch = step - sum(self.steps_per_epoch[:epoch])
                 metrics["sft/epoch"] = epoch + done_in_epoch / self.steps_per_epoch[epoch]
                 metrics["sft/samples"] = float(len(samples))
@@ -202,7 +203,7 @@ class SFTTrainer:
         for _, indices in schedule([len(s) for s in self.val.samples], self.cfg.sft.batch_tokens, 0, 1):
             samples = [self.val.samples[i] for i in indices]
             batch = train_batch([s.token_ids for s in samples], [s.loss_mask for s in samples])
-            logprobs = self.actors.call("compute_logprobs", batch, True)  # the assistant tokens only
+            logprobs = self.actors.compute_logprobs(batch, True)  # the assistant tokens only
             for lp, mask in zip(logprobs, batch.loss_mask, strict=True):
                 nll -= sum(v for v, m in zip(lp, mask, strict=True) if m)
                 tokens += sum(mask)
@@ -220,7 +221,7 @@ class SFTTrainer:
         path = self.run_dir / "checkpoints" / f"step_{step}"
         ckpt = self.cfg.checkpoint
         try:
-            self.actors.call("save", str(path), state, ckpt, False)  # written before the next step
+            self.actors.save(str(path), state, ckpt, False)  # written before the next step
         except Exception as e:
             raise RunError(f"saving checkpoint {path} failed: {e}") from e
 
@@ -232,7 +233,7 @@ class SFTTrainer:
             self.save(step)
         if self.cfg.checkpoint.save_hf:
             out = self.run_dir / "hf" / f"step_{step}"
-            self.actors.call("export_hf", str(out))
+            self.actors.export_hf(str(out))
             log.info("HF export: %s", out)
 
     def resume(self) -> int:
@@ -253,7 +254,7 @@ class SFTTrainer:
             return 0
         extra = checkpoint_extra(path)
         if extra.get("kind") != KIND:
-            self.actors.call("load_weights", str(path))
+            self.actors.load_weights(str(path))
             log.info("starting SFT from the weights of %s", path)
             return 0
         if extra.get("data") != self.fingerprint or extra.get("total_steps") != self.total_steps:
@@ -261,7 +262,7 @@ class SFTTrainer:
                 f"checkpoint {path} was trained on other data or another schedule (sft files, epochs, batch_tokens, "
                 "run.seed): use a new run.name, or checkpoint.resume=disable to start over"
             )
-        self.actors.call("load", str(path))
+        self.actors.load(str(path))
         step = int(extra["step"])
         self.tracker.rewind(step)
         logged = {r["step"] for r in read_metrics(self.run_dir / "metrics.jsonl")}

@@ -13,13 +13,14 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from userrl_megatron.config import AlgoConfig, RootConfig
+from userrl_megatron.config import RootConfig
 from userrl_megatron.errors import RunError
+from userrl_megatron.trainer.seams import Actors, EngineClient, EnginePool, Runner, Tasks
 from userrl_megatron.types import EpisodeGroup, Task
 
 log = logging.getLogger(__name__)
@@ -30,12 +31,12 @@ MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # what colocated engines re
 @dataclass
 class Components:
     cfg: RootConfig
-    actors: Any  # trainer.workers.ActorGroup
-    pool: Any  # rollout.pool.RolloutPool
-    runner: Any  # rollout.episode.EpisodeRunner
-    tasks: Any  # trainer.task_stream.TaskStream
+    actors: Actors
+    pool: EnginePool
+    runner: Runner
+    tasks: Tasks
     eval_tasks: list[Task]
-    user_sim: Any = None
+    user_sim: Any = None  # gyms.user_sim.UserSimulator when a gym needs one
     groups: list[str] = field(default_factory=list)  # weight-sync group names, one per pipeline stage
     version: int = 0  # the weight version the engines hold
     _generation: Any = field(default_factory=itertools.count)
@@ -70,7 +71,8 @@ class Components:
 
     async def kill_engine(self, index: int) -> None:
         """Fault drill: kill engine `index`'s server process (the pool finds it dead and restarts it)."""
-        pid = await self.pool.engines[index].actor.kill_server.remote()
+        pool: Any = self.pool  # a RolloutPool: drills reach into its engines' processes
+        pid = await pool.engines[index].actor.kill_server.remote()
         log.warning("fault drill: killed engine %d's server (pid %d)", index, pid)
 
     async def enter_training(self) -> None:
@@ -81,14 +83,14 @@ class Components:
             await self.pool.pause()  # also stops health probes: a released engine holds generation
             await self._release_memory(MEMORY_TAGS)
             if self.cfg.megatron.offload:
-                await asyncio.to_thread(self.actors.call, "onload")
+                await asyncio.to_thread(self.actors.onload)
 
     async def enter_rollout(self) -> None:
         """Colocated mode: with `megatron.offload` the actor's state goes to host memory; the engines take their
         memory back and resume."""
         if self.cfg.rollout.colocate:
             if self.cfg.megatron.offload:
-                await asyncio.to_thread(self.actors.call, "offload")
+                await asyncio.to_thread(self.actors.offload)
             await self._resume_memory(MEMORY_TAGS)
             await self.pool.resume()
 
@@ -121,7 +123,7 @@ class Components:
                 await self.pool.pause()
             if colocated:
                 if self.cfg.megatron.offload:  # grads and optimizer state leave before the engines' weights return
-                    await asyncio.to_thread(self.actors.call, "offload", False)
+                    await asyncio.to_thread(self.actors.offload, False)
                 await self._resume_memory(["weights"])
             try:
                 metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
@@ -173,7 +175,7 @@ class Components:
             await self._each_engine(lambda c: c.resume_memory(todo))
             self._released.difference_update(todo)
 
-    async def _each_engine(self, call: Any) -> None:
+    async def _each_engine(self, call: Callable[[EngineClient], Awaitable[Any]]) -> None:
         await asyncio.gather(*(call(c) for c in self.pool.clients))
 
     def service_metrics(self) -> dict[str, float]:
@@ -204,7 +206,7 @@ class Components:
             return self.cfg.sync.method
         return "tensor" if self.cfg.rollout.colocate else "distributed"
 
-    async def repair(self, index: int, client: Any) -> None:
+    async def repair(self, index: int, client: EngineClient) -> None:
         """`on_restart` hook: give a restarted engine the current weights before it serves again, and (colocated)
         release the memory the other engines have released, so that every release keeps pairing with one resume."""
         self._stale = True  # the engine is at a new address: rebuild the sync groups before the next sync
@@ -213,9 +215,9 @@ class Components:
             async with self._pushing:
                 # Restarted during a colocated rollout, the actor is offloaded: its weights alone come back for
                 # the push (the plan's rollout phase leaves room for them), then leave again.
-                parked = "weights" in await asyncio.to_thread(self.actors.call, "offloaded")
+                parked = "weights" in await asyncio.to_thread(self.actors.offloaded)
                 if parked:
-                    await asyncio.to_thread(self.actors.call, "onload", True)
+                    await asyncio.to_thread(self.actors.onload, True)
                 name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
                 groups = await asyncio.to_thread(self.actors.connect_engines, engine, name, self.sync_method)
                 try:
@@ -223,7 +225,7 @@ class Components:
                 finally:
                     await asyncio.to_thread(self.actors.disconnect_engines, groups)
                     if parked:
-                        await asyncio.to_thread(self.actors.call, "offload")
+                        await asyncio.to_thread(self.actors.offload)
             log.info("engine %d repaired with weight version %d", index, self.version)
         if self._released:
             await client.release_memory(sorted(self._released))
@@ -263,40 +265,13 @@ def _nested_sum(values: Any) -> float:
     return float(values)
 
 
-def _rollout_config(cfg: RootConfig) -> Any:
-    """The pool's config: colocated SGLang engines without weight sync must keep a CPU copy of their weights,
-    since nothing refills the weight memory they release while the actor trains; routing replay needs engines
-    that record their MoE routing."""
-    rollout = cfg.rollout
-    if rollout.colocate and not cfg.sync.enabled and not rollout.sglang.enable_weights_cpu_backup:
-        rollout = replace(rollout, sglang=replace(rollout.sglang, enable_weights_cpu_backup=True))
-    if cfg.algo.routing_replay == "rollout":
-        rollout = replace(
-            rollout,
-            sglang=replace(rollout.sglang, enable_return_routed_experts=True),
-            embedded=replace(rollout.embedded, enable_return_routed_experts=True),
-        )
-    return rollout
-
-
-ASYNC_TIS_CAP = 2.0  # algo.tis_cap = -1 (auto) in the asynchronous rollout modes
-
-
-def algo_config(cfg: RootConfig) -> AlgoConfig:
-    """The actor's algorithm config: `algo.tis_cap = -1` (auto) resolved to truncated importance sampling at
-    `ASYNC_TIS_CAP` when the rollout runs ahead of the trainer (turns from older weights), and off in sync mode."""
-    if cfg.algo.tis_cap != -1:
-        return cfg.algo
-    return replace(cfg.algo, tis_cap=ASYNC_TIS_CAP if cfg.rollout.mode != "sync" else 0.0)
-
-
 async def bring_up(parts: Components) -> None:
     """Start-up once the actor ranks are built (with their weights, grads and optimizer on the devices): colocated
     with `megatron.offload`, the actor steps aside first, since an engine sizes its KV cache once, from the memory
     free when it starts; then the engines start and the weight-sync groups are made."""
     cfg = parts.cfg
     if cfg.rollout.colocate and cfg.megatron.offload:
-        await asyncio.to_thread(parts.actors.call, "offload")
+        await asyncio.to_thread(parts.actors.offload)
     await parts.pool.start()
     if cfg.sync.enabled:
         await parts.connect()
@@ -304,7 +279,8 @@ async def bring_up(parts: Components) -> None:
 
 @contextlib.asynccontextmanager
 async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Components]:
-    """Start every part of the run; tear everything down on exit (also after an error)."""
+    """Start every part of the run `cfg` (resolved: `config.resolve.resolve_config`); tear everything down on exit
+    (also after an error)."""
     import ray
     import torch
 
@@ -339,12 +315,12 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     placement = create_placement(plan)
     actors = pool = None
     try:
-        spec = WorkerSpec(cfg.model, cfg.megatron, algo_config(cfg), cfg.sync, cfg.run.seed)
+        spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed)
         env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
         actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
         runner.routing_replay = cfg.algo.routing_replay == "rollout"
-        pool = RolloutPool(_rollout_config(cfg), str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
+        pool = RolloutPool(cfg.rollout, str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
         parts = Components(cfg, actors, pool, runner, TaskStream(train_tasks, cfg.run.seed), eval_tasks, user_sim)
         pool.on_restart = parts.repair
         await bring_up(parts)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from userrl_megatron.config import RootConfig, save_config
+from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.errors import RunError
 from userrl_megatron.eval.training import write_step_evaluation
 from userrl_megatron.megatron.checkpoint_files import (
@@ -113,7 +114,7 @@ class Trainer:
         trainer by at most one version (`rollout/staleness_*`), which the truncated importance weights correct.
         Groups carried over by `rollout.over_sample_groups` can lag more: `rollout.max_staleness` bounds that."""
         cfg, parts = self.cfg, self.parts
-        timers, metrics = Timers(), {}
+        timers, metrics = Timers(), dict[str, float]()
         with timers("step"):
             with timers("rollout_wait"):
                 groups, finished, metrics = await self.take_rollout(step)
@@ -183,7 +184,7 @@ class Trainer:
             await self.parts.kill_engine(0)
         if self.stream is None:
             groups = await self.parts.rollout(tasks, cfg.n_samples_per_prompt)
-            used, finished, metrics = groups, groups, {}
+            used, finished, metrics = groups, groups, dict[str, float]()
         else:
             used, finished, metrics = await self.stream.collect()
         return used, finished, metrics | {"timing/rollout": time.perf_counter() - started}
@@ -231,16 +232,16 @@ class Trainer:
     async def score(self, batch: TrainBatch) -> None:
         """Old log-probs (recomputed by the trainer when the update is off-policy) and reference log-probs for KL."""
         if not self.on_policy():
-            batch.old_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_logprobs", batch, True)
+            batch.old_logprobs = await asyncio.to_thread(self.parts.actors.compute_logprobs, batch, True)
         if self.cfg.algo.kl_coef > 0:
-            batch.ref_logprobs = await asyncio.to_thread(self.parts.actors.call, "compute_ref_logprobs", batch)
+            batch.ref_logprobs = await asyncio.to_thread(self.parts.actors.compute_ref_logprobs, batch)
 
     async def update(self, batch: TrainBatch, step: int) -> dict[str, float]:
         """`ppo_epochs` passes of `mini_batches_per_step` optimizer steps; metrics averaged over them."""
         algo, runs = self.cfg.algo, []
         for epoch in range(algo.ppo_epochs):
             for mini in mini_batches(batch, algo.mini_batches_per_step, seed=self.cfg.run.seed + 1000 * step + epoch):
-                runs.append(await asyncio.to_thread(self.parts.actors.call, "train_step", mini))
+                runs.append(await asyncio.to_thread(self.parts.actors.train_step, mini))
         return {k: sum(r[k] for r in runs if k in r) / sum(k in r for r in runs) for k in runs[0]} if runs else {}
 
     async def sync(self, version: int) -> dict[str, float]:
@@ -256,14 +257,14 @@ class Trainer:
         path = self.run_dir / "checkpoints" / f"step_{step}"
         ckpt = self.cfg.checkpoint
         with self._checkpoint_failure(path):
-            self.parts.actors.call("save", str(path), state, ckpt, ckpt.async_save)
+            self.parts.actors.save(str(path), state, ckpt, ckpt.async_save)
         self.saving = path
 
     def commit_saves(self, wait: bool) -> None:
         """Commit the background save once every rank has written its files (`wait`: block until then)."""
         if self.saving is not None:
             with self._checkpoint_failure(self.saving):
-                if self.parts.actors.call("finish_save", wait):
+                if self.parts.actors.finish_save(wait):
                     self.saving = None
 
     @contextlib.contextmanager
@@ -298,7 +299,7 @@ class Trainer:
             if step == 0:
                 return metrics  # the initial policy is the model the run started from: nothing to export
             async with self.parts.actor_on_device():
-                self.parts.actors.call("export_hf", str(self.run_dir / "hf" / "best"))
+                self.parts.actors.export_hf(str(self.run_dir / "hf" / "best"))
             (self.run_dir / "best.json").write_text(json.dumps({"step": step, "eval/reward_mean": score}))
         return metrics
 
@@ -326,7 +327,7 @@ class Trainer:
         path = self._resume_point(source)
         if path is None:
             return 0
-        state = self.parts.actors.call("load", str(path), self.cfg.checkpoint.load_optimizer)
+        state = self.parts.actors.load(str(path), self.cfg.checkpoint.load_optimizer)
         self.parts.tasks.restore(state["tasks"])
         self.best = state.get("best", float("-inf"))
         step = int(state["step"])
@@ -365,7 +366,7 @@ class Trainer:
         damage = find_damage(resolve(path))
         if damage is not None:
             raise RunError(f"checkpoint.resume = {path}: the SFT checkpoint is damaged ({damage})")
-        self.parts.actors.call("load_weights", str(resolve(path)))
+        self.parts.actors.load_weights(str(resolve(path)))
         self.started_from = resolve(path)
         self.tracker.rewind(0)  # an earlier attempt that saved no checkpoint: its steps run again
         log.info("starting RL from the weights of SFT checkpoint %s", self.started_from)
@@ -383,12 +384,13 @@ class Trainer:
             self.save(step)  # its metrics are already logged
         self.commit_saves(wait=True)
         if self.cfg.checkpoint.save_hf and step > 0:
-            self.parts.actors.call("export_hf", str(self.run_dir / "hf" / f"step_{step}"))
+            self.parts.actors.export_hf(str(self.run_dir / "hf" / f"step_{step}"))
         self.tracker.close()
 
 
 def train(cfg: RootConfig) -> Path:
     """Run (or resume) the training run `cfg` describes; returns its run directory. One run per directory."""
+    cfg = resolve_config(cfg)  # the config that runs is the one saved
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
 
     async def main() -> None:

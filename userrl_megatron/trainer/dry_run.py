@@ -20,12 +20,15 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.rollout.launch import ProcessLaunch
 from userrl_megatron.rollout.pool import EngineProcess
 from userrl_megatron.trainer.placement import Placement, plan_bundles
 from userrl_megatron.trainer.workers import RankLaunch, SyncRole
+from userrl_megatron.types import EpisodeGroup, SamplingParams, Task
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ def simulated_cluster(nodes: int, gpus_per_node: int) -> Iterator[list[str]]:
         initialize_head=True, head_node_args={**node_args, "include_dashboard": False, "_system_config": system}
     )
     try:
+        assert cluster.head_node is not None  # initialize_head=True
         head = cluster.head_node.node_ip_address
         others = [f"127.0.0.{k}" for k in range(2, 256) if f"127.0.0.{k}" != head][: nodes - 1]
         for ip in others:
@@ -78,6 +82,25 @@ def simulated_cluster(nodes: int, gpus_per_node: int) -> Iterator[list[str]]:
         cluster.shutdown()
 
 
+class NoRollouts:
+    """Runner and task stream of a dry start, which places processes and runs no episode."""
+
+    def sampling(self, temperature: float | None = None) -> SamplingParams | None:
+        raise RuntimeError("a dry start runs no episode")
+
+    async def run_groups(self, *args: Any, gate: asyncio.Semaphore | None = None) -> list[EpisodeGroup]:
+        raise RuntimeError("a dry start runs no episode")
+
+    def next(self, count: int) -> list[Task]:
+        raise RuntimeError("a dry start draws no task")
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        return None
+
+
 def bring_up(cfg: RootConfig) -> BringUp:
     """Place every process of `cfg` on the connected Ray cluster, dry (see the module docstring); everything
     placed is removed again before this returns. A layout that cannot be placed raises a UserError (one line)."""
@@ -87,7 +110,7 @@ def bring_up(cfg: RootConfig) -> BringUp:
 
     placement = create_placement(plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True), RESERVE_TIMEOUT_S)
     try:
-        return asyncio.run(_place(cfg, placement))
+        return asyncio.run(_place(resolve_config(cfg), placement))
     finally:
         remove_placement_group(placement.group)
 
@@ -95,17 +118,17 @@ def bring_up(cfg: RootConfig) -> BringUp:
 async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
     """The dry part of `trainer.components.start_components`: actor ranks, engines, weight-sync groups."""
     from userrl_megatron.rollout.pool import RolloutPool
-    from userrl_megatron.trainer.components import Components, _rollout_config, algo_config
+    from userrl_megatron.trainer.components import Components
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
     nodes = list(dict.fromkeys(slot.ip for slot in placement.slots))
     actors = pool = None
     try:
-        spec = WorkerSpec(cfg.model, cfg.megatron, algo_config(cfg), cfg.sync, cfg.run.seed, dry=True)
-        pool = RolloutPool(_rollout_config(cfg), cfg.model.path, cfg.model.dtype, placement, dry=True)
+        spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed, dry=True)
+        pool = RolloutPool(cfg.rollout, cfg.model.path, cfg.model.dtype, placement, dry=True)
         pool.check_placement()  # an engine that cannot be placed fails before anything starts
         actors = await asyncio.to_thread(ActorGroup, placement, spec)
-        parts = Components(cfg, actors, pool, None, None, [])
+        parts = Components(cfg, actors, pool, NoRollouts(), NoRollouts(), [])
         await pool.start()
         if cfg.sync.enabled:
             await parts.connect()

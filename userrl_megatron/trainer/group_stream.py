@@ -8,7 +8,8 @@ that finish with signal beyond `need` wait for the next step.
 """
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from userrl_megatron.types import EpisodeGroup, Task
 
@@ -18,7 +19,7 @@ class GroupStream:
 
     def __init__(
         self,
-        run_group: Callable[[Task], Awaitable[EpisodeGroup]],
+        run_group: Callable[[Task], Coroutine[Any, Any, EpisodeGroup]],
         draw: Callable[[int], list[Task]],
         need: int,
         extra: int,

@@ -19,7 +19,7 @@ class TaskStream:
 
     def next(self, count: int) -> list[Task]:
         """The next `count` tasks; an epoch boundary starts a new shuffled order."""
-        out = []
+        out: list[Task] = []
         while len(out) < count:
             if self.position == len(self._order):
                 self.epoch, self.position = self.epoch + 1, 0

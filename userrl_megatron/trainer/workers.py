@@ -13,6 +13,7 @@ the same way up to `torch.distributed` and CUDA, and records what it would do th
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,8 +232,9 @@ class MegatronWorker:
             return False
         if role.method == "tensor":
             peers = Peers(group, ranks, layout.rank) if len(role.members) > 1 else None
-            sender: WeightSender = TensorSender(self.spec.sync, endpoints, group_name, _sync_device(), peers=peers)
-            sender.connect()
+            handles = TensorSender(self.spec.sync, endpoints, group_name, _sync_device(), peers=peers)
+            handles.connect()
+            sender: WeightSender = handles
         else:
             sender = WeightSender(self.spec.sync, endpoints, group_name, _sync_backend())
             host, port = self.address()
@@ -310,7 +312,7 @@ class ActorGroup:
         self.world_size = m.nnodes * m.devices_per_node
         remote = ray.remote(MegatronWorker)
         runtime_env = {"env_vars": env} if env else None
-        self.workers = [
+        self.workers: list[Any] = [  # Ray actor handles (their methods are called with `.remote`)
             remote.options(**placement.actor_options(r), runtime_env=runtime_env).remote(
                 r, self.world_size, spec, placement.local_rank(r)
             )
@@ -332,15 +334,50 @@ class ActorGroup:
         """Dry: every rank's part in the weight-sync groups connected so far, in rank order."""
         return [role for roles in self._get([w.sync_roles.remote() for w in self.workers]) for role in roles]
 
-    def call(self, method: str, *args: Any) -> Any:
-        """Run `method(*args)` on every rank; rank 0's result. A long call logs a heartbeat every 30 s."""
-        import ray
+    # ---- the collectives (`trainer.seams.Actors`): every rank runs the call, rank 0's answer comes back ----
 
+    def compute_logprobs(self, batch: TrainBatch, trained_only: bool = False) -> list[list[float]]:
+        ref = _put(batch)
+        return self._all("log-probs", lambda w: w.compute_logprobs.remote(ref, trained_only))
+
+    def compute_ref_logprobs(self, batch: TrainBatch) -> list[list[float]]:
+        ref = _put(batch)
+        return self._all("reference log-probs", lambda w: w.compute_ref_logprobs.remote(ref))
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        ref = _put(batch)
+        return self._all("train step", lambda w: w.train_step.remote(ref))
+
+    def save(self, path: str, extra_state: dict[str, Any], ckpt: CheckpointConfig, background: bool) -> None:
+        self._all("checkpoint save", lambda w: w.save.remote(path, extra_state, ckpt, background))
+
+    def finish_save(self, wait: bool) -> bool:
+        return self._all("checkpoint commit", lambda w: w.finish_save.remote(wait))
+
+    def load(self, path: str, with_optimizer: bool = True) -> dict[str, Any]:
+        return self._all("checkpoint load", lambda w: w.load.remote(path, with_optimizer))
+
+    def load_weights(self, path: str) -> None:
+        self._all("weights load", lambda w: w.load_weights.remote(path))
+
+    def offload(self, weights: bool = True) -> None:
+        self._all("offload", lambda w: w.offload.remote(weights))
+
+    def onload(self, weights_only: bool = False) -> None:
+        self._all("onload", lambda w: w.onload.remote(weights_only))
+
+    def offloaded(self) -> list[str]:
+        return self._all("offload query", lambda w: w.offloaded.remote())
+
+    def export_hf(self, out_dir: str) -> str | None:
+        return self._all("HF export", lambda w: w.export_hf.remote(out_dir))
+
+    def _all(self, what: str, remote_call: Callable[[Any], Any]) -> Any:
+        """Run one call on every rank; rank 0's result. A long call logs a heartbeat every 30 s."""
         from userrl_megatron.observability.progress import blocking_heartbeat
 
-        refs = [ray.put(a) if isinstance(a, TrainBatch) else a for a in args]
-        with blocking_heartbeat(lambda: f"actor: {method} still running"):
-            return self._get([getattr(w, method).remote(*refs) for w in self.workers])[0]
+        with blocking_heartbeat(lambda: f"actor: {what} still running"):
+            return self._get([remote_call(w) for w in self.workers])[0]
 
     def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str, method: str) -> list[str]:
         """One weight sender per pipeline stage, created stage after stage (engines join their groups in order)."""
@@ -387,6 +424,13 @@ class ActorGroup:
         import ray
 
         return ray.get(refs)
+
+
+def _put(batch: TrainBatch) -> Any:
+    """The batch in Ray's object store once, for every rank to read."""
+    import ray
+
+    return ray.put(batch)
 
 
 def _sync_backend() -> str:

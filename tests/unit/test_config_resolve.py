@@ -1,12 +1,12 @@
-"""What the trainer's components derive from the run config before starting engines."""
+"""What `config.resolve` fills in before a run starts, and the router's command line."""
 
 import pytest
 
 from userrl_megatron.config import load_config
+from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import SGLangConfig
 from userrl_megatron.rollout.router import router_command
 from userrl_megatron.rollout.sglang import KEY_ENTRY
-from userrl_megatron.trainer.components import _rollout_config, algo_config
 
 
 @pytest.mark.parametrize(
@@ -16,7 +16,7 @@ from userrl_megatron.trainer.components import _rollout_config, algo_config
 def test_weights_backup_only_when_colocated_without_sync(colocate: str, sync: str, backup: bool) -> None:
     # Nothing refills the weight memory a colocated engine releases unless a sync pushes weights into it.
     cfg = load_config(overrides=[f"rollout.colocate={colocate}", f"sync.enabled={sync}"], check=False)
-    assert _rollout_config(cfg).sglang.enable_weights_cpu_backup is backup
+    assert resolve_config(cfg).rollout.sglang.enable_weights_cpu_backup is backup
     assert cfg.rollout.sglang.enable_weights_cpu_backup is False  # the run's own config is left as it was
 
 
@@ -28,15 +28,16 @@ def test_truncated_importance_sampling_is_on_by_default_only_in_asynchronous_mod
     mode: str, tis_cap: str, actor_cap: float
 ) -> None:
     cfg = load_config(overrides=[f"rollout.mode={mode}", f"algo.tis_cap={tis_cap}"])
-    assert algo_config(cfg).tis_cap == actor_cap
+    assert resolve_config(cfg).algo.tis_cap == actor_cap
+    assert resolve_config(resolve_config(cfg)) == resolve_config(cfg)  # resolving twice changes nothing
     assert cfg.algo.tis_cap == float(tis_cap)  # the run's own config is left as it was
 
 
 def test_routing_replay_turns_on_the_engines_routing_capture() -> None:
     cfg = load_config(overrides=["algo.routing_replay=rollout"], check=False)
-    rollout = _rollout_config(cfg)
+    rollout = resolve_config(cfg).rollout
     assert rollout.sglang.enable_return_routed_experts and rollout.embedded.enable_return_routed_experts
-    plain = _rollout_config(load_config(check=False))
+    plain = resolve_config(load_config(check=False)).rollout
     assert not plain.sglang.enable_return_routed_experts and not plain.embedded.enable_return_routed_experts
 
 
