@@ -470,17 +470,60 @@ PREFERENCE_KINDS: dict[str, Callable[[Rng], list[PreferenceKind]]] = {
 }
 
 # What the agent is told about the fields of each aspect's options.
+# The option schema shown with search results, in UserRL's layout and wording; the fields are the generator's
+# (UserRL's scenario files are not public), so some differ from UserRL's (gyms/README.md).
 OPTION_SCHEMAS = {
-    "flight": "Each flight option has: path (airports from origin to destination, with layovers), time (hours of "
-    "each leg and layover, alternating), company and flight_number (per leg), date, departure (local time), cost "
-    "(USD, economy fare), amenities (free on board), service (extra services and their prices in USD).",
-    "hotel": "Each hotel option has: name, city, check_in, check_out, room (room type), cost (USD for the whole "
-    "stay), rating (0-10), distance_to_center_km, amenities (free), service (extra services and their prices).",
-    "apartment": "Each apartment option has: name, city, check_in, check_out, room (bedrooms B and bathrooms B, "
-    "e.g. 2B1B), capacity (guests), cost (USD for the whole stay), rating (0-10), pets_allowed, amenities (free), "
-    "service (extra services and their prices).",
-    "restaurant": "Each restaurant option has: name, city, date, meals (served), cuisine, price_per_person (USD), "
-    "rating (0-10), tags (features).",
-    "rental_car": "Each rental car option has: company, model, category, seats, transmission, city, pick_up, "
-    "drop_off, cost (USD for the whole rental), service (extra services and their prices in USD).",
+    "flight": """Each flight option includes:
+    - path: Array of airport/city names from origin to destination, including layovers
+    - time: Flight and layover durations in hours (alternating: flight, layover, flight, etc.)
+    - company: Airline names for each leg of the trip
+    - flight_number: Flight numbers corresponding to each airline leg
+    - date: Departure date
+    - departure: Local departure time
+    - cost: Total ticket price in USD for economy class
+    - amenities: Available in-flight amenities free of charge
+    - service: Additional services with costs""",
+    "hotel": """Each hotel option includes:
+    - name: Hotel name
+    - city: City of the hotel
+    - check_in: Check-in date
+    - check_out: Check-out date
+    - room: Room type
+    - cost: Cost of the room for the entire stay in USD
+    - rating: Hotel rating on a scale of 0-10
+    - distance_to_center_km: Distance to the city center in kilometers
+    - amenities: Available facilities free of charge
+    - service: Additional services with costs""",
+    "restaurant": """Each restaurant option includes:
+    - name: Restaurant name
+    - city: City of the restaurant
+    - date: Date of the reservation
+    - meals: Meals served
+    - cuisine: Type of cuisine
+    - price_per_person: Average price per person in USD
+    - rating: Average restaurant rating on a scale of 0-10
+    - tags: Descriptive features""",
+    "apartment": """Each apartment rental option includes:
+    - name: Apartment listing name or brand
+    - city: City of the apartment
+    - check_in: Check-in date
+    - check_out: Check-out date
+    - room: Room configuration using bedroom/bathroom format (e.g. 1B1B, 2B1B, 3B2B)
+    - capacity: Maximum number of guests the apartment can accommodate
+    - cost: Total rental cost for the entire stay in USD
+    - rating: Apartment rating on a scale of 0-10
+    - pets_allowed: Whether pets are allowed
+    - amenities: Available facilities free of charge
+    - service: Additional services with costs""",
+    "rental_car": """Each rental car option includes:
+    - company: Car rental company name
+    - model: Specific car model
+    - category: Vehicle category
+    - seats: Number of passenger seats
+    - transmission: Transmission type (automatic or manual)
+    - city: City of pick-up and drop-off
+    - pick_up: Pick-up date
+    - drop_off: Drop-off date
+    - cost: Total rental cost for the entire period in USD
+    - service: Additional services with costs""",
 }

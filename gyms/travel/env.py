@@ -24,17 +24,54 @@ from gyms.user_sim import UserSimError
 
 INITIAL_ASPECTS = {initial: aspect for aspect, initial in ASPECT_INITIALS.items()}
 _OPTION_ID = re.compile(r"^[ACFHR]\d+$")
-SEARCH_FAILED = "The search backend is having problems at the moment. Please try again later."
+# Observation texts: UserRL's (travelgym/env/prompts.py) byte for byte, except those listed in gyms/README.md.
+SEARCH_FAILED = "Currently the searching backend is experiencing some issues. Please try again later."
+_REFINE = (
+    "Please refine your search request to 1. align with user's need, 2. make only one request attempt at a time, "
+    "and 3. cover and only cover correct search request arguments."
+)
 SEARCH_MISMATCH = (
-    "Your search request could not be matched. Send one request at a time, for one travel aspect, with all and "
-    "only the arguments the user needs, stated correctly."
+    "There's something wrong within your searching request, or the arguments in your request is not accurate. "
+    + _REFINE
+)
+SEARCH_UNRELATED = (  # verdict "N/A"
+    "You have provided the correct search request arguments. However, the arguments are not related to any of the "
+    "ground truth search arguments. " + _REFINE
+)
+SEARCH_CORRECT = "You have provided the correct search request arguments."
+SEARCH_REPEATED = (
+    SEARCH_CORRECT + " However, you have already got the search results for <{aspect}> in previous search attempts. "
+    "Please directly refer to the previous search results."
 )
 NO_SUCH_PREFERENCE = (
-    "Good question, but I don't have a particular preference about that (or I already told you). Feel free to ask "
-    "me about other specifics."
+    "This is a good question. However, I do not have specific preference in the aspect you ask about yet (or maybe "
+    "I have already elicited that to you before). You may continue to ask me about other detailed and specific "
+    "preferences."
 )
-TOO_VAGUE = "That's a bit too general for me to answer. Could you ask me about something more specific?"
-CANNOT_REPLY = "Sorry, I'm not sure how to respond to that right now. Could you say it again?"
+TOO_VAGUE = (
+    "Your question is too vague and general, and I am not sure how to respond to it. Please ask me about some "
+    "specific aspects of my preferences, in a more detailed and concrete way, so that I can provide you with a more "
+    "accurate response."
+)
+CANNOT_REPLY = "I'm sorry, I'm not sure how to respond to your latest utterance right now. Please try again."
+MULTIPLE_CHOICES = "You have chosen multiple options. Please choose only one option at a time."
+BAD_OPTION_ID = "Invalid option ID format detected for '{id}'. Expected format: H1, F12, C4, etc."
+ASPECT_CHOSEN = (
+    "You have already recommended an option with the same initial '{initial}'. You are allowed to recommend only one "
+    "option per traveling aspect. Please focus on the search, user preference, and option recommendation on other "
+    "traveling aspects now."
+)
+CHOICE_BEST = "Your chosen options contain the best option!"
+CHOICE_CORRECT = "Your chosen options contain the correct option, but not the best option."
+CHOICE_WRONG = "Your chosen options do not contain any of the best or correct options."
+RECORDED_ONE_PER_ASPECT = (
+    " Your choice is recorded and do not choose options of this travel aspect again. Please continue your "
+    "interaction and reasoning focusing on other travel aspects."
+)
+RECORDED = (
+    " Your choice is recorded and do not choose these options again. Please continue your interaction and reasoning."
+)
+BAD_FORMAT = "Your response format is wrong and cannot be parsed properly."
 
 
 class TravelGym(TurnGym):
@@ -51,6 +88,7 @@ class TravelGym(TurnGym):
 
     def start(self) -> None:
         self.remaining: list[dict[str, Any]] = list(self.scenario["preferences"])
+        self.elicited: list[str] = []  # ids of the preferences uncovered (asked or volunteered)
         self.history: list[tuple[str, str]] = []
         self.unsearched = list(self.scenario["dimensions"])
         self.searches = 0
@@ -73,11 +111,13 @@ class TravelGym(TurnGym):
         if tag == "answer":
             return self._recommend(payload)
         if tag == "finish":
-            n = len(self.scenario["dimensions"])
-            return StepResult(
-                f"Session ended. You found the best option for {len(self.best_found)} of {n} aspects.", 0.0, True
+            elicited, total = len(self.elicited), len(self.elicited) + len(self.remaining)
+            ratio = elicited / total if total else 0.0
+            summary = (
+                f"Session ended. You elicited {elicited}/{total} preferences. Final elicitation ratio: {ratio:.2%}"
             )
-        return StepResult("Your response format is wrong and cannot be parsed properly.", 0.0)
+            return StepResult(summary, 0.0, True)
+        return StepResult(BAD_FORMAT, 0.0)
 
     # -------------------------------------------------------------------------------------------------- search
 
@@ -98,18 +138,20 @@ class TravelGym(TurnGym):
         verdict = data["alignment_judgement"]
         if verdict not in ("True", "False", "N/A"):  # UserRL: any other value fails the search judge
             raise UserSimError(f"search judge verdict {verdict!r} is not True, False or N/A", "bad_json", 1)
-        aligned = verdict == "True"
+        if verdict == "False":
+            return self._say(request, SEARCH_MISMATCH, 0.0, role="Database")
+        if verdict == "N/A":
+            return self._say(request, SEARCH_UNRELATED, 0.0, role="Database")
         aspect = str(data.get("alignment_aspect", "")).strip().lower().replace(" ", "_")
         aspect = "rental_car" if aspect == "car_rental" else aspect
-        if not aligned or aspect not in self.scenario["dimensions"]:
-            return self._say(request, SEARCH_MISMATCH, 0.0, role="Database")
+        if aspect not in self.scenario["dimensions"]:  # UserRL: a failed assertion, answered as a backend failure
+            return self._say(request, SEARCH_FAILED, 0.0, role="Database", info={"search_aspect_not_in_trip": aspect})
         if aspect not in self.unsearched:
-            repeat = f"Your search request is correct, but you already have the options for <{aspect}>: use them."
-            return self._say(request, repeat, 0.0, role="Database")
+            return self._say(request, SEARCH_REPEATED.format(aspect=aspect), 0.0, role="Database")
         self.unsearched.remove(aspect)
         lines = [json.dumps(o) for o in self.scenario["aspects"][aspect]["options"]]
         feedback = (
-            f"Your search request is correct.\n\n{OPTION_SCHEMAS[aspect]}\n\nAll options for <{aspect}>:\n"
+            f"{SEARCH_CORRECT}\n\n{OPTION_SCHEMAS[aspect]}\n\nHere are all the options for <{aspect}>:\n"
             + "\n".join(lines)
         )
         self.history += [("Agent", request), ("Database", f"(the options for <{aspect}>)")]
@@ -175,39 +217,38 @@ class TravelGym(TurnGym):
             "response",
         )
         self.remaining = [p for p in self.remaining if p["id"] != preference["id"]]
+        self.elicited.append(preference["id"])
         return str(data["response"]).strip()
 
     # ---------------------------------------------------------------------------------------------- recommend
 
     def _recommend(self, payload: str) -> StepResult:
-        ids = [part.strip() for part in payload.split(",") if part.strip()]  # case kept: UserRL refuses "h1"
-        if len(ids) != 1:
-            return StepResult("Please recommend exactly one option id at a time, e.g. H1.", 0.0)
+        ids = [part.strip() for part in payload.split(",")]  # as UserRL: "H1," is two ids, "h1" is not an id
+        if len(ids) > 1:
+            return StepResult(MULTIPLE_CHOICES, 0.0)
         option_id = ids[0]
         if not _OPTION_ID.match(option_id):
-            return StepResult(f"'{option_id}' is not an option id. Option ids look like H1, F12 or C4.", 0.0)
+            return StepResult(BAD_OPTION_ID.format(id=option_id), 0.0)
         aspect = INITIAL_ASPECTS[option_id[0]]
         if aspect not in self.scenario["dimensions"]:
             return StepResult(f"This trip has no {aspect.replace('_', ' ')} to book.", 0.0)
         if self.config.one_choice_per_aspect and aspect in self.chosen:
-            return StepResult(
-                f"You have already recommended a {aspect.replace('_', ' ')} option, and only one recommendation "
-                "per travel aspect is allowed. Focus on the other travel aspects.",
-                0.0,
-            )
+            return StepResult(ASPECT_CHOSEN.format(initial=option_id[0]), 0.0)
         spec = self.scenario["aspects"][aspect]
         if option_id == spec["best_id"] and aspect not in self.best_found:
-            reward, verdict = self.config.choice_best_reward, "Your choice is the best option!"
+            reward, verdict = self.config.choice_best_reward, CHOICE_BEST
             self.best_found.append(aspect)
         elif option_id in spec["correct_ids"] and option_id != spec["best_id"]:
-            reward, verdict = self.config.choice_correct_reward, "Your choice is a correct option, but not the best."
+            reward, verdict = self.config.choice_correct_reward, CHOICE_CORRECT
         else:
-            reward, verdict = 0.0, "Your choice is neither the best nor a correct option."
+            reward, verdict = 0.0, CHOICE_WRONG
         if aspect not in self.chosen:
             self.chosen.append(aspect)
         if self.config.one_choice_per_aspect:
             self.remaining = [p for p in self.remaining if p["aspect"] != aspect]
-            verdict += " Your choice is recorded: do not recommend another option for this aspect."
+            verdict += RECORDED_ONE_PER_ASPECT
+        else:
+            verdict += RECORDED
         all_best = len(self.best_found) == len(self.scenario["dimensions"])
         all_chosen = self.config.one_choice_per_aspect and len(self.chosen) == len(self.scenario["dimensions"])
         return StepResult(verdict, reward, done=all_best or all_chosen, info={"choice": option_id, "aspect": aspect})

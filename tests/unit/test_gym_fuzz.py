@@ -277,7 +277,6 @@ def is_error(result: StepResult) -> bool:
         "user_sim_error" in result.info
         or "search_error" in result.info
         or (result.reward == 0.0 and not result.done and result.feedback.startswith(ERROR_FEEDBACK))
-        or bool(result.feedback.startswith("'") and "is not an option id" in result.feedback)
     )
 
 

@@ -30,6 +30,22 @@ def said(text: str) -> str:
     return json.dumps({"thought": "", "response": text})
 
 
+# UserRL's observation texts (travelgym/env/prompts.py at cf55a30), byte for byte.
+BACKEND = "Currently the searching backend is experiencing some issues. Please try again later."
+REFINE = (
+    "Please refine your search request to 1. align with user's need, 2. make only one request attempt at a time, and "
+    "3. cover and only cover correct search request arguments."
+)
+RECORDED_ONE = (
+    " Your choice is recorded and do not choose options of this travel aspect again. Please continue your interaction "
+    "and reasoning focusing on other travel aspects."
+)
+RECORDED = (
+    " Your choice is recorded and do not choose these options again. Please continue your interaction and reasoning."
+)
+CANNOT_REPLY = "I'm sorry, I'm not sure how to respond to your latest utterance right now. Please try again."
+
+
 @pytest.fixture
 def server() -> Iterator[OpenAIServer]:
     with OpenAIServer() as s:
@@ -42,22 +58,54 @@ def run(server: OpenAIServer, actions: list[str], retries: int = 2, **config: An
 
 
 def test_search_rewards_repeats_mismatches_and_planned_failures(server: OpenAIServer) -> None:
-    judge = sequence(aligned("Hotel"), aligned("hotel"), '{"alignment_judgement": "False"}', aligned("restaurant"))
-    server.rules = [when("You check search requests", judge)]
-    results = run(server, [f"[search] q{i}" for i in range(5)], search_correct_reward=0.2)
-    assert [r.reward for r in results] == [0.2, 0.0, 0.0, 0.0, 0.0]
-    first = results[0].feedback.split("\n")
-    assert first[0] == "Your search request is correct."
-    assert first[4] == "All options for <hotel>:"
-    assert [json.loads(line) for line in first[5:]] == HOTEL["options"]
-    assert (
-        results[1].feedback == "Your search request is correct, but you already have the options for <hotel>: use them."
+    judge = sequence(
+        aligned("Hotel"),
+        aligned("hotel"),
+        '{"alignment_judgement": "False"}',
+        aligned("restaurant"),
+        '{"alignment_judgement": "N/A"}',
+        '{"alignment_judgement": "True"}',
     )
-    assert results[2].feedback.startswith("Your search request could not be matched.")
-    assert results[3].feedback.startswith("Your search request could not be matched.")  # not an aspect of this trip
-    assert results[4].feedback == "The search backend is having problems at the moment. Please try again later."
-    assert results[4].info["search_failure"] is True
-    assert server.count == 4  # the 5th search never reached the judge
+    server.rules = [when("You check search requests", judge)]
+    actions = [f"[search] q{i}" for i in range(8)]
+    results = run(server, actions, search_correct_reward=0.2, search_failure_interval=7)
+    assert [r.reward for r in results] == [0.2] + [0.0] * 7
+    schema = """Each hotel option includes:
+    - name: Hotel name
+    - city: City of the hotel
+    - check_in: Check-in date
+    - check_out: Check-out date
+    - room: Room type
+    - cost: Cost of the room for the entire stay in USD
+    - rating: Hotel rating on a scale of 0-10
+    - distance_to_center_km: Distance to the city center in kilometers
+    - amenities: Available facilities free of charge
+    - service: Additional services with costs"""
+    assert results[0].feedback == (
+        "You have provided the correct search request arguments.\n\n"
+        + f"{schema}\n\nHere are all the options for <hotel>:\n"
+        + "\n".join(json.dumps(option) for option in HOTEL["options"])
+    )
+    assert results[1].feedback == (
+        "You have provided the correct search request arguments. However, you have already got the search results for "
+        "<hotel> in previous search attempts. Please directly refer to the previous search results."
+    )
+    assert results[2].feedback == (
+        "There's something wrong within your searching request, or the arguments in your request is not accurate. "
+        + REFINE
+    )
+    # "True" for an aspect not in the trip (or for none): UserRL's failed assertion answers as a backend failure
+    assert results[3].feedback == BACKEND
+    assert results[3].info["search_aspect_not_in_trip"] == "restaurant"
+    assert "user_sim_error" not in results[3].info
+    assert results[4].feedback == (
+        "You have provided the correct search request arguments. However, the arguments are not related to any of the "
+        "ground truth search arguments. " + REFINE
+    )
+    assert (results[5].feedback, results[5].info["search_aspect_not_in_trip"]) == (BACKEND, "")
+    assert results[6].feedback == BACKEND
+    assert results[6].info["search_failure"] is True
+    assert server.count == 7  # the 7th search never reached the judge
     arguments = server.requests[0]["messages"][1]["content"]
     assert (
         json.dumps(FLIGHT["arguments"], indent=2) in arguments and json.dumps(HOTEL["arguments"], indent=2) in arguments
@@ -69,10 +117,7 @@ def test_a_search_verdict_other_than_userrls_strings_fails_the_search(server: Op
     reply = json.dumps({"alignment_judgement": verdict, "alignment_aspect": "hotel"})
     server.rules = [when("You check search requests", reply)]
     (result,) = run(server, ["[search] hotels in Rome"], retries=0)
-    assert (result.feedback, result.reward) == (
-        "The search backend is having problems at the moment. Please try again later.",
-        0.0,
-    )
+    assert (result.feedback, result.reward) == (BACKEND, 0.0)
     assert result.info["user_sim_error"] == f"search judge verdict {verdict!r} is not True, False or N/A"
 
 
@@ -89,9 +134,12 @@ def test_elicitation_types_and_volunteered_preference(server: OpenAIServer) -> N
     assert [r.feedback for r in results] == [
         "I like walking everywhere.",
         "Sure.",  # P3 is no longer hidden: the judge's id is not valid any more -> a natural reply
-        "Good question, but I don't have a particular preference about that (or I already told you). Feel free to ask "
-        "me about other specifics.",
-        "That's a bit too general for me to answer. Could you ask me about something more specific?",
+        "This is a good question. However, I do not have specific preference in the aspect you ask about yet (or maybe "
+        "I have already elicited that to you before). You may continue to ask me about other detailed and specific "
+        "preferences.",
+        "Your question is too vague and general, and I am not sure how to respond to it. Please ask me about some "
+        "specific aspects of my preferences, in a more detailed and concrete way, so that I can provide you with a "
+        "more accurate response.",
         "By the way, flights...",  # 4 off-preference utterances: the traveller volunteers one (UserRL crashed here)
         "Sure.",
         "Sure.",
@@ -118,12 +166,19 @@ def test_recommendations_and_one_choice_termination(server: OpenAIServer) -> Non
     results = run(server, actions)
     assert [r.reward for r in results] == [0.8, 0.0, 0.0, 0.0, 0.0]
     assert results[0].feedback == (
-        "Your choice is a correct option, but not the best. Your choice is recorded: do not recommend another option "
-        "for this aspect."
+        "Your chosen options contain the correct option, but not the best option." + RECORDED_ONE
     )
-    assert results[1].feedback.startswith("You have already recommended a flight option")
-    assert results[2].feedback == f"'{wrong.lower()}' is not an option id. Option ids look like H1, F12 or C4."
-    assert results[3].feedback.startswith("Your choice is neither the best nor a correct option.")
+    assert results[1].feedback == (
+        "You have already recommended an option with the same initial 'F'. You are allowed to recommend only one "
+        "option per traveling aspect. Please focus on the search, user preference, and option recommendation on "
+        "other traveling aspects now."
+    )
+    assert results[2].feedback == (
+        f"Invalid option ID format detected for '{wrong.lower()}'. Expected format: H1, F12, C4, etc."
+    )
+    assert (
+        results[3].feedback == "Your chosen options do not contain any of the best or correct options." + RECORDED_ONE
+    )
     assert [r.done for r in results[:4]] == [False, False, False, True]  # one choice per aspect (UserRL: no end)
     assert server.count == 0
 
@@ -133,16 +188,27 @@ def test_all_best_options_end_the_episode_without_one_choice(server: OpenAIServe
     actions = [f"[answer] {wrong}", f"[answer] {FLIGHT['best_id']}", f"[answer] {HOTEL['best_id']}"]
     results = run(server, actions, one_choice_per_aspect=False)
     assert [(r.reward, r.done) for r in results] == [(0.0, False), (1.0, False), (1.0, True)]
-    assert results[1].feedback == "Your choice is the best option!"
+    assert [r.feedback for r in results] == [
+        "Your chosen options do not contain any of the best or correct options." + RECORDED,
+        "Your chosen options contain the best option!" + RECORDED,
+        "Your chosen options contain the best option!" + RECORDED,
+    ]
+
+
+def test_best_option_with_one_choice_per_aspect(server: OpenAIServer) -> None:
+    (result,) = run(server, [f"[answer] {HOTEL['best_id']}"])
+    assert (result.feedback, result.reward) == ("Your chosen options contain the best option!" + RECORDED_ONE, 1.0)
 
 
 @pytest.mark.parametrize(
     ("answer", "feedback"),
     [
-        ("[answer] F1, H2", "Please recommend exactly one option id at a time, e.g. H1."),  # UserRL summed both
-        ("[answer]", "Please recommend exactly one option id at a time, e.g. H1."),
-        ("[answer] hotel one", "'hotel one' is not an option id. Option ids look like H1, F12 or C4."),
-        ("[answer] h1", "'h1' is not an option id. Option ids look like H1, F12 or C4."),  # UserRL: upper case only
+        # UserRL's sync path refuses several ids with this text; its async path summed them
+        ("[answer] F1, H2", "You have chosen multiple options. Please choose only one option at a time."),
+        ("[answer] H1,", "You have chosen multiple options. Please choose only one option at a time."),
+        ("[answer]", "Invalid option ID format detected for ''. Expected format: H1, F12, C4, etc."),
+        ("[answer] hotel one", "Invalid option ID format detected for 'hotel one'. Expected format: H1, F12, C4, etc."),
+        ("[answer] h1", "Invalid option ID format detected for 'h1'. Expected format: H1, F12, C4, etc."),
         ("[answer] R2", "This trip has no restaurant to book."),
         ("[answer] C2", "This trip has no rental car to book."),
         ("hello", "Your response format is wrong and cannot be parsed properly."),
@@ -169,14 +235,34 @@ def test_judge_failures_are_marked_and_change_nothing(server: OpenAIServer) -> N
     ]
     results = run(server, ["[search] q", "[search] q", "[action] a", "[action] a"], retries=0)
     assert [bool(r.info.get("user_sim_error")) for r in results] == [True, False, True, False]
-    assert results[0].feedback == "The search backend is having problems at the moment. Please try again later."
-    assert results[2].feedback == "Sorry, I'm not sure how to respond to that right now. Could you say it again?"
+    assert results[0].feedback == BACKEND
+    assert results[2].feedback == CANNOT_REPLY
     assert [r.reward for r in results] == [0.0, 0.0, 0.0, 0.8]
 
 
 def test_finish_summary(server: OpenAIServer) -> None:
     results = run(server, [f"[answer] {HOTEL['best_id']}", "[finish]"])
-    assert (results[1].feedback, results[1].done) == (
-        "Session ended. You found the best option for 1 of 2 aspects.",
+    # the hotel's 3 hidden preferences are dropped with its choice: 0 of the flight's 2 were uncovered
+    assert (results[1].feedback, results[1].reward, results[1].done) == (
+        "Session ended. You elicited 0/2 preferences. Final elicitation ratio: 0.00%",
+        0.0,
         True,
     )
+
+
+def test_finish_summary_counts_asked_and_volunteered_preferences(server: OpenAIServer) -> None:
+    server.rules = [
+        when("You classify", sequence(typed("2", P[0]), typed("1"), typed("1"), typed("1"), typed("1"))),
+        when("agent just asked", said("Morning flights please.")),
+        when("has not asked about what matters", said("By the way...")),
+        when("Reply briefly", said("Ok.")),
+    ]
+    results = run(server, [f"[action] u{i}" for i in range(5)] + ["[finish]"], elicitation_interval=3)
+    assert [bool(r.info.get("elicited") or r.info.get("volunteered")) for r in results[:5]] == [1, 0, 0, 0, 1]
+    assert results[5].feedback == "Session ended. You elicited 2/5 preferences. Final elicitation ratio: 40.00%"
+
+
+def test_a_failed_reply_is_userrls_canned_text(server: OpenAIServer) -> None:
+    server.rules = [when("You classify", typed("2", P[0])), when("agent just asked", "no json")]
+    (result,) = run(server, ["[action] Which airline?"], retries=0)
+    assert (result.feedback, result.reward, bool(result.info.get("user_sim_error"))) == (CANNOT_REPLY, 0.0, True)
