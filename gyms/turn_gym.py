@@ -50,7 +50,7 @@ class TurnGym:
         try:
             result = await self.act(tag, payload)
         except UserSimError as e:
-            result = StepResult(self.fallback_feedback, 0.0, info={"user_sim_error": str(e)})
+            result = StepResult(self.failure_feedback(tag, payload), 0.0, info={"user_sim_error": str(e)})
         if not result.done and self.steps >= self.max_steps:
             result.truncated = True
         self.ended = result.ended
@@ -59,6 +59,10 @@ class TurnGym:
 
     async def close(self) -> None:
         """Nothing to release by default; idempotent."""
+
+    def failure_feedback(self, tag: str | None, payload: str) -> str:
+        """The feedback of a step whose simulator call failed for good (default: `fallback_feedback`)."""
+        return self.fallback_feedback
 
     def start(self) -> None:
         """Reset the gym's own episode state (called by reset)."""

@@ -17,6 +17,15 @@ from gyms.turn_gym import TurnGym
 
 _NUMBER = re.compile(r"-?\d+\.?\d*")
 TOLERANCE = 1e-6
+# UserRL's feedback texts, byte for byte (the policy learns from them).
+CANNOT_CALCULATE = (
+    "Error parsing numbers or calculating result. This may happen like when division by zero occurs. "
+    "Please try again with different number combinations."
+)
+WRONG_ANSWER = (
+    "Your answer is wrong. Please continue to try and reason about the hidden function and make your answer "
+    "attempt later."
+)
 
 
 class FunctionGym(TurnGym):
@@ -35,7 +44,10 @@ class FunctionGym(TurnGym):
         self.solved = False
 
     def observation(self) -> str:
-        return "A new hidden function is ready: probe it with [action], get the test case with [search] test."
+        return (
+            "New function problem loaded. You can use [action] with four numbers to test the function, "
+            "[search] for test case, or [answer] with your final guess."
+        )
 
     async def act(self, tag: str | None, payload: str) -> StepResult:
         if tag == "action":
@@ -47,11 +59,19 @@ class FunctionGym(TurnGym):
         if tag == "answer":
             return self._answer(payload)
         if tag == "finish":
-            reveal = "" if self.solved else f" The correct answer was {_show(self.expected)}."
-            return StepResult(f"Episode finished.{reveal}", 0.0, done=True)
-        return StepResult("Invalid action format. Please use [action], [search], [answer] or [finish].", 0.0)
+            if self.solved:
+                return StepResult("Episode finished. You answered correctly!", 0.0, done=True)
+            expected = self.record["expected_result"]  # as the data holds it (UserRL prints it as stored)
+            return StepResult(
+                f"Episode finished without correct answer. The expected result for the test case was: {expected}",
+                0.0,
+                done=True,
+            )
+        return StepResult("Invalid action format. Please use [action], [search], [answer], or [finish].", 0.0)
 
     def _probe(self, payload: str) -> str:
+        if not payload:
+            return "Please provide four numbers after [action]."
         numbers = [float(n) for n in _NUMBER.findall(payload)]
         if len(numbers) != 4:
             return "Please provide exactly four numbers."
@@ -60,17 +80,19 @@ class FunctionGym(TurnGym):
         try:
             result = round(self.rule(numbers), 4)
         except (ArithmeticError, ValueError, TypeError):
-            return "The function cannot be calculated for these numbers (e.g. a division by zero). Try other numbers."
+            return CANNOT_CALCULATE
         return f"For numbers {numbers}, the result is {result}."
 
     def _answer(self, payload: str) -> StepResult:
+        if not payload:
+            return StepResult("Answer is empty. Please provide a numerical answer.", 0.0)
         value = _read_answer(payload)
         if value is None:
-            return StepResult("Invalid numerical answer. Please answer with a single number.", 0.0)
+            return StepResult("Invalid numerical answer. Please provide a valid number.", 0.0)
         if abs(value - self.expected) <= TOLERANCE:
             self.solved = True
             return StepResult("Your answer is correct!", 1.0, done=True, info={"solved": True})
-        return StepResult("Your answer is wrong. Keep reasoning about the hidden function and answer again.", 0.0)
+        return StepResult(WRONG_ANSWER, 0.0)
 
 
 def _read_answer(payload: str) -> float | None:
@@ -80,10 +102,6 @@ def _read_answer(payload: str) -> float | None:
     except ValueError:
         numbers = _NUMBER.findall(payload)
         return float(numbers[0]) if len(numbers) == 1 else None
-
-
-def _show(value: float) -> str:
-    return str(int(value)) if value.is_integer() else str(value)
 
 
 register_gym("function", userrl_env="FunctionGym", tasks=function_tasks, smoke=function_smoke)(FunctionGym)

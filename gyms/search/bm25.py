@@ -19,10 +19,20 @@ log = logging.getLogger(__name__)
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
+SNIPPET_CHARS = 400
+
+
 @dataclass(frozen=True)
 class Hit:
     title: str
     text: str
+    label: str = "Snippet"  # UserRL's line label: "Snippet", or "Answer" for a web answer box's answer
+
+
+def snippet(text: str) -> str:
+    """A document's text as a search snippet: whitespace collapsed, cut at SNIPPET_CHARS characters + "..."."""
+    text = " ".join(text.split())
+    return text if len(text) <= SNIPPET_CHARS else text[:SNIPPET_CHARS] + "..."
 
 
 def tokenize(text: str) -> list[str]:
@@ -81,7 +91,15 @@ class OfflineSearch:
             self.index = _index(path, path.stat().st_mtime_ns)
 
     async def search(self, query: str, k: int) -> list[Hit]:
-        return self.index.search(query, k)
+        """The `k` best documents that have text, as snippets (UserRL skips a result without a snippet)."""
+        hits: list[Hit] = []
+        for doc in self.index.search(query, len(self.index.documents)):
+            if len(hits) == k:
+                break
+            text = snippet(doc.text)
+            if text:
+                hits.append(Hit(doc.title, text))
+        return hits
 
 
 @cache

@@ -20,9 +20,16 @@ def normalize(text: str) -> str:
     return "".join(ch.lower() for ch in text if ch.isalnum())
 
 
+# UserRL's texts, byte for byte (the policy learns from them).
+SEARCH_LIMIT = (
+    "You have reached the maximum number of search steps. Please provide an answer in your next action. "
+    "Do not search again."
+)
+INVALID_ACTION = "Invalid action format. Please choose provide a search or answer in correct format."
+
+
 class SearchGym(TurnGym):
     name = "search"
-    fallback_feedback = "Your answer could not be judged right now. Please try again."
 
     def __init__(self, task: Any, config: SearchGymConfig | None = None, user_sim: Any = None) -> None:
         self.config = config or SearchGymConfig()
@@ -39,7 +46,11 @@ class SearchGym(TurnGym):
         self.solved = False
 
     def observation(self) -> str:
-        return self.record["question"]
+        return "New question loaded. You can [search] for information or [answer] directly."  # UserRL's
+
+    def failure_feedback(self, tag: str | None, payload: str) -> str:
+        """A failed judge call: UserRL's text for an answer judged wrong (its failed judge said "Error")."""
+        return _incorrect(payload)
 
     async def act(self, tag: str | None, payload: str) -> StepResult:
         if tag == "search":
@@ -47,30 +58,29 @@ class SearchGym(TurnGym):
         if tag == "answer":
             return await self._answer(payload)
         if tag == "finish":
-            reveal = "" if self.solved else f" The answer was '{self.record['answer']}'."
-            return StepResult(f"Episode finished.{reveal}", 0.0, done=True)
-        return StepResult("Invalid action. Use [search] <query> to search or [answer] <answer> to answer.", 0.0)
+            if self.solved:  # unreachable: a correct answer ends the episode (as in UserRL)
+                return StepResult("Episode finished. You answered correctly!", 0.0, done=True)
+            answer = self.record["answer"]
+            return StepResult(
+                f"Episode finished without correct answer. The correct answer was: {answer}", 0.0, done=True
+            )
+        return StepResult(INVALID_ACTION, 0.0)
 
     async def _search(self, query: str) -> StepResult:
         self.searches += 1  # an empty query counts too, as in UserRL
-        limit = self.config.max_search_steps
-        if self.searches > limit:
-            return StepResult(f"You have reached the maximum number of search steps ({limit}). Please answer.", 0.0)
+        if self.searches > self.config.max_search_steps:
+            return StepResult(SEARCH_LIMIT, 0.0)
         if not query:
-            return StepResult("Please provide a search query.", 0.0)
+            return StepResult("Search query is empty. Please provide a search query.", 0.0)
         try:
             hits = await self.backend.search(query, self.config.max_search_results)
         except SearchBackendError as e:
-            return StepResult(
-                "The search backend is not available right now. Please try again later.",
-                0.0,
-                info={"search_error": str(e)},
-            )
+            return StepResult(f"Search failed: {e}", 0.0, info={"search_error": str(e)})
         return StepResult(format_hits(query, hits), 0.0)
 
     async def _answer(self, answer: str) -> StepResult:
         if not answer:
-            return StepResult("Please provide an answer.", 0.0)
+            return StepResult("Answer is empty. Please provide an answer.", 0.0)
         correct = normalize(answer) == normalize(self.record["answer"]) and bool(normalize(answer))
         judged = False
         if not correct and self.config.judge == "llm":
@@ -87,19 +97,20 @@ class SearchGym(TurnGym):
         if correct:
             self.solved = True
             return StepResult(f"Correct! Your answer '{answer}' is correct.", 1.0, done=True, info=info)
-        return StepResult(f"Incorrect. Your answer '{answer}' is not correct.", 0.0, info=info)
+        return StepResult(_incorrect(answer), 0.0, info=info)
+
+
+def _incorrect(answer: str) -> str:
+    return f"Incorrect. Your answer '{answer}' is not correct."
 
 
 def format_hits(query: str, hits: list[Hit]) -> str:
-    """UserRL's result layout: a numbered list of titles with their snippets."""
+    """UserRL's result layout: "<i>. <title>" and "- Answer: <answer>" or "- Snippet: <snippet>" per result, the
+    block stripped of outer whitespace. No result at all: a line saying so (UserRL: a timeout text, see README)."""
     if not hits:
         return f"No results found for '{query}'."
-    lines = [f"Search results for '{query}':"]
-    for i, hit in enumerate(hits, 1):
-        snippet = " ".join(hit.text.split())
-        snippet = snippet if len(snippet) <= 400 else snippet[:400] + "..."
-        lines.append(f"{i}. {hit.title}\n- {snippet}")
-    return "\n".join(lines)
+    block = "".join(f"{i}. {hit.title}\n- {hit.label}: {hit.text}\n" for i, hit in enumerate(hits, 1))
+    return f"Search results for '{query}':\n{block.strip()}"
 
 
 register_gym("search", needs_user_sim=True, userrl_env="SearchGym", tasks=search_tasks, smoke=search_smoke)(SearchGym)

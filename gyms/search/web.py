@@ -53,12 +53,16 @@ class WebSearch:
 
 
 def parse_results(payload: dict[str, Any]) -> list[Hit]:
-    """The answer box (if any) first, then the organic results."""
+    """UserRL's selection: the answer box first when it has a title (its `answer` as an "Answer" line, else its
+    `snippet`), then the organic results that have both a title and a snippet; values printed as they are."""
     hits = []
-    box = payload.get("answerBox") or {}
-    answer = box.get("answer") or box.get("snippet")
-    if answer:
-        hits.append(Hit(str(box.get("title", "Answer")), str(answer)))
+    box = payload.get("answerBox")
+    if isinstance(box, dict) and box and "title" in box:
+        if "answer" in box:
+            hits.append(Hit(str(box["title"]), str(box["answer"]), "Answer"))
+        elif "snippet" in box:
+            hits.append(Hit(str(box["title"]), str(box["snippet"])))
     for item in payload.get("organic") or []:
-        hits.append(Hit(str(item.get("title", "")), str(item.get("snippet", ""))))
+        if isinstance(item, dict) and "title" in item and "snippet" in item:
+            hits.append(Hit(str(item["title"]), str(item["snippet"])))
     return hits

@@ -15,12 +15,16 @@ from gyms.turtle.tasks import turtle_record, turtle_smoke, turtle_tasks
 from gyms.user_sim import UserSimError
 
 JUDGMENTS = (0.0, 0.5, 1.0)
+MORE_TWISTS = (
+    "There might be more hidden twists that you haven't covered. Try to continue ask related questions and answer "
+    "with creativity."
+)
 
 
 class TurtleGym(TurnGym):
     name = "turtle"
     needs_user_sim = True
-    fallback_feedback = "Feedback is not available right now. Please try again."
+    fallback_feedback = "Feedback not available currently. Please try again."  # UserRL's
 
     def __init__(self, task: Any, config: TurtleGymConfig | None = None, user_sim: Any = None) -> None:
         self.config = config or TurtleGymConfig()
@@ -33,11 +37,11 @@ class TurtleGym(TurnGym):
         self.best_score = 0.0
 
     def observation(self) -> str:
-        return f"Title: {self.record['new_title']}\nSurface: {self.record['new_surface']}"
+        return "Welcome to the Turtle Soup Gym. Choose your action."  # UserRL's reset feedback
 
     async def act(self, tag: str | None, payload: str) -> StepResult:
         if tag == "finish":
-            return StepResult("Game finished.", 0.0, done=True)
+            return StepResult("", 0.0, done=True)  # UserRL's [finish] feedback is empty
         if not payload:
             return StepResult("Please ask a yes-or-no question, or tell your story with [answer].", 0.0)
         surface, bottom = self.record["new_surface"], self.record["new_bottom"]
@@ -48,7 +52,7 @@ class TurtleGym(TurnGym):
             prompts.QUESTION_USER.format(surface=surface, bottom=bottom, question=payload),
             "response",
         )
-        return StepResult(str(data["response"]).strip(), 0.0)
+        return StepResult(str(data["response"]), 0.0)  # the judge's word as it wrote it, as in UserRL
 
     async def _grade(self, story: str, surface: str, bottom: str) -> StepResult:
         rubric = "\n".join(f"{i}. {statement}" for i, (statement, _) in enumerate(self.rubric, 1))
@@ -61,13 +65,11 @@ class TurtleGym(TurnGym):
         score = round(sum(w * j for (_, w), j in zip(self.rubric, judgments, strict=True)), 6)
         reward = round(max(0.0, score - self.best_score), 6)
         self.best_score = max(self.best_score, score)
-        covered = [s for (s, _), j in zip(self.rubric, judgments, strict=True) if j == 1.0]
+        # UserRL's text: the fully covered statements, the whole list stripped of outer whitespace
+        covered = "".join(f"{s}: Covered\n" for (s, _), j in zip(self.rubric, judgments, strict=True) if j == 1.0)
+        covered = covered.strip()
         if covered:
-            feedback = (
-                "Here are the evaluation points that your story effectively covers:\n"
-                + "\n".join(f"{s}: Covered" for s in covered)
-                + "\nThere might be more hidden twists. Keep asking questions and refine your story."
-            )
+            feedback = f"Here's the evaluation points that your story effectively covers:\n{covered}\n{MORE_TWISTS}"
         else:
             feedback = "Your answer does not effectively cover any evaluation points."
         done = score >= self.config.success_threshold

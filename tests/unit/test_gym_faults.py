@@ -92,7 +92,9 @@ def test_failed_simulator_calls_are_marked_and_the_episode_survives(gym_name: st
 
         failed, recovered = asyncio.run(run())
     assert failed.reward == 0.0 and not failed.ended
-    assert failed.feedback == type(gym).fallback_feedback
+    assert failed.feedback == gym.failure_feedback(*gyms.parse_action(action))
+    if gym_name == "search":  # UserRL's text for an answer its judge failed on
+        assert failed.feedback == "Incorrect. Your answer 'Remus' is not correct."
     assert json.dumps(failed.info["user_sim_error"]).startswith(f'"user simulator failed after {RETRIES + 1} attempts')
     assert "user_sim_error" not in recovered.info
     metrics = sim.metrics()

@@ -36,7 +36,8 @@ def test_probe_search_and_answers() -> None:
         "For numbers [1.0, 2.0, 3.0, 4.0], the result is 28.0.",  # (3 + 2) ** 2 - 1 + 4; floats, as in UserRL
         "For numbers [1.0, 2.0, 3.5, 4.0], the result is 33.25.",
         "Test case: [9, 7, 4, 2]",
-        "Your answer is wrong. Keep reasoning about the hidden function and answer again.",
+        "Your answer is wrong. Please continue to try and reason about the hidden function and make your answer "
+        "attempt later.",
         "Your answer is correct!",
     ]
     assert [r.reward for r in results] == [0.0, 0.0, 0.0, 0.0, 1.0]
@@ -48,14 +49,20 @@ def test_probe_search_and_answers() -> None:
     ("action", "feedback"),
     [
         ("[action] 1 2", "Please provide exactly four numbers."),
-        ("[action]", "Please provide exactly four numbers."),
+        ("[action] four numbers", "Please provide exactly four numbers."),
+        ("[action]", "Please provide four numbers after [action]."),
+        ("[action]   ", "Please provide four numbers after [action]."),
         ("[action] 9 7 4 2", "This is the test case and I cannot provide you with the calculation feedback."),
         ("[action] 9.0 7 4 2", "This is the test case and I cannot provide you with the calculation feedback."),
         ("[search] the rule", "Search content should only be 'test' to get the test case."),
-        ("[answer] forty", "Invalid numerical answer. Please answer with a single number."),
-        ("[answer] 1 or 2", "Invalid numerical answer. Please answer with a single number."),
-        ("what is it?", "Invalid action format. Please use [action], [search], [answer] or [finish]."),
-        ("[think] hmm", "Invalid action format. Please use [action], [search], [answer] or [finish]."),
+        ("[answer] forty", "Invalid numerical answer. Please provide a valid number."),
+        ("[answer] 1 or 2", "Invalid numerical answer. Please provide a valid number."),
+        ("[answer]", "Answer is empty. Please provide a numerical answer."),
+        ("[answer]  ", "Answer is empty. Please provide a numerical answer."),
+        ("[search]", "Search content should only be 'test' to get the test case."),
+        ("what is it?", "Invalid action format. Please use [action], [search], [answer], or [finish]."),
+        ("[think] hmm", "Invalid action format. Please use [action], [search], [answer], or [finish]."),
+        ("", "Invalid action format. Please use [action], [search], [answer], or [finish]."),
     ],
 )
 def test_bad_actions_get_feedback_and_no_reward(action: str, feedback: str) -> None:
@@ -71,7 +78,10 @@ def test_answer_with_one_number_in_prose_counts() -> None:
 def test_unevaluable_probes_are_refused() -> None:
     division = {**RECORD, "rule": "a / (b - c)"}
     power = {**RECORD, "rule": "d ** a"}
-    expected = "The function cannot be calculated for these numbers (e.g. a division by zero). Try other numbers."
+    expected = (
+        "Error parsing numbers or calculating result. This may happen like when division by zero occurs. "
+        "Please try again with different number combinations."
+    )
     assert play_new("function", division, ["[action] 1 2 2 3"])[0].feedback == expected
     assert play_new("function", power, ["[action] 999 1 1 999999"])[0].feedback == expected  # float overflow
     assert play_new("function", {**RECORD, "rule": "a ** 0.5"}, ["[action] -4 1 1 1"])[0].feedback == expected
@@ -97,7 +107,7 @@ def test_probes_are_float_arithmetic_as_in_userrl() -> None:
 def test_finish_reveals_the_answer_and_ends() -> None:
     results = play_new("function", RECORD, ["[finish]", "[answer] 114"])
     assert (results[0].feedback, results[0].done, results[0].reward) == (
-        "Episode finished. The correct answer was 114.",
+        "Episode finished without correct answer. The expected result for the test case was: 114.0",  # UserRL's
         True,
         0.0,
     )
@@ -106,6 +116,21 @@ def test_finish_reveals_the_answer_and_ends() -> None:
         0.0,
         "episode_over",
     )
+
+
+def test_reset_and_finish_texts_are_userrl_s() -> None:
+    import asyncio
+
+    gym = FunctionGym(RECORD)
+    assert asyncio.run(gym.reset()) == (
+        "New function problem loaded. You can use [action] with four numbers to test the function, "
+        "[search] for test case, or [answer] with your final guess."
+    )
+    gym.solved = True  # unreachable in play (a correct answer ends the episode), as in UserRL
+    assert asyncio.run(gym.act("finish", "")).feedback == "Episode finished. You answered correctly!"
+    # the expected result is printed as the record stores it
+    (finish,) = play_new("function", {**RECORD, "expected_result": 114}, ["[finish] now"])
+    assert finish.feedback == "Episode finished without correct answer. The expected result for the test case was: 114"
 
 
 def test_truncation_at_max_steps_and_reset_restarts() -> None:

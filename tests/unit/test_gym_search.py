@@ -66,7 +66,7 @@ def test_llm_judge_decides_other_answers(server: OpenAIServer) -> None:
 def test_exact_judge_mode_needs_no_simulator() -> None:
     results = play_new("search", RECORD, ["[answer] the first king", "[finish]"], config=EXACT)
     assert [r.reward for r in results] == [0.0, 0.0]
-    assert results[1].feedback == "Episode finished. The answer was 'Romulus'."
+    assert results[1].feedback == "Episode finished without correct answer. The correct answer was: Romulus"
     with pytest.raises(ValueError, match="gym search needs a user simulator"):
         gyms.make_gym("search", RECORD)
 
@@ -75,13 +75,17 @@ def test_offline_search_and_the_search_limit(corpus: Path) -> None:
     config = SearchGymConfig(judge="exact", corpus_path=str(corpus), max_search_steps=2, max_search_results=2)
     actions = ["[search] romulus rome", "[search] eiffel", "[search] rome", "[search]", "what?"]
     results = play_new("search", RECORD, actions, config=config)
+    limit = (
+        "You have reached the maximum number of search steps. Please provide an answer in your next action. "
+        "Do not search again."
+    )
     assert [r.feedback for r in results] == [
-        "Search results for 'romulus rome':\n1. Rome\n- Romulus founded Rome.\n"
-        "2. Remus\n- Remus was the brother of Romulus.",
-        "No results found for 'eiffel'.",
-        "You have reached the maximum number of search steps (2). Please answer.",
-        "You have reached the maximum number of search steps (2). Please answer.",
-        "Invalid action. Use [search] <query> to search or [answer] <answer> to answer.",
+        "Search results for 'romulus rome':\n1. Rome\n- Snippet: Romulus founded Rome.\n"
+        "2. Remus\n- Snippet: Remus was the brother of Romulus.",
+        "No results found for 'eiffel'.",  # UserRL: a timeout text (README: deliberate differences)
+        limit,
+        limit,
+        "Invalid action format. Please choose provide a search or answer in correct format.",
     ]
     assert [r.done for r in results] == [False] * 5
 
@@ -90,10 +94,51 @@ def test_an_empty_search_counts_toward_the_limit_as_in_userrl(corpus: Path) -> N
     config = SearchGymConfig(judge="exact", corpus_path=str(corpus), max_search_steps=2)
     results = play_new("search", RECORD, ["[search]", "[search]   ", "[search] rome"], config=config)
     assert [r.feedback for r in results] == [
-        "Please provide a search query.",
-        "Please provide a search query.",
-        "You have reached the maximum number of search steps (2). Please answer.",
+        "Search query is empty. Please provide a search query.",
+        "Search query is empty. Please provide a search query.",
+        "You have reached the maximum number of search steps. Please provide an answer in your next action. "
+        "Do not search again.",
     ]
+
+
+@pytest.mark.parametrize(
+    ("action", "feedback"),
+    [
+        ("[answer]", "Answer is empty. Please provide an answer."),
+        ("[answer]   ", "Answer is empty. Please provide an answer."),
+        ("[action] Romulus", "Invalid action format. Please choose provide a search or answer in correct format."),
+        ("Romulus", "Invalid action format. Please choose provide a search or answer in correct format."),
+    ],
+)
+def test_bad_actions_get_userrls_texts(action: str, feedback: str) -> None:
+    (result,) = play_new("search", RECORD, [action], config=EXACT)
+    assert (result.feedback, result.reward, result.done) == (feedback, 0.0, False)
+
+
+def test_reset_and_finish_texts_are_userrls() -> None:
+    import asyncio
+
+    gym = gyms.make_gym("search", RECORD, config=EXACT)
+    assert asyncio.run(gym.reset()) == "New question loaded. You can [search] for information or [answer] directly."
+    gym.solved = True  # unreachable in play (a correct answer ends the episode), as in UserRL
+    assert asyncio.run(gym.act("finish", "")).feedback == "Episode finished. You answered correctly!"
+
+
+def test_offline_results_are_snippets_and_documents_without_text_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.jsonl"
+    docs = [
+        {"title": "Rome alone"},  # no text: skipped, as UserRL skips a result without a snippet
+        {"title": "Rome", "text": "Romulus  founded\n Rome. " + "x" * 500},
+        {"title": "Paris", "text": "Paris is far from Rome, and other words."},
+    ]
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    config = SearchGymConfig(judge="exact", corpus_path=str(path), max_search_results=2)
+    (result,) = play_new("search", RECORD, ["[search] rome"], config=config)
+    text = "Romulus founded Rome. " + "x" * 500
+    assert result.feedback == (
+        f"Search results for 'rome':\n1. Rome\n- Snippet: {text[:400]}...\n"
+        "2. Paris\n- Snippet: Paris is far from Rome, and other words."
+    )
 
 
 @pytest.mark.parametrize(
@@ -215,10 +260,44 @@ def test_web_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     with OpenAIServer(routes={"/search": _serper([(503, {}), (200, payload)], seen)}) as s:
         (result,) = play_new("search", RECORD, ["[search] founder of rome"], config=_web_config(s))
     assert result.feedback == (
-        "Search results for 'founder of rome':\n1. Founder\n- Romulus\n"
-        "2. Rome - Wikipedia\n- Rome was founded by Romulus."
+        "Search results for 'founder of rome':\n1. Founder\n- Answer: Romulus\n"
+        "2. Rome - Wikipedia\n- Snippet: Rome was founded by Romulus."
     )
     assert seen == [({"q": "founder of rome", "num": 15}, "k-123")] * 2  # one retry after the 503
+
+
+@pytest.mark.parametrize(
+    ("payload", "feedback"),
+    [
+        (  # a result without a snippet is skipped (no number used); an answer box without a title is dropped
+            {
+                "answerBox": {"answer": "Romulus"},
+                "organic": [{"title": "No snippet", "link": "x"}, {"title": "Rome", "snippet": "Founded by Romulus."}],
+            },
+            "Search results for 'q':\n1. Rome\n- Snippet: Founded by Romulus.",
+        ),
+        (  # an answer box with a snippet but no answer is a Snippet line; values are printed as they are
+            {
+                "answerBox": {"title": "Founder", "snippet": "Romulus and Remus "},
+                "organic": [{"title": 7, "snippet": "  spaced  out  "}, {"snippet": "no title"}],
+            },
+            "Search results for 'q':\n1. Founder\n- Snippet: Romulus and Remus \n2. 7\n- Snippet:   spaced  out",
+        ),
+        (  # the answer box counts toward max_search_results (2 here)
+            {
+                "answerBox": {"title": "A", "answer": "", "snippet": "s"},
+                "organic": [{"title": "B", "snippet": "b"}, {"title": "C", "snippet": "c"}],
+            },
+            "Search results for 'q':\n1. A\n- Answer: \n2. B\n- Snippet: b",
+        ),
+        ({"organic": [{"title": "No snippet"}]}, "No results found for 'q'."),
+    ],
+)
+def test_web_results_use_userrls_layout(monkeypatch: pytest.MonkeyPatch, payload: dict, feedback: str) -> None:
+    monkeypatch.setenv("TEST_SERPER_KEY", "k")
+    with OpenAIServer(routes={"/search": _serper([(200, payload)], [])}) as s:
+        (result,) = play_new("search", RECORD, ["[search] q"], config=_web_config(s, max_search_results=2))
+    assert result.feedback == feedback
 
 
 def test_web_backend_failure_is_feedback_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,7 +307,9 @@ def test_web_backend_failure_is_feedback_not_a_crash(monkeypatch: pytest.MonkeyP
         first, second = play_new(
             "search", RECORD, ["[search] q", "[answer] Romulus"], config=_web_config(s, web_retries=1)
         )
-    assert first.feedback == "The search backend is not available right now. Please try again later."
+    assert (
+        first.feedback == "Search failed: web search failed after 2 attempts: HTTP 500"
+    )  # UserRL: "Search failed: <e>"
     assert first.info["search_error"] == "web search failed after 2 attempts: HTTP 500"
     assert (second.reward, len(seen)) == (1.0, 2)
 

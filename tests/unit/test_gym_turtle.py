@@ -46,11 +46,17 @@ def test_rewards_are_improvements_of_the_weighted_score(server: OpenAIServer) ->
     assert [r.info.get("score") for r in results[1:]] == [0.45, 0.25, 0.75, 1.0]
     assert [r.done for r in results] == [False, False, False, False, True]
     assert results[0].feedback == "No"
-    assert results[1].feedback == (
-        "Here are the evaluation points that your story effectively covers:\nSomeone left her for dead: Covered\n"
-        "There might be more hidden twists. Keep asking questions and refine your story."
+    assert results[1].feedback == (  # UserRL's text, byte for byte
+        "Here's the evaluation points that your story effectively covers:\nSomeone left her for dead: Covered\n"
+        "There might be more hidden twists that you haven't covered. Try to continue ask related questions and "
+        "answer with creativity."
     )
     assert results[2].feedback == "Your answer does not effectively cover any evaluation points."
+    assert results[3].feedback == (  # 0.5 is not "covered"; each covered statement on its own line
+        "Here's the evaluation points that your story effectively covers:\nSomeone left her for dead: Covered\n"
+        "She was hanged: Covered\nThere might be more hidden twists that you haven't covered. Try to continue ask "
+        "related questions and answer with creativity."
+    )
     grading = server.requests[1]["messages"][1]["content"]
     assert grading.endswith(
         "Rubric statements:\n1. Someone left her for dead\n2. She was hanged\n3. She clawed at the rope"
@@ -82,7 +88,7 @@ def test_lower_success_threshold_ends_earlier(server: OpenAIServer) -> None:
 def test_malformed_grades_are_simulator_errors(server: OpenAIServer, reply: str, problem: str) -> None:
     server.rules = [when("You grade", sequence(reply, grades(0.5, 0, 0)))]
     first, second = play_new("turtle", RECORD, ["[answer] a", "[answer] b"], user_sim=sim_for(server))
-    assert (first.feedback, first.reward) == ("Feedback is not available right now. Please try again.", 0.0)
+    assert (first.feedback, first.reward) == ("Feedback not available currently. Please try again.", 0.0)
     assert first.info["user_sim_error"].startswith(problem)
     assert second.reward == 0.1  # the failed grade did not move the best score
 
@@ -100,7 +106,34 @@ def test_a_perfect_story_ends_the_episode_whatever_the_float_sum(server: OpenAIS
 
 def test_finish(server: OpenAIServer) -> None:
     (result,) = play_new("turtle", RECORD, ["[finish]"], user_sim=sim_for(server))
-    assert (result.feedback, result.done, server.count) == ("Game finished.", True, 0)
+    assert (result.feedback, result.done, server.count) == ("", True, 0)  # UserRL's [finish] text is empty
+
+
+def test_question_reply_is_the_judge_word_as_written(server: OpenAIServer) -> None:
+    server.rules = [when("You host", '{"thought": "", "response": "Maybe "}')]
+    (result,) = play_new("turtle", RECORD, ["[action] Was it raining?"], user_sim=sim_for(server))
+    assert (result.feedback, result.reward) == ("Maybe ", 0.0)  # UserRL returns the response field unchanged
+
+
+def test_statements_are_listed_as_userrl_lists_them(server: OpenAIServer) -> None:
+    """UserRL joins "<statement>: Covered" lines and strips the whole list (not each line)."""
+    record = {**RECORD, "evaluation": [{"statement": " Padded ", "score": 0.5}, {"statement": "x ", "score": 0.5}]}
+    server.rules = [when("You grade", grades(1, 1))]
+    (result,) = play_new("turtle", record, ["[answer] story"], user_sim=sim_for(server))
+    assert result.feedback.split("\n")[:3] == [
+        "Here's the evaluation points that your story effectively covers:",
+        "Padded : Covered",
+        "x : Covered",
+    ]
+
+
+def test_reset_feedback_is_userrl_s() -> None:
+    import asyncio
+
+    from gyms.turtle.env import TurtleGym
+
+    gym = TurtleGym(RECORD, user_sim=object())
+    assert asyncio.run(gym.reset()) == "Welcome to the Turtle Soup Gym. Choose your action."
 
 
 def test_tasks_from_public_data(shared_data: Path) -> None:
