@@ -69,12 +69,6 @@ class Components:
                 f"restarts; engine logs: {self.pool.log_dir}"
             )
 
-    async def kill_engine(self, index: int) -> None:
-        """Fault drill: kill engine `index`'s server process (the pool finds it dead and restarts it)."""
-        pool: Any = self.pool  # a RolloutPool: drills reach into its engines' processes
-        pid = await pool.engines[index].actor.kill_server.remote()
-        log.warning("fault drill: killed engine %d's server (pid %d)", index, pid)
-
     async def enter_training(self) -> None:
         """Colocated mode: the engines pause and free their GPU memory; with `megatron.offload` the actor's state
         returns to the GPU."""

@@ -41,6 +41,7 @@ from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.summary import is_infra_failure, rollout_metrics
 from userrl_megatron.trainer.batch import Prepared, bound_staleness, mini_batches, prepare_batch, trainable_part
 from userrl_megatron.trainer.components import Components, start_components
+from userrl_megatron.trainer.drills import Drills
 from userrl_megatron.trainer.group_stream import GroupStream
 from userrl_megatron.trainer.preflight import is_sft_checkpoint
 from userrl_megatron.trainer.run_lock import RunLock
@@ -69,6 +70,7 @@ class Trainer:
 
     def __init__(self, cfg: RootConfig, run_dir: Path, parts: Components) -> None:
         self.cfg, self.run_dir, self.parts = cfg, run_dir, parts
+        self.drills = Drills(cfg.run.faults, parts.pool)  # `run.faults`: none in a normal run
         self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=SUMMARY_KEYS)
         self.best = float("-inf")
         self.progress = StepProgress(cfg.run.total_steps)  # `step N/total  elapsed  ETA` after each step
@@ -118,8 +120,7 @@ class Trainer:
         with timers("step"):
             with timers("rollout_wait"):
                 groups, finished, metrics = await self.take_rollout(step)
-            if f"kill_engine@{step}" in cfg.run.faults:
-                await parts.kill_engine(0)
+            await self.drills.after_rollout(step)
             if cfg.rollout.mode == "one_step_off" and step < cfg.run.total_steps:
                 self.start_rollout(step + 1)
             bound = cfg.rollout.max_staleness if cfg.sync.enabled else None  # else the engines keep version 0
@@ -180,8 +181,7 @@ class Trainer:
         cfg = self.cfg.rollout
         if self.stream is None:
             tasks = self.parts.tasks.next(cfg.prompts_per_step)  # drawn before the first await: see start_rollout
-        if f"kill_engine_in_rollout@{step}" in self.cfg.run.faults:
-            await self.parts.kill_engine(0)
+        await self.drills.during_rollout(step)
         if self.stream is None:
             groups = await self.parts.rollout(tasks, cfg.n_samples_per_prompt)
             used, finished, metrics = groups, groups, dict[str, float]()
@@ -217,7 +217,7 @@ class Trainer:
                 )
             return None
         self.infra_failed_steps = 0
-        if f"skip_update@{step}" in self.cfg.run.faults:
+        if self.drills.skips_update(step):
             return None
         return prepare_batch(groups, self.cfg.algo)
 

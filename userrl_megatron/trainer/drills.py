@@ -1,0 +1,37 @@
+"""Fault drills (`run.faults`): failures injected at named points of a step, so that tests and operators can
+watch the run survive them. The loop calls the hooks of `Drills` at those points; without drills they do
+nothing.
+
+- `kill_engine@N`: after step N's rollout, engine 0's server process is killed (SIGKILL, as a crash).
+- `kill_engine_in_rollout@N`: the same while step N's episodes run.
+- `skip_update@N`: step N trains on nothing (as a step whose episodes were lost).
+"""
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class Drills:
+    """The drills of one run, against its engine pool (a `fleet.pool.RolloutPool`: a drill reaches into the
+    engines' processes)."""
+
+    def __init__(self, faults: list[str], pool: Any) -> None:
+        self.faults, self.pool = set(faults), pool
+
+    async def after_rollout(self, step: int) -> None:
+        if f"kill_engine@{step}" in self.faults:
+            await self._kill_engine(0)
+
+    async def during_rollout(self, step: int) -> None:
+        if f"kill_engine_in_rollout@{step}" in self.faults:
+            await self._kill_engine(0)
+
+    def skips_update(self, step: int) -> bool:
+        return f"skip_update@{step}" in self.faults
+
+    async def _kill_engine(self, index: int) -> None:
+        """Kill engine `index`'s server process (the pool finds it dead and restarts it)."""
+        pid = await self.pool.engines[index].actor.kill_server.remote()
+        log.warning("fault drill: killed engine %d's server (pid %d)", index, pid)
