@@ -2,10 +2,11 @@
 
 Rewards (config): a correct first search of an aspect `search_correct_reward`; a question that uncovers a hidden
 preference `preference_correct_reward`; recommending the best option `choice_best_reward`, a correct one
-`choice_correct_reward`, anything else 0. Every `search_failure_interval`-th search fails on purpose; after
-`elicitation_interval` utterances that uncover nothing the traveller volunteers a preference (reward 0). The
-episode ends when the best option of every aspect is found, or (one choice per aspect) when every aspect has a
-recommendation. UserRL's async-path bugs are fixed; see gyms/README.md.
+`choice_correct_reward`, anything else (an id that already paid too, as in UserRL) 0. Every
+`search_failure_interval`-th search fails on purpose; after `elicitation_interval` utterances that uncover nothing
+the traveller volunteers a preference (reward 0). The episode ends when the best option of every aspect is found,
+or (one choice per aspect) when every aspect has a recommendation. UserRL's async-path bugs are fixed; see
+gyms/README.md.
 """
 
 import json
@@ -95,6 +96,7 @@ class TravelGym(TurnGym):
         self.off_preference = 0
         self.chosen: list[str] = []  # aspects with a recommendation
         self.best_found: list[str] = []  # aspects whose best option was recommended
+        self.scored: list[str] = []  # option ids that paid best or correct: as in UserRL, a repeat pays nothing
         self.rng = random.Random(f"travel-elicit:{self.scenario['id']}")
 
     def observation(self) -> str:
@@ -235,11 +237,15 @@ class TravelGym(TurnGym):
         if self.config.one_choice_per_aspect and aspect in self.chosen:
             return StepResult(ASPECT_CHOSEN.format(initial=option_id[0]), 0.0)
         spec = self.scenario["aspects"][aspect]
-        if option_id == spec["best_id"] and aspect not in self.best_found:
+        if option_id in self.scored:  # UserRL removes a scored id from its best and correct lists
+            reward, verdict = 0.0, CHOICE_WRONG
+        elif option_id == spec["best_id"]:
             reward, verdict = self.config.choice_best_reward, CHOICE_BEST
             self.best_found.append(aspect)
-        elif option_id in spec["correct_ids"] and option_id != spec["best_id"]:
+            self.scored.append(option_id)
+        elif option_id in spec["correct_ids"]:
             reward, verdict = self.config.choice_correct_reward, CHOICE_CORRECT
+            self.scored.append(option_id)
         else:
             reward, verdict = 0.0, CHOICE_WRONG
         if aspect not in self.chosen:

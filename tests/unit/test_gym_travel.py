@@ -195,6 +195,38 @@ def test_all_best_options_end_the_episode_without_one_choice(server: OpenAIServe
     ]
 
 
+BEST = "Your chosen options contain the best option!"
+CORRECT = "Your chosen options contain the correct option, but not the best option."
+WRONG = "Your chosen options do not contain any of the best or correct options."
+
+
+def test_a_repeated_recommendation_pays_nothing_without_one_choice(server: OpenAIServer) -> None:
+    # UserRL (prompts.py and prompt_async.py, [answer]) removes a scored id from its best and correct lists, so
+    # the same id again is a wrong choice (0, its text); another correct id of the same aspect still pays.
+    first, second = [i for i in FLIGHT["correct_ids"] if i != FLIGHT["best_id"]][:2]
+    actions = [first, first, second, FLIGHT["best_id"], FLIGHT["best_id"], second, HOTEL["best_id"]]
+    results = run(server, [f"[answer] {a}" for a in actions], one_choice_per_aspect=False)
+    assert [(r.feedback, r.reward, r.done) for r in results] == [
+        (CORRECT + RECORDED, 0.8, False),
+        (WRONG + RECORDED, 0.0, False),
+        (CORRECT + RECORDED, 0.8, False),
+        (BEST + RECORDED, 1.0, False),
+        (WRONG + RECORDED, 0.0, False),
+        (WRONG + RECORDED, 0.0, False),
+        (BEST + RECORDED, 1.0, True),  # every best option found, the repeats changed nothing
+    ]
+    aspects = ["flight"] * 6 + ["hotel"]
+    assert [(r.info["choice"], r.info["aspect"]) for r in results] == list(zip(actions, aspects, strict=True))
+    assert server.count == 0
+
+
+def test_a_repeated_recommendation_with_one_choice_per_aspect_is_refused(server: OpenAIServer) -> None:
+    other = next(i for i in FLIGHT["correct_ids"] if i != FLIGHT["best_id"])
+    results = run(server, [f"[answer] {other}", f"[answer] {other}", f"[answer] {HOTEL['best_id']}"])
+    assert [(r.reward, r.done) for r in results] == [(0.8, False), (0.0, False), (1.0, True)]
+    assert results[1].feedback.startswith("You have already recommended an option with the same initial 'F'.")
+
+
 def test_best_option_with_one_choice_per_aspect(server: OpenAIServer) -> None:
     (result,) = run(server, [f"[answer] {HOTEL['best_id']}"])
     assert (result.feedback, result.reward) == ("Your chosen options contain the best option!" + RECORDED_ONE, 1.0)
