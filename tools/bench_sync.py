@@ -71,8 +71,8 @@ def bench_ours(
 
     async def run() -> list[dict[str, float]]:
         async with start_components(resolve_config(cfg), run_dir) as parts:
-            await parts.sync_weights(0)  # warm-up: first-touch allocations on both sides
-            return [await parts.sync_weights(version) for version in range(1, repeats + 1)]
+            await parts.weights.push(0)  # warm-up: first-touch allocations on both sides
+            return [await parts.weights.push(version) for version in range(1, repeats + 1)]
 
     runs = asyncio.run(run())
     seconds = statistics.median(r["sync/seconds"] for r in runs)

@@ -37,23 +37,23 @@ def test_colocated_sequence(engine: Engine, hf: Any, smol_dir: Any, sync_enabled
 
     async def step_loop() -> tuple[list[list[int]], list[dict[str, float]]]:
         if sync_enabled:
-            await parts.connect()
+            await parts.weights.connect()
         outputs, metrics = [], []
         try:
-            await parts.enter_rollout()  # the run's first: nothing is released yet, so nothing is resumed
+            await parts.handoff.enter_rollout()  # the run's first: nothing is released yet, so nothing is resumed
             outputs.append(await generate(parts, prompt))
             for version in (1, 2):
-                await parts.enter_training()
-                assert parts._released == {"kv_cache", "weights", "cuda_graph"}
+                await parts.handoff.enter_training()
+                assert parts.handoff.released == {"kv_cache", "weights", "cuda_graph"}
                 if sync_enabled:
-                    metrics.append(await parts.sync_weights(version))
-                    assert parts._released == {"kv_cache", "cuda_graph"}
-                await parts.enter_rollout()
-                assert parts._released == set() and not parts.pool.paused
+                    metrics.append(await parts.weights.push(version))
+                    assert parts.handoff.released == {"kv_cache", "cuda_graph"}
+                await parts.handoff.enter_rollout()
+                assert parts.handoff.released == set() and not parts.pool.paused
                 outputs.append(await generate(parts, prompt))
         finally:
-            if parts.groups:
-                await asyncio.to_thread(parts.actors.disconnect_engines, parts.groups)
+            if parts.weights.groups:
+                await asyncio.to_thread(parts.actors.disconnect_engines, parts.weights.groups)
             await parts.pool.close()
         return outputs, metrics
 
@@ -72,15 +72,15 @@ def test_disaggregated_sync_verified_every_time(engine: Engine, hf: Any, smol_di
     prompt = chat_ids(smol_dir)
 
     async def go() -> tuple[list[int], list[dict[str, float]]]:
-        await parts.connect()
+        await parts.weights.connect()
         try:
             before = await generate(parts, prompt)
-            metrics = [await parts.sync_weights(v) for v in (3, 4)]
+            metrics = [await parts.weights.push(v) for v in (3, 4)]
             assert not parts.pool.paused and await generate(parts, prompt) == before
             (client,) = parts.pool.clients
             assert (await client.get_model_info())["weight_version"] == "4"
         finally:
-            await asyncio.to_thread(parts.actors.disconnect_engines, parts.groups)
+            await asyncio.to_thread(parts.actors.disconnect_engines, parts.weights.groups)
             await parts.pool.close()
         return before, metrics
 

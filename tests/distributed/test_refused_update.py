@@ -27,16 +27,16 @@ def test_refusing_engine_is_restarted_and_synced(ray_cluster: Any, tmp_path: Pat
     async def go() -> tuple[dict[str, float], int, str, str, list[Any]]:
         async with RolloutPool(cfg.rollout, str(a), log_dir=tmp_path / "engines") as pool:
             parts = Components(cfg, StateDictActors(state, cfg.sync), pool, None, None, [])
-            pool.on_restart = parts.repair
-            await parts.connect()
+            pool.on_restart = parts.weights.repair
+            await parts.weights.connect()
             first_url = pool.urls[0]
             # The engine loses its group: it refuses the next update at once and never joins the broadcast.
-            await pool.clients[0].destroy_weights_update_group(parts.groups[0])
-            metrics = await parts.sync_weights(1)
+            await pool.clients[0].destroy_weights_update_group(parts.weights.groups[0])
+            metrics = await parts.weights.push(1)
             (client,) = pool.clients
             info = await client.get_model_info()
             rows = await client.get_weights_by_name("model.norm.weight", truncate_size=4)
-            await asyncio.to_thread(parts.actors.disconnect_engines, parts.groups)
+            await asyncio.to_thread(parts.actors.disconnect_engines, parts.weights.groups)
             return metrics, pool.engines[0].restarts, first_url, info["weight_version"], rows
 
     metrics, restarts, first_url, version, rows = asyncio.run(go())

@@ -23,7 +23,7 @@ from userrl_megatron.plan.memory import (
     layer_parameters,
     sglang_kv_pool,
 )
-from userrl_megatron.trainer import components
+from userrl_megatron.trainer import components, handoff
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUTS = {
@@ -121,7 +121,7 @@ H100_32B = REPO / "configs" / "layout" / "qwen3-32b-h100x16.yaml"
 def test_engines_starting_beside_a_resident_actor_get_no_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     async def engines_first(parts: components.Components) -> None:  # the start-up order before the fix
         await parts.pool.start()
-        await parts.connect()
+        await parts.weights.connect()
 
     monkeypatch.setattr(components, "bring_up", engines_first)
     problems = plan_problems(plan_run(_layout(H100_8B)))
@@ -147,10 +147,10 @@ def test_sync_frees_grads_and_optimizer_before_engine_weights_return(monkeypatch
 
 def test_saves_and_exports_onload_the_actor(monkeypatch: pytest.MonkeyPatch) -> None:
     @contextlib.asynccontextmanager
-    async def as_it_is(self: components.Components) -> AsyncIterator[None]:  # before the fix: no onload
+    async def as_it_is(self: handoff.MemoryHandoff) -> AsyncIterator[None]:  # before the fix: no onload
         yield
 
-    monkeypatch.setattr(components.Components, "actor_on_device", as_it_is)
+    monkeypatch.setattr(handoff.MemoryHandoff, "actor_on_device", as_it_is)
     problems = plan_problems(plan_run(_layout(H100_8B, "eval.every_steps=1")))
     assert sorted(problems) == [
         "a checkpoint save runs while the actor weights, actor optimizer are offloaded (it would crash)",

@@ -1,11 +1,12 @@
 """A memory ledger behind the trainer's own choreography: stand-ins for the actor group, the engine pool and the
 episode runner that book bytes per device instead of computing.
 
-`trainer.components` (start-up order, enter_training / enter_rollout, weight sync, repairs) and
-`trainer.driver.Trainer.fit` run unchanged on these parts, so the plan follows the order the trainer really
-uses: change that order and the plan changes with it. Each call books what it allocates or frees, then records
-the phase it belongs to with what every device holds at that moment (the phase's peak over the run). The actor
-ranks' pinned host memory is booked as the calls first allocate it (offload, saves), and kept: torch keeps it.
+`trainer.components` (start-up order), `trainer.handoff` (enter_training / enter_rollout),
+`trainer.weight_sync` (syncs, repairs) and `trainer.driver.Trainer.fit` run unchanged on these parts, so the plan
+follows the order the trainer really uses: change that order and the plan changes with it. Each call books what
+it allocates or frees, then records the phase it belongs to with what every device holds at that moment (the
+phase's peak over the run). The actor ranks' pinned host memory is booked as the calls first allocate it
+(offload, saves), and kept: torch keeps it. They meet the protocols of `trainer/seams.py`, as the real parts do.
 """
 
 import asyncio

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from userrl_megatron.config.model_fit import model_shape
+from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.errors import UserError
@@ -78,6 +79,8 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
     """The memory plan of `cfg` on GPUs of `plan.device_memory_gb` (see the module docstring)."""
     from userrl_megatron.trainer.placement import plan_bundles
 
+    cfg = resolve_config(cfg)  # as the run does before it starts
+
     config = model_shape(cfg.model.path)
     if config is None:
         raise UserError(
@@ -135,10 +138,10 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
 
 
 def _engine_weight_backup(cfg: RootConfig) -> bool:
-    """Whether SGLang copies its weights to host memory when it releases them (colocated; forced on when the
-    weights are not synced, `trainer/components.py`)."""
+    """Whether SGLang copies its weights to host memory when it releases them (colocated; on when the weights are
+    not synced, `config/resolve.py`)."""
     r = cfg.rollout
-    return r.backend == "sglang" and r.colocate and (r.sglang.enable_weights_cpu_backup or not cfg.sync.enabled)
+    return r.backend == "sglang" and r.colocate and r.sglang.enable_weights_cpu_backup
 
 
 def _host_rows(
@@ -180,7 +183,7 @@ async def _play(cfg: RootConfig, actors: LedgerActors, pool: LedgerPool, runner:
 
     tasks = [Task("plan", f"t{i}", []) for i in range(cfg.rollout.prompts_per_step)]
     parts = Components(cfg, actors, pool, runner, TaskStream(tasks, cfg.run.seed), tasks[:1])
-    pool.on_restart = parts.repair
+    pool.on_restart = parts.weights.repair
     quiet = logging.getLogger("userrl_megatron")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # the driver's progress lines would describe a run that does not happen

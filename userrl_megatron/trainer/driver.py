@@ -94,7 +94,7 @@ class Trainer:
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
         cfg, parts = self.cfg, self.parts
-        async with parts.actor_on_device():  # colocated: the actor holds the GPUs for this, then steps aside
+        async with parts.handoff.actor_on_device():  # colocated: the actor holds the GPUs for this, then steps aside
             step = self.resume()
             if (step > 0 or self.started_from) and cfg.sync.enabled:
                 await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
@@ -128,7 +128,7 @@ class Trainer:
             metrics |= stale
             prepared = self.prepare(fresh, step, finished)
             if prepared is not None:
-                await parts.enter_training()
+                await parts.handoff.enter_training()
                 if self.needs_scoring():
                     with timers("logprobs"):
                         await self.score(prepared.batch)
@@ -143,14 +143,14 @@ class Trainer:
                 if cfg.sync.enabled:
                     with timers("sync"):
                         metrics |= await self.sync(step)
-                await parts.enter_rollout()
+                await parts.handoff.enter_rollout()
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 with timers("eval"):
                     metrics |= await self.evaluate(step)
         metrics = self.summarize(step, finished, metrics | timers.pop())
         if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
             with timers("checkpoint"):  # with async_save: until the tensors are copied to host memory
-                async with parts.actor_on_device():
+                async with parts.handoff.actor_on_device():
                     self.save(step, metrics)
             metrics |= timers.pop()
         self.commit_saves(wait=False)
@@ -246,7 +246,7 @@ class Trainer:
 
     async def sync(self, version: int) -> dict[str, float]:
         """Pause the engines, push the trained weights bucket by bucket, flush their caches, resume."""
-        return await self.parts.sync_weights(version)
+        return await self.parts.weights.push(version)
 
     def save(self, step: int, record: dict[str, float] | None = None) -> None:
         """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them).
@@ -298,7 +298,7 @@ class Trainer:
             self.best = score
             if step == 0:
                 return metrics  # the initial policy is the model the run started from: nothing to export
-            async with self.parts.actor_on_device():
+            async with self.parts.handoff.actor_on_device():
                 self.parts.actors.export_hf(str(self.run_dir / "hf" / "best"))
             (self.run_dir / "best.json").write_text(json.dumps({"step": step, "eval/reward_mean": score}))
         return metrics
@@ -378,7 +378,7 @@ class Trainer:
 
     async def finish(self, step: int) -> None:
         """Save the final checkpoint (unless just saved) and export HF weights."""
-        await self.parts.enter_training()  # colocated: the export gathers the actor's weights on the GPUs
+        await self.parts.handoff.enter_training()  # colocated: the export gathers the actor's weights on the GPUs
         every = self.cfg.checkpoint.every_steps
         if step > 0 and not (every and step % every == 0):
             self.save(step)  # its metrics are already logged

@@ -4,7 +4,7 @@ simulated-cluster tests.
 `bring_up(cfg)` runs the trainer's own start-up on the Ray cluster this process is connected to, up to the point
 where every process is placed: the placement group (`placement.create_placement`), one `MegatronWorker` per
 actor rank (`workers.ActorGroup`), the engines' `EngineServer`s (`rollout.pool.RolloutPool`, followers of
-multi-node engines and the router included) and the weight-sync groups (`components.Components.connect`). The
+multi-node engines and the router included) and the weight-sync groups (`weight_sync.WeightSync.connect`). The
 workers and engine servers run dry (`WorkerSpec.dry`, `EngineLaunch.dry`): the same code until they would
 initialise torch.distributed and CUDA or launch a server, where they record what they would run instead.
 
@@ -131,7 +131,7 @@ async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
         parts = Components(cfg, actors, pool, NoRollouts(), NoRollouts(), [])
         await pool.start()
         if cfg.sync.enabled:
-            await parts.connect()
+            await parts.weights.connect()
         ranks = await asyncio.to_thread(actors.launches)
         roles = await asyncio.to_thread(actors.sync_roles)
         return BringUp(nodes, ranks, await pool.launch_records(), roles, pool.router_launch)

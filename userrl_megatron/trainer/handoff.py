@@ -1,0 +1,93 @@
+"""The engines' and the actor's turns on shared GPUs (colocated mode), and bringing dead engines back.
+
+Colocated, the actor and the engines share every GPU: entering training, the engines pause and release their
+memory (`MEMORY_TAGS`) and, with `megatron.offload`, the actor's state returns from host memory; entering the
+rollout, the reverse. Each release pairs with exactly one resume. Disaggregated, every hand-off is a no-op.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from userrl_megatron.config.schema import RootConfig
+from userrl_megatron.errors import RunError
+from userrl_megatron.trainer.seams import Actors, EngineClient, EnginePool
+
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # what colocated engines release while the actor trains
+
+
+def check_engines(cfg: RootConfig, pool: EnginePool) -> None:
+    """No engine left (each given up after its restarts) stops the run."""
+    if pool.exhausted:
+        raise RunError(
+            f"every rollout engine failed and was given up after {cfg.rollout.engine_max_restarts} "
+            f"restarts; engine logs: {pool.log_dir}"
+        )
+
+
+async def repair_engines(cfg: RootConfig, pool: EnginePool, what: str) -> None:
+    """Restart the engines that died and wait until each is back (or given up)."""
+    try:
+        await pool.repair(cfg.rollout.engine_restart_timeout_s)
+    except Exception as e:
+        check_engines(cfg, pool)
+        raise RunError(f"{what}: the rollout engines could not be brought back ({e})") from e
+
+
+class MemoryHandoff:
+    """Who holds the GPUs' memory: the engines (rollout) or the actor (training)."""
+
+    def __init__(self, cfg: RootConfig, actors: Actors, pool: EnginePool) -> None:
+        self.cfg, self.actors, self.pool = cfg, actors, pool
+        self.colocated = cfg.rollout.colocate
+        self.released: set[str] = set()  # engine memory tags released and not resumed yet
+
+    async def enter_training(self) -> None:
+        """Colocated mode: the engines pause and free their GPU memory; with `megatron.offload` the actor's state
+        returns to the GPU."""
+        if self.colocated:
+            await repair_engines(self.cfg, self.pool, "entering training")  # a restarting engine cannot release
+            await self.pool.pause()  # also stops health probes: a released engine holds generation
+            await self.release(MEMORY_TAGS)
+            if self.cfg.megatron.offload:
+                await asyncio.to_thread(self.actors.onload)
+
+    async def enter_rollout(self) -> None:
+        """Colocated mode: with `megatron.offload` the actor's state goes to host memory; the engines take their
+        memory back and resume."""
+        if self.colocated:
+            if self.cfg.megatron.offload:
+                await asyncio.to_thread(self.actors.offload)
+            await self.resume(MEMORY_TAGS)
+            await self.pool.resume()
+
+    @contextlib.asynccontextmanager
+    async def actor_on_device(self) -> AsyncIterator[None]:
+        """Colocated: a checkpoint save or an HF export reads the actor's state, which is offloaded while the
+        engines hold their memory: the engines step aside for it, then take their memory back."""
+        if not self.colocated:
+            yield
+            return
+        await self.enter_training()
+        try:
+            yield
+        finally:
+            await self.enter_rollout()
+
+    async def release(self, tags: Sequence[str]) -> None:
+        """Release the tags not released yet; each release pairs with exactly one resume."""
+        todo = [t for t in tags if t not in self.released]
+        if todo:
+            await self._each_engine(lambda c: c.release_memory(todo))
+            self.released.update(todo)
+
+    async def resume(self, tags: Sequence[str]) -> None:
+        """Resume only released tags: SGLang 0.5.23's scheduler dies (KeyError) resuming a tag it holds."""
+        todo = [t for t in tags if t in self.released]
+        if todo:
+            await self._each_engine(lambda c: c.resume_memory(todo))
+            self.released.difference_update(todo)
+
+    async def _each_engine(self, call: Callable[[EngineClient], Awaitable[Any]]) -> None:
+        await asyncio.gather(*(call(c) for c in self.pool.clients))
