@@ -3,8 +3,13 @@
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from userrl_megatron.commands.config import add_config_args
+
+if TYPE_CHECKING:
+    from userrl_megatron.config.schema import RootConfig
+    from userrl_megatron.rollout.chat import ChatTemplate
 
 GROUPS = ("userrl", "taubench")
 
@@ -73,7 +78,7 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat(args: argparse.Namespace) -> tuple[object, object]:
+def _chat(args: argparse.Namespace) -> tuple["RootConfig", "ChatTemplate"]:
     """The config and the policy's chat template (model.path, model.tool_format): SFT rows are written for it."""
     from userrl_megatron.config import load_config
     from userrl_megatron.model_store import resolve_model

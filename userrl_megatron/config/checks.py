@@ -202,7 +202,8 @@ def _sglang_gpu_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
     """SGLang engines on GPUs: an engine fits in one node or spans whole nodes (--nnodes), and a colocated engine
     sizes its KV cache from the memory free when it starts, which only `megatron.offload` leaves it
     (`trainer.components.bring_up` offloads the actor before the engines start; docs/rollout.md)."""
-    r, m, problems = cfg.rollout, cfg.megatron, []
+    r, m = cfg.rollout, cfg.megatron
+    problems: list[str] = []
     if r.backend != "sglang" or on_gpu is False or r.sglang.device == "cpu" or min(r.engine_tp, m.devices_per_node) < 1:
         return problems
     tp, node = r.engine_tp, m.devices_per_node

@@ -142,7 +142,7 @@ def _check_keys(raw: Any, schema: type, prefix: str, source: str) -> None:
         if key not in hints:
             raise ConfigError(f"{source}: unknown key '{dotted}'{_suggestion(str(key), prefix, hints)}")
         sub = hints[key]
-        if dataclasses.is_dataclass(sub) and value is not None:
+        if isinstance(sub, type) and dataclasses.is_dataclass(sub) and value is not None:
             _check_keys(value, sub, f"{dotted}.", source)
 
 
@@ -160,7 +160,7 @@ def _suggestion(key: str, prefix: str, hints: dict[str, Any]) -> str:
 def _leaf_paths(schema: type, prefix: str = "") -> list[str]:
     paths = []
     for name, sub in typing.get_type_hints(schema).items():
-        if dataclasses.is_dataclass(sub):
+        if isinstance(sub, type) and dataclasses.is_dataclass(sub):
             paths += _leaf_paths(sub, f"{prefix}{name}.")
         else:
             paths.append(f"{prefix}{name}")

@@ -1,6 +1,6 @@
 """Value ranges of numeric options, over every section: one table, one message format."""
 
-import functools
+import operator
 from collections.abc import Callable
 
 from userrl_megatron.config.schema import RootConfig
@@ -160,7 +160,7 @@ def range_problems(cfg: RootConfig) -> list[str]:
     """`key must be <range>, got <value>` for every option of RANGES outside its range."""
     problems = []
     for dotted, (text, ok) in RANGES.items():
-        value = functools.reduce(getattr, dotted.split("."), cfg)
+        value: float = operator.attrgetter(dotted)(cfg)  # a numeric option
         if not ok(value):
             problems.append(f"{dotted} must be {text}, got {value}")
     return problems

@@ -7,6 +7,7 @@ with a warning naming them and their count.
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,14 @@ def userrl_rows_to_tasks(rows: list[dict[str, Any]], root: Path, source: str) ->
     from gyms.base import gym_spec, list_gyms
     from gyms.data import userrl_row_key
 
-    by_env: dict[str, list[str]] = {}
+    by_env: dict[str, list[Callable[[str, Path], list[Task]]]] = {}  # each gym's task loader
     for name in list_gyms():
         spec = gym_spec(name)
         if spec.userrl_env and spec.tasks is not None:
-            by_env.setdefault(spec.userrl_env, []).append(name)
+            by_env.setdefault(spec.userrl_env, []).append(spec.tasks)
     index: dict[tuple[str, str], dict[str, Task]] = {}
-    tasks, skipped = [], Counter()
+    tasks: list[Task] = []
+    skipped: Counter[str] = Counter()
     for row in rows:
         env, task_id = userrl_row_key(row)
         split = str((row.get("extra_info") or {}).get("split", "train"))
@@ -45,9 +47,7 @@ def userrl_rows_to_tasks(rows: list[dict[str, Any]], root: Path, source: str) ->
             skipped[env] += 1
             continue
         if (env, split) not in index:
-            index[(env, split)] = {
-                t.task_id.lower(): t for name in by_env[env] for t in gym_spec(name).tasks(split, root)
-            }
+            index[(env, split)] = {t.task_id.lower(): t for load in by_env[env] for t in load(split, root)}
         task = index[(env, split)].get(task_id.lower())
         if task is None:
             raise UserError(f"{source}: {env} task {task_id!r} is not in the {split} split of its gym")

@@ -28,7 +28,7 @@ position it ran, in both the log-prob and the training forwards (`routing.py`).
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, overload
@@ -180,7 +180,7 @@ class MegatronActor:
             outputs = self._run(micro_batches, partial(self._score_forward, with_entropy=with_entropy), True)
         keys = ("logprobs", "entropy") if with_entropy else ("logprobs",)
         results = self._gather_rows(batch, micro_batches, outputs, keys)
-        return tuple(results) if with_entropy else results[0]
+        return (results[0], results[1]) if with_entropy else results[0]
 
     # ---- training -----------------------------------------------------------------------------------
 
@@ -206,9 +206,9 @@ class MegatronActor:
         if self.replay:  # positions whose experts came from the engine (the rest: the trainer's own routing)
             replayed = sum(len(r) for r in batch.routed_experts or [])
             metrics["actor/routing_replayed"] = replayed / sum(len(t) for t in batch.token_ids)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(elapsed, op=torch.distributed.ReduceOp.MAX)  # the slowest rank's time
-        elapsed = float(elapsed)
+        slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)  # the slowest rank's time
+        elapsed = float(slowest)
         tokens = sum(len(t) for t in batch.token_ids)
         metrics.update(
             {
@@ -374,7 +374,7 @@ class MegatronActor:
                 )
 
     def _check_train_batch(self, batch: TrainBatch) -> None:
-        fields = {"loss_mask": batch.loss_mask, "advantages": batch.advantages}
+        fields: dict[str, Sequence[Sequence[float]]] = {"loss_mask": batch.loss_mask, "advantages": batch.advantages}
         fields.update(
             {
                 name: value
@@ -458,7 +458,7 @@ class MegatronActor:
                 self.cfg.sequence_parallel,
             )
         if train:
-            fields = {"mask": batch.loss_mask, "advantages": batch.advantages}
+            fields: dict[str, Sequence[Sequence[float]]] = {"mask": batch.loss_mask, "advantages": batch.advantages}
             for name in ("old_logprobs", "ref_logprobs", "rollout_logprobs"):
                 if getattr(batch, name) is not None:
                     fields[name] = getattr(batch, name)
@@ -523,6 +523,7 @@ class MegatronActor:
         logprobs, entropy = vocab_parallel_logprobs(
             logits, targets.labels, self.arch.vocab_size, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0
         )
+        assert entropy is not None  # asked for with with_entropy=True
         rows, width = len(mb.rows), mb.width
         current = to_rows(logprobs, targets, rows, width)
         old = mb.loss.get("old_logprobs")

@@ -42,6 +42,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelLoadStrategyWrapper,
     FullyParallelSaveStrategyWrapper,
 )
+from megatron.core.transformer.module import MegatronModule
 from torch.distributed.checkpoint.api import CheckpointException
 
 from userrl_megatron.convert.arch import Architecture, padded_vocab_size
@@ -76,7 +77,7 @@ _TE_TO_LOCAL = {
 NORM_ALIASES = _TE_TO_LOCAL | {local: te for te, local in _TE_TO_LOCAL.items()}
 
 
-def model_sharded_state_dict(chunks: list[torch.nn.Module]) -> dict[str, Any]:
+def model_sharded_state_dict(chunks: list[MegatronModule]) -> dict[str, Any]:
     """The sharded state dict of the (unwrapped) model chunks: "model", or "model0".."modelN" with virtual PP.
 
     Tensor keys are global layer names, so the nesting does not matter when the layout changes."""

@@ -28,7 +28,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -63,7 +63,7 @@ class _Stream:
     def __enter__(self) -> "_Stream":
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         return False
 
 
@@ -118,28 +118,29 @@ def stub_missing_kernels() -> None:
     else:
         return
     module = types.ModuleType(PAGED_STASH_MODULE)
-    module.GLOBAL_BLOCK_SIZE = 1024
 
     def unavailable(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("MoE paged-stash kernels need triton and CUDA")
 
-    module.paged_stash_copy_kernel = unavailable
-    module.paged_stash_pop_kernel = unavailable
+    vars(module).update(GLOBAL_BLOCK_SIZE=1024, paged_stash_copy_kernel=unavailable, paged_stash_pop_kernel=unavailable)
     sys.modules.setdefault(PAGED_STASH_MODULE, module)
 
 
 def _patch_torch_cuda() -> None:
+    # Monkey-patching: the CPU stand-ins are duck-typed (_Stream for torch.cuda.Stream, a nullcontext for a
+    # StreamContext, ...), which torch's declared types cannot express; hence the ignores below.
     cuda = torch.cuda
     cuda.current_device = lambda: 0  # CudaToCpuMode maps the integer device to the CPU
     cuda.set_device = lambda *a, **k: None
     cuda.synchronize = lambda *a, **k: None
-    cuda.current_stream = cuda.default_stream = lambda *a, **k: _Stream()
-    cuda.Stream, cuda.Event = _Stream, _Event
-    cuda.stream = lambda stream=None: contextlib.nullcontext()
+    cuda.current_stream = cuda.default_stream = lambda *a, **k: _Stream()  # type: ignore[assignment]
+    cuda.Stream, cuda.Event = _Stream, _Event  # type: ignore[misc, assignment]
+    cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[misc, assignment]
     cuda.get_rng_state = cuda.random.get_rng_state = lambda device="cuda": torch.get_rng_state()
-    cuda.set_rng_state = cuda.random.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
-    cuda.manual_seed = lambda seed: torch.manual_seed(seed)  # not manual_seed_all: torch.manual_seed calls it
-    torch.Tensor.cuda = lambda self, *a, **k: self
+    cuda.set_rng_state = cuda.random.set_rng_state = lambda new_state, device="cuda": torch.set_rng_state(new_state)
+    # Not manual_seed_all: torch.manual_seed calls it. (It returns the CPU generator where CUDA's returns None.)
+    cuda.manual_seed = lambda seed: torch.manual_seed(seed)  # type: ignore[assignment]
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
 
 
 def _patch_megatron_rng() -> None:

@@ -116,13 +116,16 @@ def _gathered_experts(
             return
     per_rank = converter.arch.num_experts // layout.ep
     for ep_rank in range(layout.ep):
+        # `name` holds this rank's expert index; EP rank r holds experts r * per_rank .. (r + 1) * per_rank - 1
+        def renumber(e: int, r: int = ep_rank) -> int:
+            return e + (r - layout.ep_rank) * per_rank
+
         offset = 0
         for name, _, tensor in full:
             n = tensor.numel()
             value = tensor if buffers is None else buffers[ep_rank][offset : offset + n].view(tensor.shape)
             offset += n
-            # `name` holds this rank's expert index; EP rank r holds experts r * per_rank .. (r + 1) * per_rank - 1
-            shifted = with_expert(name, lambda e, r=ep_rank: e + (r - layout.ep_rank) * per_rank)
+            shifted = with_expert(name, renumber)
             yield from converter.to_hf(shifted, value)
 
 
@@ -152,6 +155,7 @@ def _tp_gathered(
     `everywhere`); nothing elsewhere. Every rank of the group holds shards of the same shapes, so one flat
     buffer per rank lines them up: one collective. `rows`: the real vocabulary of VOCAB tensors."""
     flat = torch.cat([local.reshape(-1) for _, _, local in batch])
+    buffers: list[torch.Tensor] | None
     if everywhere:
         buffers = [torch.empty_like(flat) for _ in range(layout.tp)]
         torch.distributed.all_gather(buffers, flat, group=group)
@@ -190,6 +194,7 @@ def export_hf_dir(
     first = torch.distributed.get_rank() == 0
     staging = [str(staging_dir(out)) if first else None]
     torch.distributed.broadcast_object_list(staging, src=0)
+    assert staging[0] is not None  # rank 0's staging directory, broadcast to every rank
     folder = Path(staging[0])
     writer = ShardWriter(folder, f"stage{layout.pp_rank:03d}", max_shard_bytes, dtype)
     for name, tensor in export_hf(chunks, converter, layout):

@@ -57,12 +57,22 @@ def _chunk(logits: torch.Tensor, begin: int, end: int, real: int) -> torch.Tenso
     return x
 
 
+class _Context(torch.autograd.function.FunctionCtx):
+    """The attributes `_ChunkedLogprobs` keeps on its autograd context (only for type checking: autograd makes
+    the context object)."""
+
+    real: int
+    step: int
+    entropy_grad: bool
+    saved_tensors: tuple[torch.Tensor, ...]
+
+
 class _ChunkedLogprobs(torch.autograd.Function):
     """(log p(target), entropy) per row of [rows, V/tp] logits; see the module docstring."""
 
     @staticmethod
     def forward(
-        ctx: torch.autograd.function.FunctionCtx,
+        ctx: _Context,
         logits: torch.Tensor,
         index: torch.Tensor,
         here: torch.Tensor,
@@ -101,7 +111,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(
-        ctx: torch.autograd.function.FunctionCtx, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
+        ctx: _Context, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
     ) -> tuple[torch.Tensor, None, None, None, None, None]:
         logits, index, here, log_z, expected = ctx.saved_tensors
         grad = torch.empty_like(logits)

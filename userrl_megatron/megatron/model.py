@@ -20,6 +20,7 @@ import importlib
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.schema import MegatronConfig
@@ -235,7 +237,7 @@ def global_name(chunk: torch.nn.Module, local_name: str) -> str:
     if not local_name.startswith(LAYER_PREFIX):
         return local_name
     index, rest = local_name[len(LAYER_PREFIX) :].split(".", 1)
-    layer = chunk.decoder.layers[int(index)]
+    layer: TransformerLayer = chunk.get_submodule(f"{LAYER_PREFIX}{int(index)}")
     experts = getattr(layer.mlp, "local_expert_indices", None)
     if experts is not None:
         rest = with_expert(rest, lambda local: experts[local])
@@ -306,10 +308,16 @@ def load_full_weights(
         param.copy_(local)
 
 
+class TensorLookup(Protocol):
+    """Tensors by name: a mapping, or `convert.hf_io.HFWeights` (which reads each one from disk)."""
+
+    def __getitem__(self, name: str, /) -> torch.Tensor: ...
+
+
 class HFSource(Mapping[str, torch.Tensor]):
     """Full Megatron tensors computed on demand from HF tensors (read lazily from disk by the caller's mapping)."""
 
-    def __init__(self, hf: Mapping[str, torch.Tensor], converter: Converter) -> None:
+    def __init__(self, hf: TensorLookup, converter: Converter) -> None:
         self.hf, self.converter = hf, converter
 
     def __getitem__(self, name: str) -> torch.Tensor:

@@ -142,7 +142,7 @@ class Parking:
                 continue
             storage.resize_(nbytes)
             if kind == GRADS:
-                storage.fill_(0)
+                storage_bytes(storage).zero_()
             else:
                 restore_bytes(storage_bytes(storage), self.host[key])
             del self.parked[key]

@@ -14,7 +14,6 @@ Model inputs carry, for every position, which episode (row) and which token of i
 per-position outputs can be scattered back into rows (`to_rows`) whatever the layout.
 """
 
-import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,8 +83,15 @@ class ModelInput:
 
     def to(self, device: torch.device | str) -> "ModelInput":
         """The same input with every tensor on `device`."""
-        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return ModelInput(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
+        return ModelInput(
+            tokens=self.tokens.to(device),
+            position_ids=self.position_ids.to(device),
+            labels=self.labels.to(device),
+            row=self.row.to(device),
+            col=self.col.to(device),
+            cu_seqlens=None if self.cu_seqlens is None else self.cu_seqlens.to(device),
+            max_seqlen=self.max_seqlen,
+        )
 
 
 def padded_input(seqs: Sequence[Sequence[int]], align: int = 1) -> ModelInput:
@@ -121,7 +127,7 @@ def packed_input(seqs: Sequence[Sequence[int]], align: int = 1, cp: int = 1, cp_
     `cu_seqlens` still describes the whole padded sequences, as Transformer Engine's THD attention expects."""
     if cp > 1 and align % (2 * cp):
         raise ValueError(f"align {align} must be a multiple of 2 x context parallel size {cp}")
-    parts = {k: [] for k in ("tokens", "labels", "row", "col", "pos")}
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("tokens", "labels", "row", "col", "pos")}
     bounds = [0]
     for b, s in enumerate(seqs):
         ids = torch.as_tensor(list(s), dtype=torch.long)

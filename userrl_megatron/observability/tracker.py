@@ -8,13 +8,14 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from rich.console import Console
 
 from userrl_megatron.config.schema import LoggingConfig
 
 Metrics = dict[str, float]
+WandbMode = Literal["online", "offline", "disabled"]  # logging.wandb_mode (its values are checked in config.checks)
 
 
 class Backend(Protocol):
@@ -75,7 +76,7 @@ class WandbBackend:
             project=cfg.project,
             entity=cfg.wandb_entity or None,
             name=run_name,
-            mode=cfg.wandb_mode,
+            mode=cast(WandbMode, cfg.wandb_mode),
             dir=str(run_dir),
             config=config or {},
             resume="allow",

@@ -30,7 +30,9 @@ class FunctionExpert:
         self.chat = chat
         self.replies = [reply_text(chat.tool_format, action) for action in expert_actions(task)]
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, routed_experts_start_len: int | None = None
+    ) -> Generation:
         text = self.replies.pop(0) if self.replies else reply_text(self.chat.tool_format, "[finish]")
         ids = [*self.chat.encode(text), sampling.stop_token_ids[0]]
         return Generation(ids, [0.0] * len(ids), "stop", weight_version="expert")

@@ -14,10 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from userrl_megatron.errors import UserError
-from userrl_megatron.types import Message
+from userrl_megatron.types import Message, Role
 
 ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "function_call": "assistant", "observation": "tool"}
+SHAREGPT_ROLES: dict[str, Role] = {
+    "human": "user",
+    "gpt": "assistant",
+    "function_call": "assistant",
+    "observation": "tool",
+}
 SHAREGPT_ROLES |= {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 SUFFIXES = (".jsonl", ".parquet")
 

@@ -13,6 +13,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import (
     Backend,
+    GroupName,
     PrefixStore,
     _new_process_group_helper,
     _world,
@@ -44,7 +45,7 @@ def init_custom_process_group(
         [],
         Backend(backend),
         store,
-        group_name=group_name,
+        group_name=GroupName(group_name),
         backend_options=None,
         timeout=timeout,
     )

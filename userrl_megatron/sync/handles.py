@@ -272,7 +272,7 @@ def _rebuild_cuda_tensor(budget: _Budget, *args: Any) -> torch.Tensor:
     return reductions.rebuild_cuda_tensor(*args_list)
 
 
-def _load_storage_bytes(budget: _Budget, data: Any) -> torch.TypedStorage:
+def _load_storage_bytes(budget: _Budget, data: Any) -> torch.TypedStorage | torch.UntypedStorage:
     """A storage pickled by value (plain `pickle`, its bytes in the request body), loaded without running
     arbitrary code."""
     if not isinstance(data, bytes):

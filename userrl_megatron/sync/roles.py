@@ -33,9 +33,9 @@ def payload_holders(engines: Sequence[EngineEndpoint], ranks: Sequence[int]) -> 
     when that rank is in `ranks` (the ranks packing their own copy, source first), else the source."""
     holders = []
     for engine in engines:
-        row = []
+        row: list[int] = []
         for j in range(engine.tp_size):
             device = None if engine.first_device is None else engine.first_device + j
-            row.append(device if device in ranks else ranks[0])
+            row.append(device if device is not None and device in ranks else ranks[0])
         holders.append(row)
     return holders

@@ -655,10 +655,12 @@ async def _listening(address: str, port: int) -> None:
         start_daemon(lambda: socket.getaddrinfo(address, port, type=socket.SOCK_STREAM), "resolve")
     )
     family, _, _, _, where = infos[0]
+    host, resolved_port = where[0], where[1]
+    assert isinstance(host, str) and isinstance(resolved_port, int)  # an AF_INET or AF_INET6 address
     delay = 0.05
     while True:
         try:
-            _, writer = await asyncio.open_connection(where[0], where[1], family=family)
+            _, writer = await asyncio.open_connection(host, resolved_port, family=family)
         except OSError:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)

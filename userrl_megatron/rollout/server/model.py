@@ -51,7 +51,9 @@ class EngineModel:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.dtype = DTYPES[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(torch.device(device)).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        # transformers wraps PreTrainedModel.to in functools.wraps, which mypy does not bind as a method.
+        self.model = model.to(torch.device(device)).eval()  # type: ignore[arg-type]
         # Where the weights landed ("cuda" -> "cuda:0"): every tensor and generator of the engine is made here.
         self.device = next(self.model.parameters()).device
         self.model.requires_grad_(False)

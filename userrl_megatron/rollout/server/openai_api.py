@@ -304,7 +304,7 @@ def _choice(core: EngineCore, r: Request, index: int, item: GenerateItem) -> dic
         "index": index,
         "message": {"role": "assistant", "content": output_text(r, core.model), "reasoning_content": None},
         "logprobs": _logprobs(core, r, item) if item.return_logprob else None,
-        "finish_reason": FINISH.get(reason.get("type"), "stop"),
+        "finish_reason": FINISH.get(reason.get("type", ""), "stop"),
         "matched_stop": reason.get("matched"),
     }
 
@@ -332,7 +332,7 @@ async def _stream_chat(
     await response.prepare(http)
     created, rid = int(time.time()), request.rid
 
-    async def send(delta: dict[str, Any], finish: str | None = None, usage: Any = None) -> None:
+    async def send(delta: dict[str, Any] | None, finish: str | None = None, usage: Any = None) -> None:
         chunk = {
             "id": rid,
             "object": "chat.completion.chunk",
@@ -357,6 +357,7 @@ async def _stream_chat(
                 await send({"content": text[len(sent) :]})
                 sent = text
         done = task.result()
+        assert done.finish_reason is not None  # set before the request's on_finish resolves `generate`
         final = output_text(done, core.model)
         tail = final[len(sent) :] if final.startswith(sent) else ""
         await send({"content": tail} if tail else {}, FINISH.get(done.finish_reason["type"], "stop"))
@@ -464,7 +465,7 @@ async def completions(request: web.Request) -> web.Response:
             "index": index,
             "text": output_text(r, core.model),
             "logprobs": _completion_logprobs(core, r) if item.return_logprob else None,
-            "finish_reason": FINISH.get(reason.get("type"), "stop"),
+            "finish_reason": FINISH.get(reason.get("type", ""), "stop"),
             "matched_stop": reason.get("matched"),
         }
         if body.get("return_token_ids"):

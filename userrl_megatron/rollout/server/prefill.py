@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 
 from userrl_megatron.rollout.server.model import EngineModel
 
@@ -50,8 +51,11 @@ def run_prefill(
     out = model.forward(
         ids, positions, cache, attention_mask=mask if padded else None, all_logits=all_logits, routing=routing
     )
-    logits, routed = out if routing else (out, None)
-    layers = [(layer.keys, layer.values) for layer in cache.layers]
+    logits, routed = out if isinstance(out, tuple) else (out, None)  # a tuple exactly when `routing`
+    layers: LayerKV = []
+    for layer in cache.layers:  # attention layers, each holding the keys and values the forward wrote
+        assert isinstance(layer, CacheLayerMixin) and layer.keys is not None and layer.values is not None
+        layers.append((layer.keys, layer.values))
     per_row = []
     for i, r in enumerate(rows):
         n = len(r.tokens) - r.reused
@@ -83,6 +87,7 @@ def _past_block(rows: list[PrefillRow], past: int) -> list[tuple[torch.Tensor, t
         values = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
         for i, r in enumerate(rows):
             if r.reused:
+                assert r.prefix is not None  # a row reuses KV only from its prefix
                 keys[i, :, past - r.reused :] = r.prefix[layer][0][:, : r.reused]
                 values[i, :, past - r.reused :] = r.prefix[layer][1][:, : r.reused]
         blocks.append((keys, values))

@@ -189,6 +189,7 @@ def parse_generate(
         _sample_count(body)  # a bad n is refused before the tokenising it would multiply
         prompts = [model.encode(t) for t in texts]
     else:
+        assert ids is not None  # exactly one of text, input_ids and input_embeds is given
         single = not (ids and isinstance(ids[0], list))
         prompts = [ids] if single else ids
     if any(len(p) == 0 for p in prompts):

@@ -347,7 +347,7 @@ class Scheduler:
         positions = torch.tensor([[n] for n in self._kv.lengths], device=device)
         routing = any(self._routes(r) for r in running)
         out = self.model.forward(input_ids, positions, cache, attention_mask=mask, routing=routing)
-        logits, routed = out if routing else (out, None)
+        logits, routed = out if isinstance(out, tuple) else (out, None)  # a tuple exactly when `routing`
         if routed is not None:
             for row, request in enumerate(running):
                 if self._routes(request):

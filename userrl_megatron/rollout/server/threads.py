@@ -35,14 +35,14 @@ class DaemonPool:
 
     async def run(self, fn: Callable[[], T]) -> T:
         """`fn()` on a pool thread; the event loop goes on meanwhile."""
-        future: Future = Future()
+        future: Future[T] = Future()
         self._jobs.put((fn, future))
         return await asyncio.wrap_future(future)
 
 
-def start_daemon(fn: Callable[[], T], name: str) -> Future:
+def start_daemon(fn: Callable[[], T], name: str) -> Future[T]:
     """Run `fn()` in a daemon thread of its own; the future holds its result or exception."""
-    future: Future = Future()
+    future: Future[T] = Future()
 
     def target() -> None:
         try:
@@ -54,7 +54,7 @@ def start_daemon(fn: Callable[[], T], name: str) -> Future:
     return future
 
 
-async def wait_bounded(future: Future, timeout_s: float, what: str) -> T:
+async def wait_bounded(future: Future[T], timeout_s: float, what: str) -> T:
     """The result of a thread's `future`, waiting at most `timeout_s`; past it, TimeoutError naming `what` and the
     config field (the thread runs on by itself: its own timeout, where it has one, ends it)."""
     try:
