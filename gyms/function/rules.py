@@ -11,7 +11,7 @@ import ast
 import math
 import operator
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gyms.config import FunctionGeneratorConfig
@@ -38,7 +38,7 @@ class Rule:
         self._tree = ast.parse(text, mode="eval").body
         _check(self._tree, text)
 
-    def __call__(self, numbers: list[Number]) -> Number:
+    def __call__(self, numbers: Sequence[Number]) -> Number:
         """The rule's value; ZeroDivisionError / OverflowError / ValueError on inputs it cannot handle."""
         return _evaluate(self._tree, dict(zip(VARIABLES, numbers, strict=True)))
 
@@ -61,6 +61,7 @@ def _evaluate(node: ast.AST, env: dict[str, Number]) -> Number:
     if isinstance(node, ast.Name):
         return env[node.id]
     if isinstance(node, ast.Constant):
+        assert isinstance(node.value, int | float)  # the rules' syntax tree is checked when parsed
         return node.value
     if isinstance(node, ast.UnaryOp):
         value = _evaluate(node.operand, env)

@@ -46,6 +46,8 @@ class IntentionGym(TurnGym):
         recent = self.history[-self.config.history_turns :] if self.config.history_turns > 0 else []
         history = "\n".join(f"Assistant: {q}\nUser: {a}" for q, a in recent) or "(none yet)"
         fields = {"category": self.record["category"], "task": self.record["task"], "history": history}
+        answer: dict[str, Any] | BaseException
+        judgment: dict[str, Any] | BaseException
         answer, judgment = await asyncio.gather(
             self.ask(
                 prompts.USER_SYSTEM,
@@ -59,9 +61,10 @@ class IntentionGym(TurnGym):
             ),
             return_exceptions=True,  # both calls finish before the step returns, failed or not
         )
-        for outcome in (answer, judgment):
-            if isinstance(outcome, BaseException):
-                raise outcome
+        if isinstance(answer, BaseException):
+            raise answer
+        if isinstance(judgment, BaseException):
+            raise judgment
         newly = self._covered_by(judgment)
         response = str(answer["response"]).strip()
         self.history.append((payload, response))

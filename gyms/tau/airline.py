@@ -135,7 +135,7 @@ def book_reservation(
     if user_id not in users:
         return "Error: user not found"
     reservation_id = next((r for r in NEW_RESERVATION_IDS[:-1] if r not in reservations), NEW_RESERVATION_IDS[-1])
-    reservation = {
+    reservation: Record = {
         "reservation_id": reservation_id,
         "user_id": user_id,
         "origin": origin,

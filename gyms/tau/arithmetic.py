@@ -65,6 +65,7 @@ def parse(expression: str) -> ast.expr:
         tree = compile(expression.lstrip(" \t"), "<string>", "eval", ast.PyCF_ONLY_AST)
     except RecursionError as e:  # eval fails at the same depth, while compiling
         raise RecursionError("maximum recursion depth exceeded during compilation") from e
+    assert isinstance(tree, ast.Expression)  # mode "eval"
     return tree.body
 
 

@@ -11,6 +11,7 @@ step, and a truncated episode, gets 0. A simulator failure gives the fallback fe
 `info["user_sim_error"]` (TurnGym).
 """
 
+import functools
 import json
 from typing import Any
 
@@ -192,6 +193,6 @@ for _gym in (TauRetailGym, TauAirlineGym):
         _gym.name,
         config_field="tau",
         needs_user_sim=True,
-        tasks=lambda split, root, gym=_gym.name: domain_tasks(gym, split, root),
-        smoke=lambda gym=_gym.name: domain_smoke(gym),
+        tasks=functools.partial(domain_tasks, _gym.name),
+        smoke=functools.partial(domain_smoke, _gym.name),
     )(_gym)

@@ -124,9 +124,6 @@ class BaseTables:
         return self._hash
 
 
-_MISSING = object()
-
-
 class Table:
     """One table of an episode: reads fall through to the base; `edit` and `insert` write privately.
 
@@ -144,16 +141,16 @@ class Table:
 
     def __getitem__(self, key: str) -> Record:
         """The current record, read-only: use `edit` to change it."""
-        record = self._own.get(key, _MISSING)
-        return self._base[key] if record is _MISSING else record
+        record = self._own.get(key)
+        return self._base[key] if record is None else record
 
     def __len__(self) -> int:
         return len(self._base) + sum(1 for k in self._own if k not in self._base)
 
     def edit(self, key: str) -> Record:
         """The episode's private, mutable copy of a record (copied from the base on first edit)."""
-        record = self._own.get(key, _MISSING)
-        if record is _MISSING:
+        record = self._own.get(key)
+        if record is None:
             record = self._own[key] = _clone(self._base[key])
         return record
 

@@ -34,7 +34,7 @@ def tool_table(domain: str, fns: Iterable[ToolFn]) -> dict[str, ToolFn]:
     Python names a function with its module in some argument errors (a second `data`); the shared tools appear in
     both domains, under a different tau-bench module in each, hence copies.
     """
-    table = {}
+    table: dict[str, ToolFn] = {}
     for fn in fns:
         named = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
         named.__qualname__, named.__doc__, named.__kwdefaults__ = fn.__qualname__, fn.__doc__, fn.__kwdefaults__

@@ -1,0 +1,123 @@
+"""The import graph between the project's packages: no cycles, and Megatron stays inside `megatron/`.
+
+A package here is a subpackage of `userrl_megatron` (`userrl_megatron.trainer`, ...), a top-level module of it
+(`userrl_megatron.types`), or `gyms`. Every import counts, also those inside functions: a deferred import is
+still a dependency, only a later one.
+"""
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ROOTS = ("userrl_megatron", "gyms")
+MEGATRON_ONLY = ("megatron.core", "megatron.training", "transformer_engine")
+
+
+def _package(module: str) -> str | None:
+    """The package `module` belongs to (None: not the project's)."""
+    parts = module.split(".")
+    if parts[0] == "gyms":
+        return "gyms"
+    if parts[0] == "userrl_megatron":
+        return ".".join(parts[:2])  # the package's own __init__ and __main__ count as `userrl_megatron`
+    return None
+
+
+def _source_files() -> list[Path]:
+    return sorted(p for root in ROOTS for p in (REPO / root).rglob("*.py"))
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """Every absolute module `path` imports (for `from X import y`: X and X.y, as y may be a module)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, node.lineno))
+            found += [(f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def package_graph() -> dict[str, dict[str, list[str]]]:
+    """{package: {package it imports: ["file:line", ...]}}."""
+    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in _source_files():
+        source = _package(_module_of(path))
+        assert source is not None
+        for module, line in _imports(path):
+            target = _package(module)
+            if target and target != source:
+                where = f"{path.relative_to(REPO)}:{line}"
+                if where not in graph[source][target]:
+                    graph[source][target].append(where)
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The strongly connected components of more than one package (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, {}):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(set(graph) | {t for targets in graph.values() for t in targets}):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_cycle_between_packages() -> None:
+    graph = package_graph()
+    report = []
+    for component in cycles(graph):
+        edges = [
+            f"  {a} -> {b}: {', '.join(graph[a][b][:3])}" for a in component for b in component if b in graph.get(a, {})
+        ]
+        report.append(" <-> ".join(component) + "\n" + "\n".join(edges))
+    assert not report, "import cycles between packages:\n" + "\n".join(report)
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    graph = {"a": {"b": ["x:1"]}, "b": {"c": ["y:2"]}, "c": {"a": ["z:3"]}, "d": {"a": ["w:4"]}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b": ["x:1"]}, "b": {}}) == []
+
+
+def test_only_the_megatron_package_imports_megatron_core_or_transformer_engine() -> None:
+    outside = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in _source_files()
+        if not path.is_relative_to(REPO / "userrl_megatron" / "megatron")
+        for module, line in _imports(path)
+        if module.startswith(MEGATRON_ONLY)
+    ]
+    assert outside == []
