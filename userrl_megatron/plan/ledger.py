@@ -94,6 +94,22 @@ class LedgerActors:
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self, f"_{method}")(*args)
 
+    def save(self, path: str, extra_state: dict[str, Any], ckpt: Any, background: bool) -> None:
+        self._save(path, extra_state, ckpt, background)
+
+    def finish_save(self, wait: bool) -> bool:
+        return self._finish_save(wait)
+
+    def load(self, path: str, with_optimizer: bool = True) -> dict[str, Any]:
+        raise NotImplementedError("the plan starts fresh (checkpoint.resume=disable): nothing is loaded")
+
+    def load_weights(self, path: str) -> None:
+        raise NotImplementedError("the plan starts fresh (checkpoint.resume=disable): nothing is loaded")
+
+    def export_hf(self, out_dir: str) -> str | None:
+        self._export_hf(out_dir)
+        return None
+
     def _offload(self, weights: bool = True) -> None:
         labels = ACTOR_STATE if weights else ACTOR_STATE[1:]
         for label in labels:

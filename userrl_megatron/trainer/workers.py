@@ -342,6 +342,21 @@ class ActorGroup:
         with blocking_heartbeat(lambda: f"actor: {method} still running"):
             return self._get([getattr(w, method).remote(*refs) for w in self.workers])[0]
 
+    def save(self, path: str, extra_state: dict[str, Any], ckpt: CheckpointConfig, background: bool) -> None:
+        return self.call("save", path, extra_state, ckpt, background)
+
+    def finish_save(self, wait: bool) -> bool:
+        return self.call("finish_save", wait)
+
+    def load(self, path: str, with_optimizer: bool = True) -> dict[str, Any]:
+        return self.call("load", path, with_optimizer)
+
+    def load_weights(self, path: str) -> None:
+        return self.call("load_weights", path)
+
+    def export_hf(self, out_dir: str) -> str | None:
+        return self.call("export_hf", out_dir)
+
     def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str, method: str) -> list[str]:
         """One weight sender per pipeline stage, created stage after stage (engines join their groups in order)."""
         names = []
