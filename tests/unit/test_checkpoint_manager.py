@@ -224,3 +224,17 @@ def test_restore_relogs_a_step_its_log_missed_and_a_background_save_commits(tmp_
     manager.commit(wait=True)
     assert manager.saving is None
     assert actors.calls[-2:] == [("save", str(run.checkpoint(3))), ("finish_save", "True")]
+
+
+def test_importing_the_megatron_package_has_no_side_effect() -> None:
+    import subprocess
+    import sys
+
+    from userrl_megatron.megatron.cpu import PAGED_STASH_MODULE
+
+    code = (
+        "import sys, userrl_megatron.megatron, userrl_megatron.megatron.checkpoint_files\n"
+        f"print({PAGED_STASH_MODULE!r} in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)
+    assert out.stdout.split() == ["False", "False"]
