@@ -5,11 +5,14 @@ from pathlib import Path
 
 import pytest
 
+from userrl_megatron.megatron.cpu import stub_missing_kernels
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("USERRL_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+stub_missing_kernels()  # tests import Megatron's modules in this process: megatron.core importable without triton
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

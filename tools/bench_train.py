@@ -113,7 +113,7 @@ def gpu_peak(dtype: str) -> tuple[float | None, str]:
 
 
 def _bench_rank(rank: int, world: int, port: int, args: dict) -> dict:
-    from userrl_megatron.megatron import parallel
+    from userrl_megatron.megatron import parallel  # run_local stubbed what megatron.core needs without triton
 
     cfg = MegatronConfig(
         tensor_model_parallel_size=args["tp"],

@@ -36,7 +36,9 @@ def phase_environment(smoke: Smoke, r: Record) -> None:
     import torch
     import transformers
 
-    from userrl_megatron.megatron import parallel  # noqa: F401  (installs the CPU support megatron.core needs)
+    from userrl_megatron.megatron.cpu import stub_missing_kernels
+
+    stub_missing_kernels()  # megatron.core importable without triton, as in every actor rank
 
     megatron_version = dist_version("megatron-core")
     figures = {

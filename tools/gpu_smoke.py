@@ -286,9 +286,11 @@ def build_actor(model: Any, smoke: Smoke) -> Any:
     """A `MegatronActor` as rank 0 of a world of one in this process (as tests/gpu and tests/distributed build it):
     `parallel.initialize` (NCCL on CUDA, gloo and the CPU support on CPU; again: a new layout, same group)."""
     from userrl_megatron.config.schema import AlgoConfig
-    from userrl_megatron.megatron import parallel
-    from userrl_megatron.megatron.actor import MegatronActor
+    from userrl_megatron.megatron import cpu, parallel
     from userrl_megatron.megatron.launch import free_port
+
+    cpu.stub_missing_kernels()  # megatron.core, imported with the actor, needs it without triton
+    from userrl_megatron.megatron.actor import MegatronActor
 
     if not smoke.port:
         smoke.port = free_port()

@@ -11,8 +11,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def make_batch() -> Callable:
-    import userrl_megatron.megatron  # noqa: F401  (before megatron.core, which the script imports)
-
     spec = importlib.util.spec_from_file_location("bench_train", REPO / "tools" / "bench_train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

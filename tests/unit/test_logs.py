@@ -28,7 +28,8 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="TE installed: no such warnings")
 def test_megatron_import_warnings_are_filtered_on_cpu() -> None:
-    imports = "import userrl_megatron.megatron.optimizer, userrl_megatron.megatron.model\n"
+    imports = "from userrl_megatron.megatron.cpu import stub_missing_kernels\nstub_missing_kernels()\n"
+    imports += "import userrl_megatron.megatron.optimizer, userrl_megatron.megatron.model\n"
     noisy = run_python(imports)
     assert "Transformer Engine and Apex are not installed" in noisy.stderr  # what workers printed before
     quiet = run_python(

@@ -44,7 +44,7 @@ def test_initialize_picks_the_device_from_torchrun_or_from_the_spawned_ranks(mon
 )
 def test_rank_coordinates_are_megatrons(tp: int, pp: int, cp: int, ep: int, world: int) -> None:
     """The pure layout (what a dry actor rank reports) against Megatron's own rank generators."""
-    from megatron.core.parallel_state import RankGenerator  # importable: this module imported megatron.parallel
+    from megatron.core.parallel_state import RankGenerator  # importable: tests/conftest.py stubbed triton's module
 
     cfg = MegatronConfig(
         tensor_model_parallel_size=tp,

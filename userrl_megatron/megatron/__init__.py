@@ -1,8 +1,10 @@
 """The only package that imports megatron.core (and Transformer Engine, on GPU).
 
-On CPU, `parallel.initialize` (or `cpu.install`) redirects Megatron's CUDA calls to the CPU; importing this
-package only stubs the one triton-only module so that `import megatron.core` works without triton.
-Modules:
+Importing the package does nothing: the modules that use megatron.core import it themselves. Without triton (CPU
+installs) `import megatron.core` fails unless `cpu.stub_missing_kernels()` ran first in the process; the places
+that start Megatron code call it explicitly (an actor rank's `MegatronWorker.setup`, each rank of
+`launch.run_local`, the driver's `ActorGroup`), and on CPU `parallel.initialize` (`cpu.install`) redirects
+Megatron's CUDA calls to the CPU. Modules:
 
   cpu.py         CPU support (gloo, no CUDA): the few CUDA assumptions redirected to the CPU
   parallel.py    process setup: torch.distributed + Megatron's parallel groups; layout checks
@@ -21,7 +23,3 @@ Modules:
   conversion.py  hf2mcore / mcore2hf converters
   launch.py      run a function on N local ranks (spawned processes)
 """
-
-from userrl_megatron.megatron.cpu import stub_missing_kernels
-
-stub_missing_kernels()

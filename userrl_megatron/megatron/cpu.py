@@ -4,7 +4,7 @@ Used only when CUDA is absent (CI, laptops). `install()` (called by `parallel.in
 Megatron code runs in a process. A process that only unpickles tensors pickled by a Megatron process (a Ray
 driver) needs `import megatron.core` to work, because that import replaces torch's storage unpickler with one
 living in `megatron.core.safe_globals`; megatron-core 0.19 cannot be imported without triton (one MoE kernel
-module imports it at top level), so importing `userrl_megatron.megatron` is enough: it stubs that module.
+module imports it at top level), so such a process calls `stub_missing_kernels()` first: it stubs that module.
 
 What it does, and why each part is needed (see shared/docs/megatron_cpu.md for the measurements):
   * stubs `megatron.core.transformer.moe.ops.paged_stash` when triton is missing (MoE paged-stash kernels);

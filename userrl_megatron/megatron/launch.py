@@ -2,12 +2,15 @@
 
 `run_local(fn, world_size, *args)` calls `fn(rank, world_size, port, *args)` in `world_size` fresh
 processes (spawn context: Megatron must not be imported before the CPU support is installed) and returns
-every rank's result, in rank order. If any rank fails, the others are stopped and the failing rank's
-traceback is raised. Results cross a process boundary: return plain Python data or numpy arrays (tensors
-pickled in a process that imported megatron.core need megatron.core, and the CPU support, to unpickle).
+every rank's result, in rank order. Each rank stubs the triton-only module (`cpu.stub_missing_kernels`) before
+it unpickles `fn` and its arguments, so both may import megatron.core. If any rank fails, the others are
+stopped and the failing rank's traceback is raised. Results cross a process boundary: return plain Python data
+or numpy arrays (tensors pickled in a process that imported megatron.core need megatron.core, and the CPU
+support, to unpickle).
 """
 
 import os
+import pickle
 import queue
 import socket
 import time
@@ -29,15 +32,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, threads: int, args: tuple, out: Any) -> None:
+def _worker(call: bytes, rank: int, world_size: int, port: int, threads: int, out: Any) -> None:
+    """One rank: `call` is the pickled (fn, args), unpickled once megatron.core can be imported."""
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     import torch
 
+    from userrl_megatron.megatron.cpu import stub_missing_kernels
     from userrl_megatron.observability.noise import quiet_third_party
 
     quiet_third_party(on_gpu=torch.cuda.is_available())  # each rank would repeat Megatron's import warnings
+    stub_missing_kernels()  # before `fn`'s module, or a tensor among the arguments, imports megatron.core
     torch.set_num_threads(threads)
     try:
+        fn, args = pickle.loads(call)
         out.put((rank, True, fn(rank, world_size, port, *args)))
     except BaseException:
         out.put((rank, False, traceback.format_exc()))
@@ -55,8 +62,9 @@ def run_local(
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
+    call = pickle.dumps((fn, args))
     procs = [
-        ctx.Process(target=_worker, args=(fn, rank, world_size, port, threads, args, out), daemon=False)
+        ctx.Process(target=_worker, args=(call, rank, world_size, port, threads, out), daemon=False)
         for rank in range(world_size)
     ]
     for p in procs:

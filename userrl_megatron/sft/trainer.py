@@ -19,18 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from userrl_megatron.config import AlgoConfig, RootConfig, save_config
-from userrl_megatron.errors import RunError, UserError
-from userrl_megatron.megatron.checkpoint_files import (
-    EXTRA_FILE,
-    META_FILE,
-    CheckpointError,
-    checkpoints_newest_first,
-    newest_intact,
-    resolve,
-)
-from userrl_megatron.observability import Timers, Tracker, read_metrics
+from userrl_megatron.errors import UserError
+from userrl_megatron.observability import Timers, Tracker
 from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.chat import ChatTemplate
+from userrl_megatron.run.checkpoints import CheckpointManager
+from userrl_megatron.run.run_dir import RunDir
 from userrl_megatron.sft.batches import fingerprint, schedule, train_batch
 from userrl_megatron.sft.experts import EXPERT_PREFIX, expert_rows
 from userrl_megatron.sft.rows import Rejection, RowError, read_rows
@@ -143,6 +137,8 @@ class SFTTrainer:
         self.steps_per_epoch = [sum(1 for e, _ in self.plan if e == k) for k in range(cfg.sft.epochs)]
         self.fingerprint = fingerprint([(s.token_ids, s.loss_mask) for s in train.samples])
         self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=CONSOLE_KEYS)
+        self.run = RunDir(run_dir)
+        self.checkpoints = CheckpointManager(self.run, cfg.checkpoint, actors, self.tracker)
         self.progress = StepProgress(len(self.plan))
 
     @property
@@ -195,7 +191,7 @@ class SFTTrainer:
 
     def exported(self, step: int) -> bool:
         """The run's final HF export is written (or none is wanted)."""
-        return not self.cfg.checkpoint.save_hf or (self.run_dir / "hf" / f"step_{step}" / "config.json").is_file()
+        return not self.cfg.checkpoint.save_hf or self.run.exported(step)
 
     def validate(self) -> dict[str, float]:
         """Token NLL of the validation samples' assistant tokens under the current weights (no update)."""
@@ -210,7 +206,8 @@ class SFTTrainer:
         return {"val/loss": nll / max(tokens, 1.0), "val/tokens": tokens}
 
     def save(self, step: int, record: dict[str, float] | None = None) -> None:
-        """A checkpoint of the actor (RL's format) with the SFT position; a failed write stops the run."""
+        """A checkpoint of the actor (RL's format) with the SFT position, written before the next step; a failed
+        write stops the run."""
         state = {
             "kind": KIND,
             "step": step,
@@ -218,12 +215,7 @@ class SFTTrainer:
             "data": self.fingerprint,
             "record": record or {},
         }
-        path = self.run_dir / "checkpoints" / f"step_{step}"
-        ckpt = self.cfg.checkpoint
-        try:
-            self.actors.save(str(path), state, ckpt, False)  # written before the next step
-        except Exception as e:
-            raise RunError(f"saving checkpoint {path} failed: {e}") from e
+        self.checkpoints.save(step, state)
 
     def finish(self, step: int, saved: int, validated: bool) -> None:
         """After the last step: the validation loss (unless just measured), the checkpoint, the HF export."""
@@ -232,9 +224,7 @@ class SFTTrainer:
         if saved != step:
             self.save(step)
         if self.cfg.checkpoint.save_hf:
-            out = self.run_dir / "hf" / f"step_{step}"
-            self.actors.export_hf(str(out))
-            log.info("HF export: %s", out)
+            log.info("HF export: %s", self.checkpoints.export_hf(f"step_{step}"))
 
     def resume(self) -> int:
         """The step to continue after: the run's newest intact checkpoint (`checkpoint.resume: auto`), a named SFT
@@ -242,40 +232,19 @@ class SFTTrainer:
         source = self.cfg.checkpoint.resume
         if source == "disable":
             return 0
-        root = self.run_dir / "checkpoints" if source == "auto" else Path(source)
-        try:
-            candidates = checkpoints_newest_first(root)
-            if source != "auto" and not candidates and not (root / META_FILE).is_file():
-                raise RunError(f"checkpoint.resume = {source}: no checkpoint there")
-            path = newest_intact(candidates or ([] if source == "auto" else [root]))
-        except CheckpointError as e:
-            raise RunError(str(e)) from e
+        path = self.checkpoints.locate(source)
         if path is None:
             return 0
-        extra = checkpoint_extra(path)
+        extra = self.checkpoints.extra_state(path)
         if extra.get("kind") != KIND:
-            self.actors.load_weights(str(path))
+            self.checkpoints.load_weights(path)
             log.info("starting SFT from the weights of %s", path)
             return 0
-        if extra.get("data") != self.fingerprint or extra.get("total_steps") != self.total_steps:
-            raise RunError(
-                f"checkpoint {path} was trained on other data or another schedule (sft files, epochs, batch_tokens, "
-                "run.seed): use a new run.name, or checkpoint.resume=disable to start over"
-            )
-        self.actors.load(str(path))
-        step = int(extra["step"])
-        self.tracker.rewind(step)
-        logged = {r["step"] for r in read_metrics(self.run_dir / "metrics.jsonl")}
-        if extra.get("record") and step not in logged:
-            self.tracker.log(extra["record"], step)  # interrupted between its checkpoint and its log line
-        log.info("resumed from %s at step %d", path, step)
-        return step
-
-
-def checkpoint_extra(path: str | Path) -> dict[str, Any]:
-    """The extra state of a checkpoint (or of the one a `latest` pointer names); {} if it has none."""
-    file = resolve(path) / EXTRA_FILE
-    return json.loads(file.read_text()) if file.is_file() else {}
+        expected = {"data": self.fingerprint, "total_steps": self.total_steps}
+        remedy = "sft files, epochs, batch_tokens, run.seed: use a new run.name, or checkpoint.resume=disable to "
+        remedy += "start over"
+        self.checkpoints.check_data(path, extra, expected, remedy)
+        return int(self.checkpoints.restore(path)["step"])
 
 
 def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
@@ -287,9 +256,10 @@ def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
     from userrl_megatron.trainer.placement import create_placement, plan_bundles, start_ray
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    run = RunDir.of(cfg)
+    run_dir = run.root
     with RunLock(run_dir):
-        save_config(cfg, run_dir / "config.yaml")
+        save_config(cfg, run.config)
         started = time.perf_counter()
         chat = ChatTemplate.from_pretrained(resolve_model(cfg.model.path), cfg.model.tool_format)
         train = load_dataset(cfg, chat, cfg.sft.train_files, "train")

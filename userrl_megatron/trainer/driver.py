@@ -15,9 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,19 +24,12 @@ from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.errors import RunError
 from userrl_megatron.eval.training import write_step_evaluation
-from userrl_megatron.megatron.checkpoint_files import (
-    EXTRA_FILE,
-    META_FILE,
-    CheckpointError,
-    checkpoints_newest_first,
-    find_damage,
-    newest_intact,
-    resolve,
-)
-from userrl_megatron.observability import Timers, Tracker, read_metrics
+from userrl_megatron.observability import Timers, Tracker
 from userrl_megatron.observability.dumps import write_episodes
 from userrl_megatron.observability.progress import StepProgress
 from userrl_megatron.rollout.summary import is_infra_failure, rollout_metrics
+from userrl_megatron.run.checkpoints import CheckpointManager
+from userrl_megatron.run.run_dir import RunDir
 from userrl_megatron.trainer.batch import Prepared, bound_staleness, mini_batches, prepare_batch, trainable_part
 from userrl_megatron.trainer.components import Components, start_components
 from userrl_megatron.trainer.drills import Drills
@@ -71,12 +62,13 @@ class Trainer:
     def __init__(self, cfg: RootConfig, run_dir: Path, parts: Components) -> None:
         self.cfg, self.run_dir, self.parts = cfg, run_dir, parts
         self.drills = Drills(cfg.run.faults, parts.pool)  # `run.faults`: none in a normal run
+        self.run = RunDir(run_dir)
         self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=SUMMARY_KEYS)
+        self.checkpoints = CheckpointManager(self.run, cfg.checkpoint, parts.actors, self.tracker)
         self.best = float("-inf")
         self.progress = StepProgress(cfg.run.total_steps)  # `step N/total  elapsed  ETA` after each step
         self.infra_failed_steps = 0  # steps in a row lost mostly to the infrastructure
         self.started_from: Path | None = None  # the SFT checkpoint whose weights step 0 started from
-        self.saving: Path | None = None  # a checkpoint being written in the background
         self.version = 0  # weight version of the trainer's policy (the step of its last update)
         # one_step_off: the next step's rollout running in the background, and the task stream before its draw
         self.ahead: tuple[asyncio.Task[Rollout], dict[str, Any]] | None = None
@@ -98,7 +90,7 @@ class Trainer:
             step = self.resume()
             if (step > 0 or self.started_from) and cfg.sync.enabled:
                 await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
-        if step == 0 and cfg.eval.before_training and 0 not in self._logged_steps():
+        if step == 0 and cfg.eval.before_training and 0 not in self.run.logged_steps():
             self.tracker.log(await self.evaluate(0), 0)  # the initial policy's score: the "before" of the run
         self.version = step  # the trainer's weights: the step of their last update
         try:
@@ -153,7 +145,7 @@ class Trainer:
                 async with parts.handoff.actor_on_device():
                     self.save(step, metrics)
             metrics |= timers.pop()
-        self.commit_saves(wait=False)
+        self.checkpoints.commit(wait=False)
         self.tracker.log(metrics, step)  # after the checkpoint: a logged step is never trained twice
         self.progress.done(step)
         return step
@@ -250,41 +242,11 @@ class Trainer:
 
     def save(self, step: int, record: dict[str, float] | None = None) -> None:
         """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them).
-        With `checkpoint.async_save` the files are written while the run goes on (`commit_saves`). A failed
-        write leaves the previous checkpoint and `latest` as they were, and stops the run."""
+        With `checkpoint.async_save` the files are written while the run goes on (`CheckpointManager.commit`).
+        A failed write leaves the previous checkpoint and `latest` as they were, and stops the run."""
         tasks = self.ahead[1] if self.ahead is not None else self.parts.tasks.state()
         state = {"step": step, "tasks": tasks, "best": self.best, "record": record or {}}
-        path = self.run_dir / "checkpoints" / f"step_{step}"
-        ckpt = self.cfg.checkpoint
-        with self._checkpoint_failure(path):
-            self.parts.actors.save(str(path), state, ckpt, ckpt.async_save)
-        self.saving = path
-
-    def commit_saves(self, wait: bool) -> None:
-        """Commit the background save once every rank has written its files (`wait`: block until then)."""
-        if self.saving is not None:
-            with self._checkpoint_failure(self.saving):
-                if self.parts.actors.finish_save(wait):
-                    self.saving = None
-
-    @contextlib.contextmanager
-    def _checkpoint_failure(self, path: Path) -> Iterator[None]:
-        try:
-            yield
-        except Exception as e:
-            self.saving = None
-            try:
-                history = checkpoints_newest_first(path.parent)
-            except CheckpointError:
-                history = []  # the save's own failure is what to report
-            kept = next((p for p in history if find_damage(p) is None), None)
-            intact = f"{kept} is intact" if kept else "no earlier checkpoint exists"
-            # Steps logged while a background save was written run again after a resume: their lines go now.
-            self.tracker.rewind(json.loads((kept / EXTRA_FILE).read_text()).get("step", 0) if kept else 0)
-            free = shutil.disk_usage(path.parent).free / 2**20  # the writers often lose ENOSPC's message
-            raise RunError(
-                f"saving checkpoint {path} failed ({_root_cause(e)}; {free:.1f} MiB free there); {intact}"
-            ) from e
+        self.checkpoints.save(step, state, background=self.cfg.checkpoint.async_save)
 
     async def evaluate(self, step: int) -> dict[str, float]:
         """Episodes on the test tasks at the evaluation temperature; a new best score exports HF weights."""
@@ -292,15 +254,15 @@ class Trainer:
         started = time.perf_counter()
         groups = await self.parts.rollout(self.parts.eval_tasks, cfg.n_samples_per_prompt, cfg.temperature)
         metrics = rollout_metrics([e for g in groups for e in g.episodes], prefix="eval/")
-        write_step_evaluation(self.cfg, self.run_dir / "eval" / f"step_{step}", step, groups, started)
+        write_step_evaluation(self.cfg, self.run.evaluation(step), step, groups, started)
         score = metrics.get("eval/reward_mean", float("-inf"))
         if score > self.best:
             self.best = score
             if step == 0:
                 return metrics  # the initial policy is the model the run started from: nothing to export
             async with self.parts.handoff.actor_on_device():
-                self.parts.actors.export_hf(str(self.run_dir / "hf" / "best"))
-            (self.run_dir / "best.json").write_text(json.dumps({"step": step, "eval/reward_mean": score}))
+                self.checkpoints.export_hf("best")
+            self.run.best.write_text(json.dumps({"step": step, "eval/reward_mean": score}))
         return metrics
 
     def summarize(self, step: int, groups: list[EpisodeGroup], metrics: dict[str, float]) -> dict[str, float]:
@@ -311,70 +273,35 @@ class Trainer:
         every = self.cfg.logging.rollout_dump_every
         if every and step % every == 0:
             count = self.cfg.logging.rollout_dump_count
-            write_episodes(self.run_dir / "rollouts" / f"step_{step}.jsonl", episodes[:count], step=step)
+            write_episodes(self.run.rollouts(step), episodes[:count], step=step)
         return metrics
 
     def resume(self) -> int:
-        """Load the checkpoint `checkpoint.resume` names ("auto": the run's newest undamaged one); its step."""
+        """Load the checkpoint `checkpoint.resume` names ("auto": the run's newest undamaged one); its step. An
+        SFT checkpoint gives step 0 its weights, until the run has checkpoints of its own."""
         source = self.cfg.checkpoint.resume
         if source == "disable":
             return 0
         if source != "auto" and is_sft_checkpoint(source):
-            if not self._history(self.run_dir / "checkpoints"):
+            if not self.checkpoints.history():
                 return self.start_from(Path(source))
             source = "auto"  # the run has its own checkpoints since it started from the SFT weights
             log.info("checkpoint.resume names an SFT checkpoint, but the run has its own: resuming from those")
-        path = self._resume_point(source)
+        path = self.checkpoints.locate(source)
         if path is None:
             return 0
-        state = self.parts.actors.load(str(path), self.cfg.checkpoint.load_optimizer)
+        state = self.checkpoints.restore(path, self.cfg.checkpoint.load_optimizer)
         self.parts.tasks.restore(state["tasks"])
         self.best = state.get("best", float("-inf"))
-        step = int(state["step"])
-        self.tracker.rewind(step)  # steps after an older checkpoint run again: their old lines go
-        if state.get("record") and step not in self._logged_steps():
-            self.tracker.log(state["record"], step)  # interrupted between its checkpoint and its log line
-        log.info("resumed from %s at step %d", path, step)
-        return step
-
-    def _resume_point(self, source: str) -> Path | None:
-        """The newest undamaged checkpoint of the run's history (`source` "auto") or of what `source` names; each
-        damaged one skipped is logged. None: nothing to resume."""
-        if source == "auto":
-            candidates = self._history(self.run_dir / "checkpoints")
-        else:
-            candidates = self._history(Path(source))
-            if not candidates and not (Path(source) / META_FILE).is_file():
-                raise RunError(f"checkpoint.resume = {source}: no checkpoint there")
-            candidates = candidates or [Path(source)]
-        try:
-            return newest_intact(candidates)
-        except CheckpointError as e:
-            raise RunError(str(e)) from e
-
-    @staticmethod
-    def _history(root: Path) -> list[Path]:
-        """`checkpoints_newest_first`, a `latest` pointer outside `root` stopping the run."""
-        try:
-            return checkpoints_newest_first(root)
-        except CheckpointError as e:
-            raise RunError(str(e)) from e
+        return int(state["step"])
 
     def start_from(self, path: Path) -> int:
         """Step 0 from the weights of an SFT checkpoint (`userrl sft`): its model only; the RL optimizer, schedule
         and task stream start fresh."""
-        damage = find_damage(resolve(path))
-        if damage is not None:
-            raise RunError(f"checkpoint.resume = {path}: the SFT checkpoint is damaged ({damage})")
-        self.parts.actors.load_weights(str(resolve(path)))
-        self.started_from = resolve(path)
+        self.started_from = self.checkpoints.load_weights(path)
         self.tracker.rewind(0)  # an earlier attempt that saved no checkpoint: its steps run again
         log.info("starting RL from the weights of SFT checkpoint %s", self.started_from)
         return 0
-
-    def _logged_steps(self) -> set[int]:
-        path = self.run_dir / "metrics.jsonl"
-        return {r["step"] for r in read_metrics(path)} if path.is_file() else set()
 
     async def finish(self, step: int) -> None:
         """Save the final checkpoint (unless just saved) and export HF weights."""
@@ -382,30 +309,23 @@ class Trainer:
         every = self.cfg.checkpoint.every_steps
         if step > 0 and not (every and step % every == 0):
             self.save(step)  # its metrics are already logged
-        self.commit_saves(wait=True)
+        self.checkpoints.commit(wait=True)
         if self.cfg.checkpoint.save_hf and step > 0:
-            self.parts.actors.export_hf(str(self.run_dir / "hf" / f"step_{step}"))
+            self.checkpoints.export_hf(f"step_{step}")
         self.tracker.close()
 
 
 def train(cfg: RootConfig) -> Path:
     """Run (or resume) the training run `cfg` describes; returns its run directory. One run per directory."""
     cfg = resolve_config(cfg)  # the config that runs is the one saved
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    run = RunDir.of(cfg)
+    run_dir = run.root
 
     async def main() -> None:
         async with start_components(cfg, run_dir) as parts:
             await Trainer(cfg, run_dir, parts).fit()
 
     with RunLock(run_dir):
-        save_config(cfg, run_dir / "config.yaml")
+        save_config(cfg, run.config)
         asyncio.run(main())
     return run_dir
-
-
-def _root_cause(error: BaseException) -> str:
-    """The innermost error's type and first line (a Ray task error wraps the rank's own)."""
-    while isinstance(inner := getattr(error, "cause", None) or error.__cause__, BaseException) and inner is not error:
-        error = inner
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"

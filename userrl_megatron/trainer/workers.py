@@ -101,7 +101,9 @@ class MegatronWorker:
         if spec.dry:
             self.launch = self._dry_launch(master_addr, master_port)
             return {k: self.launch.parallel[k] for k in ("tp_rank", "pp_rank", "dp_rank", "pp")}
-        from userrl_megatron.megatron import parallel
+        from userrl_megatron.megatron import cpu, parallel
+
+        cpu.stub_missing_kernels()  # megatron.core, imported next, needs it without triton
         from userrl_megatron.megatron.actor import MegatronActor
 
         layout = parallel.initialize(
@@ -308,6 +310,9 @@ class ActorGroup:
     def __init__(self, placement: Any, spec: WorkerSpec, env: dict[str, str] | None = None) -> None:
         import ray
 
+        from userrl_megatron.megatron.cpu import stub_missing_kernels
+
+        stub_missing_kernels()  # a tensor pickled by a rank names megatron.core: this process must import it
         m = spec.megatron
         self.world_size = m.nnodes * m.devices_per_node
         remote = ray.remote(MegatronWorker)
