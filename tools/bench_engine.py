@@ -53,9 +53,9 @@ async def main(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
     from userrl_megatron.config.schema import EmbeddedServerConfig
+    from userrl_megatron.fleet.engine import SGLangClient
+    from userrl_megatron.fleet.launch import launch_embedded
     from userrl_megatron.model_store import resolve_model
-    from userrl_megatron.rollout.engine import SGLangClient
-    from userrl_megatron.rollout.launch import launch_embedded
 
     path = str(resolve_model(args.model))
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -88,7 +88,7 @@ def bench_model(name: str, concurrency: list[int], episodes_per_slot: int, args:
     from userrl_megatron.config.schema import EmbeddedServerConfig, GymsConfig, RolloutConfig
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
-    from userrl_megatron.rollout.server.local import LocalEngine
+    from userrl_megatron.server.local import LocalEngine
 
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = _model_dir(name, Path(scratch))

@@ -271,8 +271,8 @@ def phase_offload(smoke: Smoke, r: Record) -> None:
 
 def phase_engine_start(smoke: Smoke, r: Record) -> None:
     from userrl_megatron.config.schema import EmbeddedServerConfig
+    from userrl_megatron.fleet.launch import launch_embedded
     from userrl_megatron.megatron.launch import free_port
-    from userrl_megatron.rollout.launch import launch_embedded
 
     cfg = EmbeddedServerConfig(
         device=smoke.device,

@@ -184,7 +184,7 @@ class Smoke:
         self.arch: Any = None
         self.plan: dict[str, int] | None = None
         self.actor: Any = None  # megatron.actor.MegatronActor: rank 0 of a world of one, in this process
-        self.server: Any = None  # rollout.launch.ServerProcess
+        self.server: Any = None  # fleet.launch.ServerProcess
         self.synced: bool | None = None
         self.port = 0
 
@@ -264,7 +264,7 @@ class Smoke:
         return self.actor.compute_logprobs(TrainBatch(seqs, [], []))
 
     def client(self) -> Any:
-        from userrl_megatron.rollout.engine import SGLangClient
+        from userrl_megatron.fleet.engine import SGLangClient
 
         return SGLangClient(self.server.url, timeout_s=300)
 

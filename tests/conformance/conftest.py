@@ -16,10 +16,10 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.servers import free_port, push_weights
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
+from userrl_megatron.fleet.engine import SGLangClient
+from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
+from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, launch_sglang
 from userrl_megatron.model_store import resolve_model
-from userrl_megatron.rollout.engine import SGLangClient
-from userrl_megatron.rollout.launch import ServerProcess, launch_embedded
-from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON, launch_sglang
 
 # Start-up took 60-110 s on 2 cores at load 12-16 (docs/benchmarks.md): the bound is for a hung server only.
 SGLANG_CPU = SGLangConfig(max_total_tokens=16384, startup_timeout_s=1200)

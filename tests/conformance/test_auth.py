@@ -1,5 +1,5 @@
 """API keys, against both backends started with one (the embedded server with `--api-key-env`, real SGLang
-0.5.23 with `--api-key` handed over by `rollout/key_entry.py`), as the rollout pool starts them: every route of
+0.5.23 with `--api-key` handed over by `fleet/key_entry.py`), as the rollout pool starts them: every route of
 the embedded server answers 401 without the key or with a wrong one (SGLang checks before routing, so its
 answer to the same paths is the same), health stays public, nothing changed the weights, the key opens every
 route, and it shows neither in the process table nor in the server's log."""
@@ -19,11 +19,11 @@ from tests.conformance.conftest import SGLANG_CPU
 from tests.support.servers import free_port, http_call
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.engine import EngineError, SGLangClient
-from userrl_megatron.rollout.launch import ServerProcess, launch_embedded
-from userrl_megatron.rollout.server.core import EngineCore
-from userrl_megatron.rollout.server.http import build_app
-from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON, launch_sglang
+from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
+from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, launch_sglang
+from userrl_megatron.server.core import EngineCore
+from userrl_megatron.server.http import build_app
 from userrl_megatron.types import SamplingParams
 
 WATCHED = ("model.norm.weight", "model.layers.0.self_attn.q_proj.weight")

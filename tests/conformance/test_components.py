@@ -97,7 +97,7 @@ def test_memory_tag_errors(engine: Engine) -> None:
     `test_colocated_sequence` runs the trainer's sequence against SGLang without killing it)."""
     if engine.backend == "sglang":
         pytest.skip("SGLang 0.5.23 dies on resuming a held tag (KeyError); the sequence above never does it")
-    from userrl_megatron.rollout.engine import EngineError, SGLangClient
+    from userrl_megatron.fleet.engine import EngineError, SGLangClient
 
     async def go() -> None:
         async with SGLangClient(engine.url) as client:

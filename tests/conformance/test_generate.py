@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from tests.conformance.conftest import Engine
 from tests.support.engine_ref import hf_greedy, hf_logprobs
-from userrl_megatron.rollout.engine import SGLangClient
+from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.types import SamplingParams
 
 QUESTION = "What is the capital of France?"

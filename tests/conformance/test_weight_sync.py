@@ -14,7 +14,7 @@ from tests.conformance.test_generate import chat_ids
 from tests.support.engine_ref import hf_greedy
 from tests.support.servers import free_port, push_weights
 from userrl_megatron.config.schema import SyncConfig
-from userrl_megatron.rollout.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.engine import EngineError, SGLangClient
 from userrl_megatron.sync.sender import EngineEndpoint, UnknownWeightNameError, WeightSender, WeightUpdateRefusedError
 from userrl_megatron.types import SamplingParams
 

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from userrl_megatron.config.schema import RunConfig
-from userrl_megatron.trainer.placement import start_ray
+from userrl_megatron.fleet.placement import start_ray
 
 
 @pytest.fixture(scope="module")

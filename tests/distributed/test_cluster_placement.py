@@ -18,7 +18,7 @@ import pytest
 
 from userrl_megatron.config import load_config
 from userrl_megatron.errors import UserError
-from userrl_megatron.rollout.sglang import KEY_ENTRY
+from userrl_megatron.fleet.sglang import KEY_ENTRY
 from userrl_megatron.trainer.dry_run import BringUp, bring_up, simulated_cluster
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -67,7 +67,7 @@ def played(out: Path) -> list[tuple[Any, ...]]:
 
 def test_eval_on_the_pool_and_from_a_running_engine(ray_cluster: object, chatty: Path, tmp_path: Path) -> None:
     from userrl_megatron.config.schema import EmbeddedServerConfig
-    from userrl_megatron.rollout.launch import launch_embedded
+    from userrl_megatron.fleet.launch import launch_embedded
 
     pool_out = tmp_path / "pool"
     assert main(["eval", "--model", str(chatty), "--out", str(pool_out), *SETTINGS]) == 0

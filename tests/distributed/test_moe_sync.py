@@ -14,8 +14,8 @@ from tests.support.distributed import build_actor, init_world, megatron_config, 
 from tests.support.servers import free_port
 from tests.support.tiny_models import MOE_FAMILY, make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig, SyncConfig
-from userrl_megatron.rollout.engine import SGLangClient
-from userrl_megatron.rollout.launch import launch_embedded
+from userrl_megatron.fleet.engine import SGLangClient
+from userrl_megatron.fleet.launch import launch_embedded
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed

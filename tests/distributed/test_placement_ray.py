@@ -1,7 +1,7 @@
 import pytest
 
 from userrl_megatron.config import MegatronConfig, RolloutConfig
-from userrl_megatron.trainer.placement import plan_bundles
+from userrl_megatron.fleet.placement import plan_bundles
 
 
 @pytest.mark.distributed
@@ -9,7 +9,7 @@ def test_ray_placement_pins_actors_to_their_bundles() -> None:
     import ray
 
     from userrl_megatron.config import RunConfig
-    from userrl_megatron.trainer.placement import create_placement, start_ray
+    from userrl_megatron.fleet.placement import create_placement, start_ray
 
     start_ray(RunConfig(), num_cpus=3)
     try:
@@ -48,7 +48,7 @@ def test_a_run_never_attaches_to_a_cluster_it_was_not_given(tmp_path, monkeypatc
     import ray
 
     from userrl_megatron.config import RunConfig
-    from userrl_megatron.trainer.placement import start_ray
+    from userrl_megatron.fleet.placement import start_ray
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,10 +18,10 @@ from transformers import AutoModelForCausalLM
 from gyms.base import Gym, StepResult
 from tests.support.chatty import check_logprobs, function_task, make_chatty_model
 from userrl_megatron.config.schema import EmbeddedServerConfig, GymsConfig, MegatronConfig, RolloutConfig
+from userrl_megatron.fleet.placement import create_placement, plan_bundles
+from userrl_megatron.fleet.pool import EngineSession, RolloutPool
 from userrl_megatron.rollout.chat import ChatTemplate
 from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
-from userrl_megatron.rollout.pool import EngineSession, RolloutPool
-from userrl_megatron.trainer.placement import create_placement, plan_bundles
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed
@@ -145,7 +145,7 @@ def test_health_tells_slow_from_wedged_and_dead(placement: object, chatty: Path,
     """Slow (alive, progress within the stall timeout) is left alone; wedged (answers, no progress, the
     generation probe does not pass) and dead (process gone) are restarted; with no engine left the pool is
     exhausted and fails at once."""
-    from userrl_megatron.rollout.engine import EngineError
+    from userrl_megatron.fleet.engine import EngineError
 
     cfg = pool_config(engine_stall_timeout_s=600.0, engine_max_restarts=1)
     chat = ChatTemplate.from_pretrained(chatty, "tags")

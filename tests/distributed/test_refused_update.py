@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from tests.support.tiny_models import make_tiny_model
 from tests.support.trainer_side import StateDictActors
 from userrl_megatron.config import load_config
-from userrl_megatron.rollout.pool import RolloutPool
+from userrl_megatron.fleet.pool import RolloutPool
 from userrl_megatron.trainer.components import Components
 
 pytestmark = pytest.mark.distributed

@@ -10,10 +10,10 @@ import pytest
 
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig
-from userrl_megatron.rollout.engine import EngineError, SGLangClient
-from userrl_megatron.rollout.pool import RolloutPool
-from userrl_megatron.rollout.router import list_workers
-from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON
+from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.pool import RolloutPool
+from userrl_megatron.fleet.router import list_workers
+from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed

@@ -64,7 +64,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def engine_routing(model_dir: Path, seq: list[int]) -> np.ndarray:
     """int32 [len(seq), layers x top_k]: the experts the embedded engine's routers choose for each position."""
-    from userrl_megatron.rollout.server.model import EngineModel
+    from userrl_megatron.server.model import EngineModel
 
     model = EngineModel(model_dir)
     _, routed = model.forward(torch.tensor([seq]), torch.arange(len(seq))[None], None, routing=True)

@@ -11,9 +11,9 @@ import pytest
 
 from tests.support.tiny_models import make_tiny_model
 from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, tiny_run, train_command
+from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV
+from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON
 from userrl_megatron.observability import read_metrics
-from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV
-from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

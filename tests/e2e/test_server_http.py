@@ -24,8 +24,8 @@ from tests.support.payloads import plain_pickle
 from tests.support.servers import free_port, http_call, push_weights
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.engine import EngineError, SGLangClient
-from userrl_megatron.rollout.launch import ServerProcess, launch_embedded
+from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed
@@ -333,7 +333,7 @@ def test_server_exits_when_its_launcher_dies(models: tuple[Path, Path]) -> None:
     code = (
         "import os\n"
         "from userrl_megatron.config.schema import EmbeddedServerConfig\n"
-        "from userrl_megatron.rollout.launch import launch_embedded\n"
+        "from userrl_megatron.fleet.launch import launch_embedded\n"
         f"server = launch_embedded({str(models[0])!r}, EmbeddedServerConfig(device='cpu'), {port})\n"
         "print(server.process.pid, flush=True)\n"
         "os._exit(0)\n"  # die without stopping the server

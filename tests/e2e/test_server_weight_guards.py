@@ -22,8 +22,8 @@ from tests.support.payloads import plain_pickle
 from tests.support.servers import free_port
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.launch import ServerProcess, launch_embedded
-from userrl_megatron.rollout.server.core import EngineCore
+from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
+from userrl_megatron.server.core import EngineCore
 
 pytestmark = pytest.mark.distributed
 

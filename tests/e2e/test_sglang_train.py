@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, train_command
+from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON
 from userrl_megatron.observability import read_metrics
-from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

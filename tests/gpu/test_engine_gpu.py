@@ -15,9 +15,9 @@ from tests.support.engine_ref import hf_greedy, hf_logprobs
 from tests.support.fake_cuda import FakeCuda
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.server.local import LocalEngine
-from userrl_megatron.rollout.server.sampling import parse_sampling_params
-from userrl_megatron.rollout.server.scheduler import Request
+from userrl_megatron.server.local import LocalEngine
+from userrl_megatron.server.sampling import parse_sampling_params
+from userrl_megatron.server.scheduler import Request
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.gpu

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from userrl_megatron.rollout.engine import SGLangClient
+from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.sync.bucket import dtype_name, pack_bucket
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 

@@ -5,8 +5,8 @@ import pytest
 from userrl_megatron.config import load_config
 from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import SGLangConfig
-from userrl_megatron.rollout.router import router_command
-from userrl_megatron.rollout.sglang import KEY_ENTRY
+from userrl_megatron.fleet.router import router_command
+from userrl_megatron.fleet.sglang import KEY_ENTRY
 
 
 @pytest.mark.parametrize(

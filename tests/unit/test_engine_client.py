@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from userrl_megatron.rollout.engine import EngineError, RolloutEngine, SGLangClient
-from userrl_megatron.rollout.server.protocol import contract_error
+from userrl_megatron.fleet.engine import EngineError, RolloutEngine, SGLangClient
+from userrl_megatron.server.protocol import contract_error
 from userrl_megatron.types import SamplingParams
 
 REPLY = {

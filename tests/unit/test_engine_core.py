@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM
 from tests.support.engine_ref import hf_greedy, hf_logprobs
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.engine import EngineError, RolloutEngine
-from userrl_megatron.rollout.server.local import LocalEngine
-from userrl_megatron.rollout.server.sampling import SamplingSpec, parse_sampling_params
-from userrl_megatron.rollout.server.scheduler import Request
+from userrl_megatron.fleet.engine import EngineError, RolloutEngine
+from userrl_megatron.server.local import LocalEngine
+from userrl_megatron.server.sampling import SamplingSpec, parse_sampling_params
+from userrl_megatron.server.scheduler import Request
 from userrl_megatron.types import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)

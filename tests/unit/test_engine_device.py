@@ -14,9 +14,9 @@ from torch.overrides import TorchFunctionMode
 from tests.support.fake_cuda import CUDA, FakeCuda
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.server.local import LocalEngine
-from userrl_megatron.rollout.server.sampling import parse_sampling_params
-from userrl_megatron.rollout.server.scheduler import Request
+from userrl_megatron.server.local import LocalEngine
+from userrl_megatron.server.sampling import parse_sampling_params
+from userrl_megatron.server.scheduler import Request
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"

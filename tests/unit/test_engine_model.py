@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.support.tiny_models import make_tiny_model
-from userrl_megatron.rollout.server.model import EngineModel
+from userrl_megatron.server.model import EngineModel
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.tiny_models import MOE_FAMILY, make_tiny_model
 from userrl_megatron.convert.hf_io import HFWeights
-from userrl_megatron.rollout.server.model import EngineModel
+from userrl_megatron.server.model import EngineModel
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,12 @@ from transformers import AutoModelForCausalLM
 from tests.support.servers import free_port
 from tests.support.tiny_models import MOE_FAMILY, make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.engine import EngineError
-from userrl_megatron.rollout.launch import launch_embedded
-from userrl_megatron.rollout.server.core import EngineCore
-from userrl_megatron.rollout.server.model import EngineModel
-from userrl_megatron.rollout.server.protocol import generate_response, parse_generate
-from userrl_megatron.rollout.server.scheduler import Request
+from userrl_megatron.fleet.engine import EngineError
+from userrl_megatron.fleet.launch import launch_embedded
+from userrl_megatron.server.core import EngineCore
+from userrl_megatron.server.model import EngineModel
+from userrl_megatron.server.protocol import generate_response, parse_generate
+from userrl_megatron.server.scheduler import Request
 
 LAYERS, TOP_K = 4, 2
 
@@ -140,14 +140,14 @@ def test_the_flag_needs_a_moe_model(tmp_path: Path) -> None:
 
 
 def _spec(max_new_tokens: int) -> Any:
-    from userrl_megatron.rollout.server.sampling import parse_sampling_params
+    from userrl_megatron.server.sampling import parse_sampling_params
 
     return parse_sampling_params({"max_new_tokens": max_new_tokens, "temperature": 0.0}, 256)
 
 
 def test_clients_decode_the_routing(moe_dir: Path, hf: torch.nn.Module, tmp_path: Path) -> None:
-    from userrl_megatron.rollout.engine import SGLangClient
-    from userrl_megatron.rollout.server.local import LocalEngine
+    from userrl_megatron.fleet.engine import SGLangClient
+    from userrl_megatron.server.local import LocalEngine
     from userrl_megatron.types import SamplingParams
 
     prompt, sampling = [5, 6, 7, 8, 200, 13, 40], SamplingParams(max_new_tokens=5, temperature=0.0)
@@ -175,7 +175,7 @@ def test_clients_decode_the_routing(moe_dir: Path, hf: torch.nn.Module, tmp_path
 
 
 async def _plain_local(moe_dir: Path, prompt: list[int], sampling: Any) -> Any:
-    from userrl_megatron.rollout.server.local import LocalEngine
+    from userrl_megatron.server.local import LocalEngine
 
     local = LocalEngine.launch(str(moe_dir), EmbeddedServerConfig(device="cpu"))
     try:
@@ -193,7 +193,7 @@ def test_episode_accumulates_the_routing_turn_by_turn(tmp_path: Path) -> None:
     from userrl_megatron.config.schema import RolloutConfig
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner
-    from userrl_megatron.rollout.server.local import LocalEngine
+    from userrl_megatron.server.local import LocalEngine
 
     model_dir = make_chatty_model(tmp_path / "chatty_moe", eos_scale=1.0, family=MOE_FAMILY, seed=2)
     chat = ChatTemplate.from_pretrained(model_dir, "tags")

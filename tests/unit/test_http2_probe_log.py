@@ -7,7 +7,7 @@ import logging
 import pytest
 from aiohttp import web
 
-from userrl_megatron.rollout.server.http import HTTP2_PROBE_FILTER
+from userrl_megatron.server.http import HTTP2_PROBE_FILTER
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 MALFORMED = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n"

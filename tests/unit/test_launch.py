@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
-from userrl_megatron.rollout.engine import EngineError
-from userrl_megatron.rollout.launch import embedded_launch, embedded_server_command, launch_server
-from userrl_megatron.rollout.sglang import (
+from userrl_megatron.fleet.engine import EngineError
+from userrl_megatron.fleet.launch import embedded_launch, embedded_server_command, launch_server
+from userrl_megatron.fleet.sglang import (
     KEY_ENTRY,
     SGLANG_VENV_PYTHON,
     NodeSpan,
@@ -188,7 +188,7 @@ def test_engine_threads_share_the_cores_unless_set() -> None:
     """Ray gives an actor holding one CPU OMP_NUM_THREADS=1, which the engine would inherit: the launch names
     its threads, by default the machine's cores shared among the engines."""
     from userrl_megatron.config.schema import RolloutConfig
-    from userrl_megatron.rollout.pool import engine_threads
+    from userrl_megatron.fleet.pool import engine_threads
 
     cores = os.cpu_count() or 1
     assert engine_threads(RolloutConfig(num_engines=1)) == cores
@@ -217,13 +217,13 @@ def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path) -
 def test_watched_command_stops_when_its_launcher_is_gone() -> None:
     import subprocess
 
-    from userrl_megatron.rollout.launch import watched
+    from userrl_megatron.fleet.launch import watched
 
     launcher = subprocess.Popen(["sleep", "1"])
     server = subprocess.Popen(watched(["sleep", "600"], launcher.pid), start_new_session=True)
     launcher.wait()  # gone (and reaped)
     assert server.wait(timeout=60) == 128 + 15  # the server got SIGTERM from the watchdog, which reports it
-    assert watched(["x"], 7)[1:] == ["-m", "userrl_megatron.rollout.watchdog", "7", "--", "x"]
+    assert watched(["x"], 7)[1:] == ["-m", "userrl_megatron.fleet.watchdog", "7", "--", "x"]
 
 
 def test_serve_sglang_reports_a_server_that_does_not_start(tmp_path: Path) -> None:

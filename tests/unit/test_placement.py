@@ -1,7 +1,7 @@
 import pytest
 
 from userrl_megatron.config import MegatronConfig, RolloutConfig
-from userrl_megatron.trainer.placement import (
+from userrl_megatron.fleet.placement import (
     COLOCATED_ACTOR_SHARE,
     COLOCATED_ENGINE_SHARE,
     BundlePlan,

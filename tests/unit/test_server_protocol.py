@@ -5,13 +5,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from userrl_megatron.rollout.server.protocol import (
+from userrl_megatron.server.protocol import (
     SAMPLING_FIELDS,
     check_logprob_fields,
     contract_error,
     parse_generate,
 )
-from userrl_megatron.rollout.server.sampling import SampleRow, parse_sampling_params, sample
+from userrl_megatron.server.sampling import SampleRow, parse_sampling_params, sample
 from userrl_megatron.types import SamplingParams
 
 VOCAB = 50

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from userrl_megatron.rollout.sglang import SGLANG_VENV_PYTHON, sglang_env
+from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, sglang_env
 
 CHECK = """
 import importlib.metadata as md, torch, torchvision, sgl_kernel

@@ -247,7 +247,7 @@ class _NameEngine:
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         import asyncio
 
-        from userrl_megatron.rollout.engine import EngineError
+        from userrl_megatron.fleet.engine import EngineError
 
         if self.hang:
             await asyncio.Event().wait()

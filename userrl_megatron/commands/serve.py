@@ -17,8 +17,8 @@ def _serve(args: argparse.Namespace) -> int:
     from userrl_megatron.config.schema import EmbeddedServerConfig
     from userrl_megatron.errors import UserError
     from userrl_megatron.model_store import resolve_model
-    from userrl_megatron.rollout.server.core import EngineCore
-    from userrl_megatron.rollout.server.http import serve
+    from userrl_megatron.server.core import EngineCore
+    from userrl_megatron.server.http import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from userrl_megatron.observability.noise import quiet_third_party
@@ -77,10 +77,10 @@ def _serve_sglang(args: argparse.Namespace) -> int:
 
     from userrl_megatron.config.schema import SGLangConfig
     from userrl_megatron.errors import UserError
+    from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV
+    from userrl_megatron.fleet.engine import EngineError
+    from userrl_megatron.fleet.sglang import launch_sglang
     from userrl_megatron.model_store import resolve_model
-    from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV
-    from userrl_megatron.rollout.engine import EngineError
-    from userrl_megatron.rollout.sglang import launch_sglang
 
     cfg = SGLangConfig()
     overrides = {"host": args.host, "python": args.sglang_python, "max_total_tokens": args.max_total_tokens}
@@ -110,7 +110,7 @@ def _api_key(args: argparse.Namespace, host: str) -> str:
 
     from userrl_megatron.config.env_names import env_name_problem
     from userrl_megatron.errors import UserError
-    from userrl_megatron.rollout.launch import is_loopback
+    from userrl_megatron.fleet.launch import is_loopback
 
     if args.api_key_env:
         if problem := env_name_problem("--api-key-env", args.api_key_env):

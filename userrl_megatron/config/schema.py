@@ -16,6 +16,7 @@ from gyms.config import (
     TelepathyGymConfig,
     TravelGymConfig,
     TurtleGymConfig,
+    UserSimConfig,
 )
 
 
@@ -155,24 +156,6 @@ class GymsConfig:
     travel: TravelGymConfig = field(default_factory=TravelGymConfig)  # TravelGym and its scenario generator
     turtle: TurtleGymConfig = field(default_factory=TurtleGymConfig)  # TurtleGym
     echo: EchoGymConfig = field(default_factory=EchoGymConfig)  # EchoGym, the toy gym of the learning test
-
-
-@dataclass
-class UserSimConfig:
-    base_url: str = "http://127.0.0.1:8000/v1"  # OpenAI-compatible endpoint of the user simulator / judge LLM
-    model: str = "gpt-4o"  # model name sent to the endpoint
-    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the API key ("none": a server without auth)
-    temperature: float = 0.0  # sampling temperature of simulator calls
-    max_tokens: int = 2048  # completion limit of one simulator call
-    timeout_s: float = 30.0  # per-call timeout
-    max_retries: int = 4  # retries after a timeout, 429 or 5xx before the call counts as failed
-    backoff_s: float = 1.0  # first retry delay; doubles each retry, with jitter
-    backoff_max_s: float = 30.0  # longest retry delay
-    max_concurrency: int = 64  # simulator calls in flight at once
-    cache_dir: str = ""  # on-disk response cache keyed by the request; empty disables it
-    disable_thinking: bool = False  # send chat_template_kwargs.enable_thinking=false (Qwen3 on vLLM/SGLang)
-    http_backend: str = "aiohttp"  # HTTP transport of the openai client: "aiohttp" (fast when busy) or "httpx"
-    max_reply_chars: int = 100_000  # longer replies (thinking included) are a failed call, not episode text
 
 
 @dataclass

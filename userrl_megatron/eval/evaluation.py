@@ -130,7 +130,7 @@ async def policy_identity(cfg: RootConfig, model_dir: Path | None) -> dict[str, 
         return api_identity(cfg.eval)
     tokenizer = {"tokenizer": cfg.model.path, "tool_format": cfg.model.tool_format}
     if cfg.eval.engine_url:
-        from userrl_megatron.rollout.engine import EngineError, SGLangClient
+        from userrl_megatron.fleet.engine import EngineError, SGLangClient
 
         async with SGLangClient(cfg.eval.engine_url, timeout_s=30.0, api_key=engine_url_key(cfg)) as client:
             try:
@@ -181,13 +181,13 @@ async def open_policy(
     assert model_dir is not None
     runner = EpisodeRunner(rollout, ChatTemplate.from_pretrained(model_dir, cfg.model.tool_format), make_gym)
     if cfg.eval.engine_url:
-        from userrl_megatron.rollout.engine import SGLangClient
+        from userrl_megatron.fleet.engine import SGLangClient
 
         key = engine_url_key(cfg)
         async with SGLangClient(cfg.eval.engine_url, timeout_s=rollout.request_timeout_s, api_key=key) as client:
             yield TokenPolicy(runner, lambda _: client, identity, rollout.max_concurrent_episodes)
         return
-    from userrl_megatron.rollout.standalone import standalone_pool
+    from userrl_megatron.fleet.standalone import standalone_pool
 
     async with standalone_pool(cfg, str(model_dir), log_dir) as pool:
         yield TokenPolicy(runner, pool.session, identity, pool.concurrency)
@@ -211,7 +211,7 @@ async def evaluate(cfg: RootConfig, out_dir: Path) -> dict[str, Any]:
     """Run (or resume) the evaluation `cfg` describes into `out_dir`; returns the results (also results.json)."""
     from gyms import config_for
     from gyms.base import gym_spec
-    from userrl_megatron.rollout.standalone import user_simulator
+    from userrl_megatron.fleet.standalone import user_simulator
 
     tasks = eval_tasks(cfg)
     if not tasks:

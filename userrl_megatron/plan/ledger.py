@@ -210,7 +210,7 @@ class LedgerClient:
 
 
 class LedgerPool:
-    """The engine pool (`rollout.pool.RolloutPool`): engine e on devices `devices[e]`."""
+    """The engine pool (`fleet.pool.RolloutPool`): engine e on devices `devices[e]`."""
 
     def __init__(self, ledger: Ledger, memory: EngineMemory, rollout: Any, devices: list[list[int]]) -> None:
         self.ledger, self.memory, self.rollout, self.engine_devices = ledger, memory, rollout, devices

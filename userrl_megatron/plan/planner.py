@@ -77,7 +77,7 @@ class MemoryPlan:
 
 def plan_run(cfg: RootConfig) -> MemoryPlan:
     """The memory plan of `cfg` on GPUs of `plan.device_memory_gb` (see the module docstring)."""
-    from userrl_megatron.trainer.placement import plan_bundles
+    from userrl_megatron.fleet.placement import plan_bundles
 
     cfg = resolve_config(cfg)  # as the run does before it starts
 

@@ -1,1 +1,1 @@
-"""Rollout: multi-turn episodes in token space, engine servers and their client, the Ray engine pool."""
+"""Rollout: multi-turn episodes in token space against the engines (the agent loop), their statistics."""

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 from gyms.base import Gym
 from gyms.tools import ToolCallError, text_to_action
 from userrl_megatron.config.schema import GymsConfig, RolloutConfig
+from userrl_megatron.fleet.engine import Generation
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
 from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
-from userrl_megatron.rollout.engine import Generation
 from userrl_megatron.types import Episode, EpisodeGroup, FinishReason, Message, Role, SamplingParams, Task, Turn
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ import json
 from typing import Any
 
 from userrl_megatron.config.schema import GymsConfig, RolloutConfig
+from userrl_megatron.fleet.engine import Generation
 from userrl_megatron.rollout.chat import ChatTemplate
-from userrl_megatron.rollout.engine import Generation
 from userrl_megatron.sft.rows import SFTRow
 from userrl_megatron.types import Episode, SamplingParams, Task
 

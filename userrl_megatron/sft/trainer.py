@@ -252,8 +252,8 @@ def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
     import ray
     import torch
 
+    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
     from userrl_megatron.model_store import resolve_model
-    from userrl_megatron.trainer.placement import create_placement, plan_bundles, start_ray
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
     run = RunDir.of(cfg)

@@ -432,6 +432,6 @@ async def _construct(factory: Callable[[str], Any], url: str) -> Any:
 
 
 def _default_client(url: str, api_key: str = "") -> Any:
-    from userrl_megatron.rollout.engine import SGLangClient
+    from userrl_megatron.fleet.engine import SGLangClient
 
     return SGLangClient(url, api_key=api_key)

@@ -9,7 +9,7 @@ rank naming that memory. The engine copies the tensors into its weights and answ
 memory dropped (on CPU the shared-memory file disappears with it). One bucket is in flight while the next is packed.
 
 Which memory an engine TP rank maps: engine TP rank j of an engine whose first device is d sits on device d + j;
-actor rank r sits on device r (`trainer/placement.py`). When that actor rank belongs to the stage (whatever its TP,
+actor rank r sits on device r (`fleet/placement.py`). When that actor rank belongs to the stage (whatever its TP,
 DP or CP rank), it packs its own copy of every bucket (the export all-gathers the shards) and the engine rank maps
 memory on its own GPU (with one pipeline stage no handle crosses nodes); otherwise it maps the stage source
 rank's copy. At each bucket boundary the stage's ranks gather their payloads on the source rank, which posts one

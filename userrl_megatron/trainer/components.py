@@ -86,11 +86,11 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     from gyms.base import gym_spec
     from userrl_megatron.data import load_tasks
     from userrl_megatron.eval.evaluation import eval_tasks as load_eval_tasks
+    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.model_store import resolve_model
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
-    from userrl_megatron.rollout.pool import RolloutPool
-    from userrl_megatron.trainer.placement import create_placement, plan_bundles, start_ray
     from userrl_megatron.trainer.task_stream import TaskStream
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 

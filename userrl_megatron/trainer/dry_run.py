@@ -3,7 +3,7 @@ simulated-cluster tests.
 
 `bring_up(cfg)` runs the trainer's own start-up on the Ray cluster this process is connected to, up to the point
 where every process is placed: the placement group (`placement.create_placement`), one `MegatronWorker` per
-actor rank (`workers.ActorGroup`), the engines' `EngineServer`s (`rollout.pool.RolloutPool`, followers of
+actor rank (`workers.ActorGroup`), the engines' `EngineServer`s (`fleet.pool.RolloutPool`, followers of
 multi-node engines and the router included) and the weight-sync groups (`weight_sync.WeightSync.connect`). The
 workers and engine servers run dry (`WorkerSpec.dry`, `EngineLaunch.dry`): the same code until they would
 initialise torch.distributed and CUDA or launch a server, where they record what they would run instead.
@@ -24,9 +24,9 @@ from typing import Any
 
 from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import RootConfig
-from userrl_megatron.rollout.launch import ProcessLaunch
-from userrl_megatron.rollout.pool import EngineProcess
-from userrl_megatron.trainer.placement import Placement, plan_bundles
+from userrl_megatron.fleet.launch import ProcessLaunch
+from userrl_megatron.fleet.placement import Placement, plan_bundles
+from userrl_megatron.fleet.pool import EngineProcess
 from userrl_megatron.trainer.workers import RankLaunch, SyncRole
 from userrl_megatron.types import EpisodeGroup, SamplingParams, Task
 
@@ -106,7 +106,7 @@ def bring_up(cfg: RootConfig) -> BringUp:
     placed is removed again before this returns. A layout that cannot be placed raises a UserError (one line)."""
     from ray.util import remove_placement_group
 
-    from userrl_megatron.trainer.placement import create_placement
+    from userrl_megatron.fleet.placement import create_placement
 
     placement = create_placement(plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True), RESERVE_TIMEOUT_S)
     try:
@@ -117,7 +117,7 @@ def bring_up(cfg: RootConfig) -> BringUp:
 
 async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
     """The dry part of `trainer.components.start_components`: actor ranks, engines, weight-sync groups."""
-    from userrl_megatron.rollout.pool import RolloutPool
+    from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.trainer.components import Components
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 

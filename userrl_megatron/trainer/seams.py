@@ -1,7 +1,7 @@
 """The typed seams between the trainer and the parts it drives: the actor ranks, the engine pool, the episode
 runner and the task stream.
 
-`trainer.workers.ActorGroup`, `rollout.pool.RolloutPool`, `rollout.episode.EpisodeRunner` and
+`trainer.workers.ActorGroup`, `fleet.pool.RolloutPool`, `rollout.episode.EpisodeRunner` and
 `trainer.task_stream.TaskStream` meet them in a run; the planner's ledger stand-ins (`plan/ledger.py`) meet them
 in `userrl plan`, so the same choreography (`trainer.components`, `trainer.driver`) runs on either. The type
 checker holds both sides to these signatures.

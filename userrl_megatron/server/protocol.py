@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from userrl_megatron.rollout.server.model import EngineModel
-from userrl_megatron.rollout.server.sampling import MAX_N
-from userrl_megatron.rollout.server.scheduler import Request
+from userrl_megatron.server.model import EngineModel
+from userrl_megatron.server.sampling import MAX_N
+from userrl_megatron.server.scheduler import Request
 
 # SGLang 0.5.23 `sglang.api.v1.SamplingParams` fields, in its order (the contract lists them in errors).
 SAMPLING_FIELDS = (

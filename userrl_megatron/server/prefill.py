@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
-from userrl_megatron.rollout.server.model import EngineModel
+from userrl_megatron.server.model import EngineModel
 
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys and values [kv_heads, length, head_dim]
 

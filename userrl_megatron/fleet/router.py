@@ -18,10 +18,10 @@ import urllib.request
 from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
-from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV, key_handover
-from userrl_megatron.rollout.engine import EngineError
-from userrl_megatron.rollout.launch import ProcessLaunch, ServerProcess, run_launch
-from userrl_megatron.rollout.sglang import KEY_ENTRY, sglang_python
+from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, key_handover
+from userrl_megatron.fleet.engine import EngineError
+from userrl_megatron.fleet.launch import ProcessLaunch, ServerProcess, run_launch
+from userrl_megatron.fleet.sglang import KEY_ENTRY, sglang_python
 
 ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")
 

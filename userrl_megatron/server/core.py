@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.server.model import EngineModel
-from userrl_megatron.rollout.server.sampling import parse_sampling_params
-from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request, Scheduler, engine_failed
-from userrl_megatron.rollout.server.threads import DaemonPool, start_daemon, wait_bounded
-from userrl_megatron.rollout.server.weights import receive_weights
+from userrl_megatron.server.model import EngineModel
+from userrl_megatron.server.sampling import parse_sampling_params
+from userrl_megatron.server.scheduler import PAUSE_MODES, Request, Scheduler, engine_failed
+from userrl_megatron.server.threads import DaemonPool, start_daemon, wait_bounded
+from userrl_megatron.server.weights import receive_weights
 from userrl_megatron.sync.bucket import FlatBuffer
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.sync.handles import decode_payload

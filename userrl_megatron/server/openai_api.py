@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from userrl_megatron.rollout.server.core import EngineCore, call_soon
-from userrl_megatron.rollout.server.http import (
+from userrl_megatron.server.core import EngineCore, call_soon
+from userrl_megatron.server.http import (
     CORE_KEY,
     REQUIRED,
     BadRequestError,
@@ -24,9 +24,9 @@ from userrl_megatron.rollout.server.http import (
     make_request,
     read_json,
 )
-from userrl_megatron.rollout.server.protocol import GenerateItem, check_prompt_chars, output_text
-from userrl_megatron.rollout.server.sampling import MAX_N
-from userrl_megatron.rollout.server.scheduler import Request
+from userrl_megatron.server.protocol import GenerateItem, check_prompt_chars, output_text
+from userrl_megatron.server.sampling import MAX_N
+from userrl_megatron.server.scheduler import Request
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 MAX_TOP_LOGPROBS = 20  # OpenAI's range of chat top_logprobs

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
-from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV, key_handover
-from userrl_megatron.rollout.launch import ProcessLaunch, ServerProcess, connect_host, run_launch, start_process
+from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, key_handover
+from userrl_megatron.fleet.launch import ProcessLaunch, ServerProcess, connect_host, run_launch, start_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VENV_PYTHON = PROJECT_ROOT / ".venv-sglang" / "bin" / "python"

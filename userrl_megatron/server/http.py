@@ -15,17 +15,17 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from userrl_megatron.rollout.auth import bearer_matches, is_public
-from userrl_megatron.rollout.server.core import EngineCore, call_soon
-from userrl_megatron.rollout.server.protocol import (
+from userrl_megatron.fleet.auth import bearer_matches, is_public
+from userrl_megatron.server.core import EngineCore, call_soon
+from userrl_megatron.server.protocol import (
     GenerateItem,
     check_logprob_fields,
     contract_error,
     generate_response,
     parse_generate,
 )
-from userrl_megatron.rollout.server.sampling import parse_sampling_params
-from userrl_megatron.rollout.server.scheduler import PAUSE_MODES, Request
+from userrl_megatron.server.sampling import parse_sampling_params
+from userrl_megatron.server.scheduler import PAUSE_MODES, Request
 from userrl_megatron.sync.handles import is_base64
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ async def auth_middleware(request: web.Request, handler: Callable) -> web.Stream
 
 def build_app(core: EngineCore, api_key: str = "") -> web.Application:
     """The aiohttp application serving the native API and the OpenAI routes (requiring `api_key` if given)."""
-    from userrl_megatron.rollout.server.openai_api import add_openai_routes
+    from userrl_megatron.server.openai_api import add_openai_routes
 
     app = web.Application(
         middlewares=[auth_middleware, bad_request_middleware], client_max_size=core.cfg.max_request_bytes

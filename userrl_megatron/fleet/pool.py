@@ -30,10 +30,10 @@ import ray
 from ray.exceptions import RayActorError
 
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, SGLangConfig
+from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, run_api_key
+from userrl_megatron.fleet.engine import EngineError, Generation, SGLangClient
+from userrl_megatron.fleet.launch import ProcessLaunch
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
-from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV, run_api_key
-from userrl_megatron.rollout.engine import EngineError, Generation, SGLangClient
-from userrl_megatron.rollout.launch import ProcessLaunch
 from userrl_megatron.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -82,14 +82,14 @@ class EngineServer:
 
     def __init__(self, launch: EngineLaunch) -> None:
         self.launch = launch
-        self.server: Any = None  # userrl_megatron.rollout.launch.ServerProcess
+        self.server: Any = None  # userrl_megatron.fleet.launch.ServerProcess
         self.followers: list[Any] = []  # Ray handles of the other nodes' EngineServers (node rank 0 only)
         self.started: list[EngineProcess] = []  # dry: what each start would have run, followers included
 
     def start(self, dist_init_addr: str = "") -> str:
         """Launch the server (node rank 0: the followers first) and wait until it is healthy; returns its URL
         ("" on a follower, which serves nothing and is not waited for)."""
-        from userrl_megatron.rollout.launch import run_launch
+        from userrl_megatron.fleet.launch import run_launch
 
         spec = self.launch
         if spec.nnodes > 1 and spec.node_rank == 0:
@@ -110,8 +110,8 @@ class EngineServer:
 
     def _process(self, port: int, dist_init_addr: str) -> ProcessLaunch:
         """What this process runs: the server's command line, environment and URL."""
-        from userrl_megatron.rollout.launch import embedded_launch
-        from userrl_megatron.rollout.sglang import NodeSpan, resolve_device, sglang_launch
+        from userrl_megatron.fleet.launch import embedded_launch
+        from userrl_megatron.fleet.sglang import NodeSpan, resolve_device, sglang_launch
 
         spec = self.launch
         ip = ray.util.get_node_ip_address()
@@ -203,7 +203,7 @@ class RolloutPool:
         self.cfg = cfg
         self.model_path = model_path
         self.dtype = dtype
-        self.placement = placement  # userrl_megatron.trainer.placement.Placement, or None
+        self.placement = placement  # userrl_megatron.fleet.placement.Placement, or None
         self.log_dir = Path(log_dir) if log_dir else None
         self.on_restart = on_restart
         self.engines: list[Engine] = []
@@ -273,7 +273,7 @@ class RolloutPool:
 
     async def _start_router(self, urls: list[str]) -> None:
         """sglang-router in front of the engines: generation goes through it, control calls do not."""
-        from userrl_megatron.rollout.router import launch_router, router_launch
+        from userrl_megatron.fleet.router import launch_router, router_launch
 
         log_path = self.log_dir / "router.log" if self.log_dir else None
         key, key_env = self.api_key, self.cfg.api_key_env
@@ -290,7 +290,7 @@ class RolloutPool:
 
     async def _reroute(self, old_url: str, new_url: str) -> None:
         """A restarted engine has a new URL: swap it in the router's worker list."""
-        from userrl_megatron.rollout.router import replace_worker
+        from userrl_megatron.fleet.router import replace_worker
 
         if self.router is not None:
             await asyncio.to_thread(replace_worker, self.router.url, old_url, new_url, self.api_key)
@@ -430,7 +430,7 @@ class RolloutPool:
     def _check_reachable(self, index: int, slot: Any) -> None:
         """An engine on another node than the driver's must listen on an address the driver can reach."""
         from userrl_megatron.errors import UserError
-        from userrl_megatron.rollout.launch import is_loopback
+        from userrl_megatron.fleet.launch import is_loopback
 
         backend = self.cfg.backend
         host = self.cfg.sglang.host if backend == "sglang" else self.cfg.embedded.host

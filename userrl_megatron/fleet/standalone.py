@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from userrl_megatron.config.schema import RootConfig
-    from userrl_megatron.rollout.pool import RolloutPool
+    from userrl_megatron.fleet.pool import RolloutPool
 
 
 @contextlib.asynccontextmanager
@@ -22,8 +22,8 @@ async def standalone_pool(cfg: "RootConfig", model_dir: str, log_dir: Path) -> A
     """The engine pool of `cfg.rollout` serving `model_dir`, started and, on exit, stopped."""
     import torch
 
-    from userrl_megatron.rollout.pool import RolloutPool
-    from userrl_megatron.trainer.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.fleet.pool import RolloutPool
 
     start_ray(cfg.run, num_cpus=max(os.cpu_count() or 1, cfg.rollout.num_engines))
     engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.rollout.auth import DEFAULT_KEY_ENV, key_handover
-from userrl_megatron.rollout.engine import HEALTH_PROBE_S, EngineError
+from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, key_handover
+from userrl_megatron.fleet.engine import HEALTH_PROBE_S, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class ProcessLaunch:
     env: dict[str, str]
     url: str
     health_path: str = HEALTH_PATH
-    watch: bool = False  # run under `rollout/watchdog.py` (`watched`): stopped when its launcher is gone
+    watch: bool = False  # run under `fleet/watchdog.py` (`watched`): stopped when its launcher is gone
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
 
@@ -71,9 +71,9 @@ class ServerProcess:
 
 
 def watched(command: list[str], parent_pid: int | None = None) -> list[str]:
-    """`command` run under `rollout/watchdog.py`: stopped when `parent_pid` (default: this process) is gone."""
+    """`command` run under `fleet/watchdog.py`: stopped when `parent_pid` (default: this process) is gone."""
     parent = os.getpid() if parent_pid is None else parent_pid
-    return [sys.executable, "-m", "userrl_megatron.rollout.watchdog", str(parent), "--", *command]
+    return [sys.executable, "-m", "userrl_megatron.fleet.watchdog", str(parent), "--", *command]
 
 
 def connect_host(host: str, node_ip: str = "127.0.0.1") -> str:

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from userrl_megatron.rollout.server.kv import BatchKV
-from userrl_megatron.rollout.server.model import EngineModel
-from userrl_megatron.rollout.server.prefill import PrefillRow, run_prefill
-from userrl_megatron.rollout.server.prefix import PrefixCache
-from userrl_megatron.rollout.server.sampling import Sampled, SampleRow, SamplingSpec, sample
+from userrl_megatron.server.kv import BatchKV
+from userrl_megatron.server.model import EngineModel
+from userrl_megatron.server.prefill import PrefillRow, run_prefill
+from userrl_megatron.server.prefix import PrefixCache
+from userrl_megatron.server.sampling import Sampled, SampleRow, SamplingSpec, sample
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""`python -m userrl_megatron.rollout.watchdog PARENT_PID -- COMMAND...`: run a server command that has no
+"""`python -m userrl_megatron.fleet.watchdog PARENT_PID -- COMMAND...`: run a server command that has no
 parent watch of its own (SGLang, sglang-router) and stop it when the process that launched it is gone.
 
 Without it, a trainer (or Ray actor) that dies leaves a real SGLang server running and holding its port; the next
@@ -29,7 +29,7 @@ def parent_alive(pid: int) -> bool:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m userrl_megatron.rollout.watchdog PARENT_PID -- COMMAND...", file=sys.stderr)
+        print("usage: python -m userrl_megatron.fleet.watchdog PARENT_PID -- COMMAND...", file=sys.stderr)
         return 2
     parent, command = int(argv[0]), argv[2:]
     server = subprocess.Popen(command)  # inherits this process group
