@@ -24,7 +24,8 @@ class StepResult:
     reward: float  # this turn's reward
     done: bool = False  # the episode ended (solved, finished, or failed for good)
     truncated: bool = False  # the step limit was reached
-    info: dict[str, Any] = field(default_factory=dict)  # e.g. {"user_sim_error": "..."} when the simulator failed
+    info: dict[str, Any] = field(default_factory=dict)  # what the gym knows about the step (solved, score, ...)
+    user_sim_error: str | None = None  # the user simulator failed for good on this step: the episode is not scored
 
     @property
     def ended(self) -> bool:
@@ -69,6 +70,7 @@ class GymSpec:
     name: str
     factory: GymFactory  # (task, config=None, user_sim=None) -> Gym; task: a task id, a record dict or a Task
     config_field: str  # attribute of GymsConfig holding this gym's typed config (gyms.config_for)
+    config_type: type | None = None  # a gym outside the schema: its settings' dataclass, read from gyms.plugins
     needs_user_sim: bool = False  # steps may call the user simulator
     userrl_env: str = ""  # UserRL `env_name` of its parquet rows ("FunctionGym"), for the mixtures
     tasks: Callable[[str, Path], list[Task]] | None = None  # (split, data_dir) -> the public-data tasks of a split
@@ -82,6 +84,7 @@ def register_gym(
     name: str,
     *,
     config_field: str | None = None,
+    config_type: type | None = None,
     needs_user_sim: bool = False,
     userrl_env: str = "",
     tasks: Callable[[str, Path], list[Task]] | None = None,
@@ -90,14 +93,16 @@ def register_gym(
     """Register a gym factory `(task, config=None, user_sim=None) -> Gym` under `name`.
 
     `config_field` names the GymsConfig attribute with the gym's config (default: `name`); gyms sharing one
-    config section (tau_retail, tau_airline -> tau) pass it explicitly.
+    config section (tau_retail, tau_airline -> tau) pass it explicitly. A gym whose config is not a field of
+    GymsConfig (a plug-in: one folder under `gyms/`) passes `config_type`, its settings' dataclass: its settings
+    are `gyms.plugins.<config_field>.<setting>` in the run config, checked against that dataclass.
     """
 
     def wrap(factory: GymFactory) -> GymFactory:
         if name in _REGISTRY:
             raise ValueError(f"gym {name!r} is already registered")
         _REGISTRY[name] = GymSpec(
-            name, factory, config_field or name, needs_user_sim, userrl_env, tasks=tasks, smoke=smoke
+            name, factory, config_field or name, config_type, needs_user_sim, userrl_env, tasks=tasks, smoke=smoke
         )
         return factory
 
@@ -136,4 +141,6 @@ def task_record(task: Any, lookup: Callable[[str], dict[str, Any]]) -> dict[str,
 
 
 def _import_builtin_gyms() -> None:
-    import gyms.catalog  # noqa: F401  (its imports register every built-in gym)
+    from gyms.catalog import import_gym_packages
+
+    import_gym_packages()

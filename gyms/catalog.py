@@ -1,11 +1,13 @@
-"""Imports every built-in gym so that its registration runs. Add new gyms here."""
+"""Finds the gyms: every subpackage of `gyms` is imported once, and importing a gym's package registers it
+(`register_gym`). A new gym is a new folder here; nothing else lists it."""
 
-import gyms.echo
-import gyms.function
-import gyms.intention
-import gyms.persuade
-import gyms.search
-import gyms.tau
-import gyms.telepathy
-import gyms.travel
-import gyms.turtle  # noqa: F401
+import importlib
+import pkgutil
+from pathlib import Path
+
+
+def import_gym_packages() -> None:
+    """Import every gym package under `gyms/` (in name order, so registration order is the same everywhere)."""
+    for module in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
+        if module.ispkg:
+            importlib.import_module(f"gyms.{module.name}")

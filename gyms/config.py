@@ -106,8 +106,22 @@ def config_for(name: str, gyms_cfg: Any, max_steps: int) -> Any:
     """Gym `name`'s typed config from the `gyms` section, with `max_steps` forced to the rollout's max turns."""
     from gyms.base import gym_spec
 
-    section = getattr(gyms_cfg, gym_spec(name).config_field)
-    return dataclasses.replace(section, max_steps=max_steps)
+    spec = gym_spec(name)
+    if spec.config_type is None:
+        return dataclasses.replace(getattr(gyms_cfg, spec.config_field), max_steps=max_steps)
+    return plugin_config(
+        spec.config_type, f"gyms.plugins.{spec.config_field}", gyms_cfg.plugins.get(spec.config_field, {}), max_steps
+    )
+
+
+def plugin_config(config_type: type, where: str, values: dict[str, Any], max_steps: int) -> Any:
+    """A plug-in gym's typed config from its `gyms.plugins` entry; ValueError naming a setting it does not have."""
+    fields = {f.name for f in dataclasses.fields(config_type)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"{where}: unknown setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
+    config = config_type(**values)
+    return dataclasses.replace(config, max_steps=max_steps) if "max_steps" in fields else config
 
 
 @dataclass

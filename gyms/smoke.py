@@ -99,8 +99,8 @@ async def run_episode(gym_name: str, episode: SmokeEpisode, user_sim: Any = None
         for action in episode.actions:
             result = await gym.step(action)
             rewards.append(result.reward)
-            if "user_sim_error" in result.info:
-                problem = f"user simulator error: {result.info['user_sim_error']}"
+            if result.user_sim_error is not None:
+                problem = f"user simulator error: {result.user_sim_error}"
             if result.ended:
                 end = "done" if result.done else "truncated"
                 break

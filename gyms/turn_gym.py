@@ -2,7 +2,7 @@
 
 A gym subclasses TurnGym and implements `act(tag, payload)` for one parsed action. TurnGym counts the step,
 marks truncation at `max_steps`, refuses steps after the end (with feedback, never an exception), and turns a
-UserSimError escaping `act` into the gym's fallback feedback with reward 0 and `info["user_sim_error"]`, so the
+UserSimError escaping `act` into the gym's fallback feedback with reward 0 and `StepResult.user_sim_error`, so the
 trainer can drop or mask the episode.
 """
 
@@ -50,7 +50,7 @@ class TurnGym:
         try:
             result = await self.act(tag, payload)
         except UserSimError as e:
-            result = StepResult(self.failure_feedback(tag, payload), 0.0, info={"user_sim_error": str(e)})
+            result = StepResult(self.failure_feedback(tag, payload), 0.0, user_sim_error=str(e))
         if not result.done and self.steps >= self.max_steps:
             result.truncated = True
         self.ended = result.ended

@@ -4,7 +4,7 @@ One UserSimulator serves every episode: calls are bounded by a semaphore, each h
 connection errors, 408/409/429/5xx, empty replies and (for `json=True`) replies without a JSON object are retried
 with exponential backoff and jitter; a reply longer than `max_reply_chars` fails at once (kind "too_long"). A call
 that still fails raises UserSimError; gyms then answer with their fallback feedback and mark
-`info["user_sim_error"]`, so nothing is silently scored. An optional on-disk cache
+`StepResult.user_sim_error`, so nothing is silently scored. An optional on-disk cache
 keyed by the request makes replays deterministic and debugging cheap. The API key comes from the environment
 variable the config names, never from the config itself.
 """

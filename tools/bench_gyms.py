@@ -125,7 +125,7 @@ async def _episodes(sim: Any, episodes: int, turns: int) -> list[float]:
         total = 0.0
         for _ in range(turns):
             result = await gym.step("[action] Is it bigger than a melon?")
-            assert "user_sim_error" not in result.info, result.info
+            assert result.user_sim_error is None, result.user_sim_error
             total += result.reward
         await gym.close()
         return total

@@ -8,7 +8,7 @@
 An episode ends when the customer says `###STOP###` or `transfer_to_human_agents` is called; that step carries
 tau-bench's binary reward (final DB hash equals the gold one, and every required output was said). Every other
 step, and a truncated episode, gets 0. A simulator failure gives the fallback feedback, reward 0 and
-`info["user_sim_error"]` (TurnGym).
+`StepResult.user_sim_error` (TurnGym).
 """
 
 import functools

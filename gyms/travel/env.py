@@ -107,7 +107,9 @@ class TravelGym(TurnGym):
             try:
                 return await self._search(payload)
             except UserSimError as e:
-                return self._say(payload, SEARCH_FAILED, 0.0, role="Database", info={"user_sim_error": str(e)})
+                failed = self._say(payload, SEARCH_FAILED, 0.0, role="Database")
+                failed.user_sim_error = str(e)
+                return failed
         if tag == "action":
             return await self._talk(payload)
         if tag == "answer":
@@ -201,7 +203,9 @@ class TravelGym(TurnGym):
                 )
                 reply = str(data["response"]).strip()
         except UserSimError as e:
-            return self._say(utterance, CANNOT_REPLY, 0.0, info={"user_sim_error": str(e)})
+            failed = self._say(utterance, CANNOT_REPLY, 0.0)
+            failed.user_sim_error = str(e)
+            return failed
         self.off_preference += 1
         return self._say(utterance, reply, 0.0, info={"utterance_type": kind})
 

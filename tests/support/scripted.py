@@ -100,6 +100,13 @@ class BarrierEngine:
         return reply
 
 
-def step(feedback: str, reward: float = 0.0, done: bool = False, truncated: bool = False, **info: Any) -> StepResult:
+def step(
+    feedback: str,
+    reward: float = 0.0,
+    done: bool = False,
+    truncated: bool = False,
+    user_sim_error: str | None = None,
+    **info: Any,
+) -> StepResult:
     """A StepResult, briefly."""
-    return StepResult(feedback, reward, done, truncated, dict(info))
+    return StepResult(feedback, reward, done, truncated, dict(info), user_sim_error)

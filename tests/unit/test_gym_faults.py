@@ -1,6 +1,6 @@
 """Fault injection for every LLM gym over real HTTP: 500, 429, timeouts, malformed JSON and empty replies are
-retried, then counted as failures; the step answers with the gym's fallback and `user_sim_error`, reward 0, and
-the episode goes on (the next step works)."""
+retried, then counted as failures; the step answers with the gym's fallback and `StepResult.user_sim_error`,
+reward 0, and the episode goes on (the next step works)."""
 
 import asyncio
 import json
@@ -95,8 +95,8 @@ def test_failed_simulator_calls_are_marked_and_the_episode_survives(gym_name: st
     assert failed.feedback == gym.failure_feedback(*gyms.parse_action(action))
     if gym_name == "search":  # UserRL's text for an answer its judge failed on
         assert failed.feedback == "Incorrect. Your answer 'Remus' is not correct."
-    assert json.dumps(failed.info["user_sim_error"]).startswith(f'"user simulator failed after {RETRIES + 1} attempts')
-    assert "user_sim_error" not in recovered.info
+    assert json.dumps(failed.user_sim_error).startswith(f'"user simulator failed after {RETRIES + 1} attempts')
+    assert recovered.user_sim_error is None
     metrics = sim.metrics()
     assert (metrics["failures"], metrics["retries"]) == (calls, calls * RETRIES)
     assert server.count == attempts + (2 if gym_name == "travel" else calls)  # travel: judge, then the reply

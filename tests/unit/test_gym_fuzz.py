@@ -274,7 +274,7 @@ def fingerprint(gym: Any) -> dict[str, Any]:
 
 def is_error(result: StepResult) -> bool:
     return (
-        "user_sim_error" in result.info
+        result.user_sim_error is not None
         or "search_error" in result.info
         or (result.reward == 0.0 and not result.done and result.feedback.startswith(ERROR_FEEDBACK))
     )
@@ -306,7 +306,7 @@ async def fuzz_gym(
             counts["errors"] += 1
             after, before = fingerprint(gym), dict(before)
             ignored = COUNTERS.get(name, set()) | (
-                SIM_ERROR_STATE.get(name, set()) if "user_sim_error" in result.info else set()
+                SIM_ERROR_STATE.get(name, set()) if result.user_sim_error is not None else set()
             )
             for key in ignored:
                 after.pop(key, None), before.pop(key, None)

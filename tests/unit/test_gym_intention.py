@@ -63,7 +63,7 @@ def test_coverage_replies_are_read_as_userrl_reads_them(server: OpenAIServer, ju
     server.rules = [when("You play a person", ANSWER), when("You judge", judgment)]
     (result,) = play_new("intention", RECORD, ["q"], user_sim=sim_for(server))
     assert result.info["covered"] == covered
-    assert "user_sim_error" not in result.info
+    assert result.user_sim_error is None
 
 
 def test_judge_sees_only_remaining_details_and_recent_history(server: OpenAIServer) -> None:
@@ -90,7 +90,7 @@ def test_multi_detail_penalty_floors_at_zero(server: OpenAIServer) -> None:
 def test_one_failed_call_scores_nothing_and_loses_nothing(server: OpenAIServer) -> None:
     server.rules = [when("You play a person", sequence(Fault(500), ANSWER)), when("You judge", covers(1))]
     first, second = play_new("intention", RECORD, ["q0", "q1"], user_sim=sim_for(server, max_retries=0))
-    assert (first.reward, first.info["user_sim_error"].startswith("user simulator failed after 1 attempts")) == (
+    assert (first.reward, first.user_sim_error.startswith("user simulator failed after 1 attempts")) == (
         0.0,
         True,
     )

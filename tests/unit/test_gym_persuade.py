@@ -61,7 +61,7 @@ def test_unknown_stance_is_a_simulator_error_and_changes_nothing(server: OpenAIS
     server.rules = [when("debate", sequence(said("Somewhat Agree"), said("Neutral")))]
     first, second = play_new("persuade", RECORD, ["[answer] a", "[answer] b"], user_sim=sim_for(server))
     assert (first.feedback, first.reward) == ("I'm having trouble understanding your argument right now.", 0.0)
-    assert first.info["user_sim_error"] == "persona stance 'Somewhat Agree' is not one of the 7 stances"
+    assert first.user_sim_error == "persona stance 'Somewhat Agree' is not one of the 7 stances"
     assert second.reward == 0.5  # measured from Strongly Agree: the bad reply did not move the stance
 
 
@@ -70,7 +70,7 @@ def test_a_stance_must_be_spelled_exactly_as_in_userrl(server: OpenAIServer, sta
     server.rules = [when("debate", said(stance))]
     (result,) = play_new("persuade", RECORD, ["[answer] a"], user_sim=sim_for(server))
     assert (result.reward, result.done) == (0.0, False)
-    assert result.info["user_sim_error"] == f"persona stance {stance!r} is not one of the 7 stances"
+    assert result.user_sim_error == f"persona stance {stance!r} is not one of the 7 stances"
 
 
 def test_finish_and_empty(server: OpenAIServer) -> None:

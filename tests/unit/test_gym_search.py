@@ -176,7 +176,7 @@ def test_a_judge_reply_without_reasoning_or_feedback_is_a_simulator_error(server
     server.rules = [when("You judge answers", '{"judgment": "Yes"}')]
     (result,) = play_new("search", RECORD, ["[answer] the first king"], user_sim=sim_for(server))
     assert (result.reward, result.done) == (0.0, False)
-    assert result.info["user_sim_error"].startswith("simulator reply lacks reasoning, feedback")
+    assert result.user_sim_error.startswith("simulator reply lacks reasoning, feedback")
 
 
 def test_the_judge_gets_userrls_token_limit(server: OpenAIServer) -> None:

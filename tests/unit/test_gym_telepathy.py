@@ -66,7 +66,7 @@ def test_judge_reply_without_judgment_is_a_simulator_error(server: OpenAIServer)
     sim = sim_for(server)
     first, second = play_new("telepathy", RECORD, ["[answer] kiwi", "[answer] kiwi"], user_sim=sim)
     assert (first.feedback, first.reward, first.done) == ("I cannot answer right now. Please try again.", 0.0, False)
-    assert first.info["user_sim_error"].startswith("simulator reply lacks judgment")
+    assert first.user_sim_error.startswith("simulator reply lacks judgment")
     assert (second.reward, second.done) == (1.0, True)
 
 
@@ -109,4 +109,4 @@ def test_guess_judgments_are_read_as_userrl_reads_them(server: OpenAIServer, rep
     if error is None:
         assert result.feedback == "ok" and result.info["correct"] is False
     else:
-        assert result.info["user_sim_error"].startswith(error)
+        assert result.user_sim_error.startswith(error)

@@ -97,7 +97,7 @@ def test_search_rewards_repeats_mismatches_and_planned_failures(server: OpenAISe
     # "True" for an aspect not in the trip (or for none): UserRL's failed assertion answers as a backend failure
     assert results[3].feedback == BACKEND
     assert results[3].info["search_aspect_not_in_trip"] == "restaurant"
-    assert "user_sim_error" not in results[3].info
+    assert results[3].user_sim_error is None
     assert results[4].feedback == (
         "You have provided the correct search request arguments. However, the arguments are not related to any of the "
         "ground truth search arguments. " + REFINE
@@ -118,7 +118,7 @@ def test_a_search_verdict_other_than_userrls_strings_fails_the_search(server: Op
     server.rules = [when("You check search requests", reply)]
     (result,) = run(server, ["[search] hotels in Rome"], retries=0)
     assert (result.feedback, result.reward) == (BACKEND, 0.0)
-    assert result.info["user_sim_error"] == f"search judge verdict {verdict!r} is not True, False or N/A"
+    assert result.user_sim_error == f"search judge verdict {verdict!r} is not True, False or N/A"
 
 
 def test_elicitation_types_and_volunteered_preference(server: OpenAIServer) -> None:
@@ -266,7 +266,7 @@ def test_judge_failures_are_marked_and_change_nothing(server: OpenAIServer) -> N
         when("agent just asked", said("Morning flights please.")),
     ]
     results = run(server, ["[search] q", "[search] q", "[action] a", "[action] a"], retries=0)
-    assert [bool(r.info.get("user_sim_error")) for r in results] == [True, False, True, False]
+    assert [bool(r.user_sim_error) for r in results] == [True, False, True, False]
     assert results[0].feedback == BACKEND
     assert results[2].feedback == CANNOT_REPLY
     assert [r.reward for r in results] == [0.0, 0.0, 0.0, 0.8]
@@ -297,4 +297,4 @@ def test_finish_summary_counts_asked_and_volunteered_preferences(server: OpenAIS
 def test_a_failed_reply_is_userrls_canned_text(server: OpenAIServer) -> None:
     server.rules = [when("You classify", typed("2", P[0])), when("agent just asked", "no json")]
     (result,) = run(server, ["[action] Which airline?"], retries=0)
-    assert (result.feedback, result.reward, bool(result.info.get("user_sim_error"))) == (CANNOT_REPLY, 0.0, True)
+    assert (result.feedback, result.reward, bool(result.user_sim_error)) == (CANNOT_REPLY, 0.0, True)

@@ -89,7 +89,7 @@ def test_malformed_grades_are_simulator_errors(server: OpenAIServer, reply: str,
     server.rules = [when("You grade", sequence(reply, grades(0.5, 0, 0)))]
     first, second = play_new("turtle", RECORD, ["[answer] a", "[answer] b"], user_sim=sim_for(server))
     assert (first.feedback, first.reward) == ("Feedback not available currently. Please try again.", 0.0)
-    assert first.info["user_sim_error"].startswith(problem)
+    assert first.user_sim_error.startswith(problem)
     assert second.reward == 0.1  # the failed grade did not move the best score
 
 

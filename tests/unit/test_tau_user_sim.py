@@ -97,7 +97,7 @@ def test_simulator_failure_gives_the_fallback_with_reward_0_and_is_flagged(share
         assert server.count == 2  # one retry, then the call failed for good
     failed = results[0]
     assert (failed.feedback, failed.reward, failed.done) == (TurnGym.fallback_feedback, 0.0, False)
-    assert "HTTP 500" in failed.info["user_sim_error"]
+    assert "HTTP 500" in failed.user_sim_error
     assert len(gym.customer.history) == 3  # the failed exchange left no trace in the customer's history
 
 
@@ -108,7 +108,7 @@ def test_a_recovered_simulator_continues_the_conversation(shared_data):
             "tau", "retail-000", ["[action] Hello?", "[action] Hello again?", "[action] Done."], server, shared_data
         )
         assert len(server.requests[-1]["messages"]) == 6  # system, greeting, opening, "Hello again?", reply, "Done."
-    assert "user_sim_error" in results[0].info
+    assert results[0].user_sim_error is not None
     assert results[1].feedback == "I want to exchange two items."
     assert (results[2].reward, results[2].done) == (0.0, True)  # the exchanges were never made: reward 0
     assert results[2].info["reward_info"]["r_actions"] == 0.0

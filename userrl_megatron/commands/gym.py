@@ -78,8 +78,8 @@ def _play(args: argparse.Namespace) -> int:
             result = await gym.step(line.strip())
             total += result.reward
             print(f"{result.feedback}\nReward: {result.reward}")
-            if result.info.get("user_sim_error"):
-                print(f"(user simulator error: {result.info['user_sim_error']})", file=sys.stderr)
+            if result.user_sim_error is not None:
+                print(f"(user simulator error: {result.user_sim_error})", file=sys.stderr)
             if result.ended:
                 print("The episode ended (" + ("done" if result.done else "step limit") + ").")
                 break

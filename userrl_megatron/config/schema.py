@@ -5,6 +5,7 @@ that no field lacks one. Defaults describe the embedded CPU quickstart; recipes 
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gyms.config import (
     EchoGymConfig,
@@ -156,6 +157,7 @@ class GymsConfig:
     travel: TravelGymConfig = field(default_factory=TravelGymConfig)  # TravelGym and its scenario generator
     turtle: TurtleGymConfig = field(default_factory=TurtleGymConfig)  # TurtleGym
     echo: EchoGymConfig = field(default_factory=EchoGymConfig)  # EchoGym, the toy gym of the learning test
+    plugins: dict[str, Any] = field(default_factory=dict)  # settings of gyms outside this schema: plugins.<gym>.<key>
 
 
 @dataclass

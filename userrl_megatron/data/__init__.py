@@ -36,13 +36,20 @@ PROCEDURAL_SOURCES: dict[str, Callable[[str, GymsConfig], list[Task]]] = {
 
 
 def load_tasks(sources: list[str], split: str, cfg: GymsConfig) -> list[Task]:
-    """The tasks of every source for `split`, concatenated in source order."""
+    """The tasks of every source for `split`, concatenated in source order. The settings of every gym they use are
+    checked here, before any work starts (a plug-in gym's `gyms.plugins` entry included)."""
+    from gyms import config_for
     from gyms.data import data_dir
 
     root = data_dir(cfg.data_dir)
     tasks: list[Task] = []
     for source in sources:
         tasks += _source_tasks(source, split, cfg, root)
+    for gym in sorted({t.gym for t in tasks}):
+        try:
+            config_for(gym, cfg, 1)
+        except (KeyError, ValueError, TypeError) as e:
+            raise UserError(str(e).strip("'\"")) from e
     return tasks
 
 

@@ -142,8 +142,8 @@ class ApiPolicy:
                 messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": turn.feedback})
             else:
                 messages.append({"role": "user", "content": turn.feedback})
-            if "user_sim_error" in result.info:
-                raise _End("user_sim_error", str(result.info["user_sim_error"]))
+            if result.user_sim_error is not None:
+                raise _End("user_sim_error", result.user_sim_error)
             if result.done:
                 raise _End("done")
             if result.truncated:

@@ -257,8 +257,8 @@ class EpisodeRunner:
             turn.feedback = "\n".join(m.content for m in replies)
             if result.info:
                 turn.info.setdefault("step_info", []).append(result.info)
-            if "user_sim_error" in result.info:
-                raise _EpisodeEnd("user_sim_error", str(result.info["user_sim_error"]))
+            if result.user_sim_error is not None:
+                raise _EpisodeEnd("user_sim_error", result.user_sim_error)
             if result.done:
                 raise _EpisodeEnd("done")
             if result.truncated:
