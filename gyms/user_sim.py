@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from gyms.reply_json import extract_json_object, strip_think
 
 if TYPE_CHECKING:
-    from gyms.config import UserSimConfig
+    from userrl_megatron.config.gyms import UserSimConfig
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import random
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.config import EchoGymConfig
 from gyms.smoke import SmokeEpisode
 from gyms.turn_gym import TurnGym
+from userrl_megatron.config.gyms import EchoGymConfig
 from userrl_megatron.types import Message, Task
 
 PROCEDURAL_SOURCE = "echo-procedural"

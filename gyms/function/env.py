@@ -10,10 +10,10 @@ import re
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.config import FunctionGymConfig
 from gyms.function.rules import Number, Rule
 from gyms.function.tasks import function_record, function_smoke, function_tasks
 from gyms.turn_gym import TurnGym
+from userrl_megatron.config.gyms import FunctionGymConfig
 
 _NUMBER = re.compile(r"-?\d+\.?\d*")
 TOLERANCE = 1e-6

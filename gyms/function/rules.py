@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gyms.config import FunctionGeneratorConfig
+from userrl_megatron.config.gyms import FunctionGeneratorConfig
 
 Number = int | float
 VARIABLES = ("a", "b", "c", "d")

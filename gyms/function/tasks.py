@@ -4,11 +4,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gyms.config import FunctionGeneratorConfig
 from gyms.data import check_split, data_dir, read_json, userrl_rows, userrl_task
 from gyms.function.rules import generate_function
 from gyms.smoke import SmokeEpisode
 from gyms.tools import INTERACT_TOOL
+from userrl_megatron.config.gyms import FunctionGeneratorConfig
 from userrl_megatron.types import Message, Task
 
 FUNCTIONS_JSON = "userrl/gyms/FunctionGym/functiongym/data/functions.json"

@@ -10,10 +10,10 @@ import asyncio
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.config import IntentionGymConfig
 from gyms.intention import prompts
 from gyms.intention.tasks import intention_record, intention_smoke, intention_tasks
 from gyms.turn_gym import TurnGym
+from userrl_megatron.config.gyms import IntentionGymConfig
 
 IMPORTANCE_REWARD = {3: 1.0, 2: 0.7, 1: 0.4}
 

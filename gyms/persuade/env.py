@@ -9,12 +9,12 @@ from the previous stance (`previous`: an oscillating persona pays again for the 
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.config import PersuadeGymConfig
 from gyms.persuade import prompts
 from gyms.persuade.prompts import STANCES
 from gyms.persuade.tasks import persuade_record, persuade_smoke, persuade_tasks
 from gyms.turn_gym import TurnGym
 from gyms.user_sim import UserSimError
+from userrl_megatron.config.gyms import PersuadeGymConfig
 
 _STANCE_INDEX = {s: i for i, s in enumerate(STANCES)}  # spelled exactly so, as in UserRL
 

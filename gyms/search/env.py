@@ -7,12 +7,12 @@ A correct answer pays 1.0 and ends the episode; wrong answers pay 0 and the epis
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.config import SearchGymConfig
 from gyms.search import prompts
 from gyms.search.bm25 import Hit, OfflineSearch
 from gyms.search.tasks import search_record, search_smoke, search_tasks
 from gyms.search.web import SearchBackendError, WebSearch
 from gyms.turn_gym import TurnGym
+from userrl_megatron.config.gyms import SearchGymConfig
 
 
 def normalize(text: str) -> str:

@@ -9,8 +9,8 @@ import os
 import random
 from typing import Any
 
-from gyms.config import SearchGymConfig
 from gyms.search.bm25 import Hit
+from userrl_megatron.config.gyms import SearchGymConfig
 from userrl_megatron.errors import UserError
 
 REQUEST_RESULTS = 15

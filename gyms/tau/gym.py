@@ -16,7 +16,6 @@ import json
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.config import TauGymConfig
 from gyms.data import data_dir
 from gyms.tau.domain import load_domain
 from gyms.tau.smoke import domain_smoke, tau_smoke
@@ -24,6 +23,7 @@ from gyms.tau.tasks import DOMAIN_GYMS, domain_tasks, parse_task_id, record_for,
 from gyms.tau.user import STOP, Customer
 from gyms.tools import RESPOND_TOOL
 from gyms.turn_gym import TurnGym
+from userrl_megatron.config.gyms import TauGymConfig
 
 TOOLS_ALREADY_LISTED = (
     "Tools information is already provided in previous turns in our conversation. Please directly refer to those "

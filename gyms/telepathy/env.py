@@ -7,10 +7,10 @@ far, so an episode returns at most 1.0; a correct guess ends the episode.
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.config import TelepathyGymConfig
 from gyms.telepathy import prompts
 from gyms.telepathy.tasks import telepathy_record, telepathy_smoke, telepathy_tasks
 from gyms.turn_gym import TurnGym
+from userrl_megatron.config.gyms import TelepathyGymConfig
 
 
 class TelepathyGym(TurnGym):

@@ -15,13 +15,13 @@ import re
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.config import TravelGymConfig
 from gyms.travel import prompts
 from gyms.travel.catalog import ASPECT_INITIALS, OPTION_SCHEMAS
 from gyms.travel.generator import generate_scenario
 from gyms.travel.tasks import travel_smoke, travel_tasks
 from gyms.turn_gym import TurnGym
 from gyms.user_sim import UserSimError
+from userrl_megatron.config.gyms import TravelGymConfig
 
 INITIAL_ASPECTS = {initial: aspect for aspect, initial in ASPECT_INITIALS.items()}
 _OPTION_ID = re.compile(r"^[ACFHR]\d+$")

@@ -8,11 +8,11 @@ best score so far, so the episode return is the best score reached; a story scor
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.config import TurtleGymConfig
 from gyms.turn_gym import TurnGym
 from gyms.turtle import prompts
 from gyms.turtle.tasks import turtle_record, turtle_smoke, turtle_tasks
 from gyms.user_sim import UserSimError
+from userrl_megatron.config.gyms import TurtleGymConfig
 
 JUDGMENTS = (0.0, 0.5, 1.0)
 MORE_TWISTS = (

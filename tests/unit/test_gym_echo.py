@@ -3,9 +3,9 @@ import asyncio
 import pytest
 
 from gyms import make_gym
-from gyms.config import EchoGymConfig
 from gyms.echo.env import echo_record
 from userrl_megatron.config import load_config
+from userrl_megatron.config.gyms import EchoGymConfig
 from userrl_megatron.data import load_tasks
 
 

@@ -34,7 +34,6 @@ from hypothesis import strategies as st
 
 import gyms
 from gyms.base import StepResult
-from gyms.config import SearchGymConfig, TauGymConfig
 from gyms.tau import arithmetic
 from gyms.tau.store import EpisodeDB
 from gyms.tau.toolkit import calculate
@@ -42,6 +41,7 @@ from gyms.tau.user import Customer
 from gyms.user_sim import UserSimulator
 from tests.support.gym_play import sim_for
 from tests.support.openai_server import OpenAIServer
+from userrl_megatron.config.gyms import SearchGymConfig, TauGymConfig
 
 SEED = 20261123
 STEPS_PER_GYM = 30

@@ -3,8 +3,8 @@
 import functools
 import re
 
-from gyms.config import FUNCTION_OPERATORS
 from userrl_megatron.config.env_names import NO_KEY, env_field_problems
+from userrl_megatron.config.gyms import FUNCTION_OPERATORS
 from userrl_megatron.config.layout import layout_problems
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.model_fit import model_fit_problems

@@ -7,7 +7,7 @@ that no field lacks one. Defaults describe the embedded CPU quickstart; recipes 
 from dataclasses import dataclass, field
 from typing import Any
 
-from gyms.config import (
+from userrl_megatron.config.gyms import (
     EchoGymConfig,
     FunctionGymConfig,
     IntentionGymConfig,
