@@ -121,3 +121,8 @@ def test_only_the_megatron_package_imports_megatron_core_or_transformer_engine()
         if module.startswith(MEGATRON_ONLY)
     ]
     assert outside == []
+
+
+def test_the_config_imports_no_gym() -> None:
+    # Gyms are plug-ins: they read their settings' types from config/, never the other way round.
+    assert "gyms" not in package_graph().get("userrl_megatron.config", {})
