@@ -53,8 +53,11 @@ class WebSearch:
 
 
 def parse_results(payload: dict[str, Any]) -> list[Hit]:
-    """UserRL's selection: the answer box first when it has a title (its `answer` as an "Answer" line, else its
-    `snippet`), then the organic results that have both a title and a snippet; values printed as they are."""
+    """UserRL's selection: nothing without organic results (an answer box alone included: UserRL waits for organic
+    results), else the answer box first when it has a title (its `answer` as an "Answer" line, else its `snippet`),
+    then the organic results that have both a title and a snippet; values printed as they are."""
+    if not payload.get("organic"):
+        return []
     hits = []
     box = payload.get("answerBox")
     if isinstance(box, dict) and box and "title" in box:

@@ -12,11 +12,16 @@ from gyms.telepathy.tasks import telepathy_record, telepathy_smoke, telepathy_ta
 from gyms.turn_gym import TurnGym
 from userrl_megatron.config.gyms import TelepathyGymConfig
 
+WELCOME = "Welcome to TelepathyGym! I'm thinking of something... Ask me yes/no questions to figure out what it is!"
+
 
 class TelepathyGym(TurnGym):
     name = "telepathy"
     needs_user_sim = True
-    fallback_feedback = "I cannot answer right now. Please try again."
+    fallback_feedback = "Unable to respond to your question right now."  # UserRL's texts for a failed call
+
+    def failure_feedback(self, tag: str | None, payload: str) -> str:
+        return "Unable to evaluate your guess right now." if tag == "answer" else self.fallback_feedback
 
     def __init__(self, task: Any, config: TelepathyGymConfig | None = None, user_sim: Any = None) -> None:
         self.config = config or TelepathyGymConfig()
@@ -28,7 +33,7 @@ class TelepathyGym(TurnGym):
         self.best_score = 0.0
 
     def observation(self) -> str:
-        return self.record["description"]
+        return WELCOME  # UserRL's reset feedback (the entity's description is in the task prompt)
 
     async def act(self, tag: str | None, payload: str) -> StepResult:
         if tag == "finish":

@@ -291,6 +291,9 @@ def test_web_backend(monkeypatch: pytest.MonkeyPatch) -> None:
             "Search results for 'q':\n1. A\n- Answer: \n2. B\n- Snippet: b",
         ),
         ({"organic": [{"title": "No snippet"}]}, "No results found for 'q'."),
+        # no organic result: nothing found, even with an answer box (UserRL waits for organic results)
+        ({"answerBox": {"title": "Founder", "answer": "Romulus"}, "organic": []}, "No results found for 'q'."),
+        ({"answerBox": {"title": "Founder", "snippet": "Romulus"}}, "No results found for 'q'."),
     ],
 )
 def test_web_results_use_userrls_layout(monkeypatch: pytest.MonkeyPatch, payload: dict, feedback: str) -> None:

@@ -1,5 +1,6 @@
 """TelepathyGym over real HTTP: questions, guesses, reward bookkeeping, simulator failures."""
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +53,13 @@ def test_questions_and_guesses(server: OpenAIServer) -> None:
     assert "Is it a fruit?" not in question[1]["content"]  # stateless, as in UserRL
 
 
+def test_reset_text_is_userrls() -> None:
+    gym = gyms.make_gym("telepathy", RECORD, user_sim=object())
+    assert asyncio.run(gym.reset()) == (  # UserRL's reset feedback, byte for byte
+        "Welcome to TelepathyGym! I'm thinking of something... Ask me yes/no questions to figure out what it is!"
+    )
+
+
 def test_finish_and_empty_actions_make_no_calls(server: OpenAIServer) -> None:
     results = play_new("telepathy", RECORD, ["[action]", "[finish]"], user_sim=sim_for(server))
     assert [(r.feedback, r.done) for r in results] == [
@@ -65,9 +73,22 @@ def test_judge_reply_without_judgment_is_a_simulator_error(server: OpenAIServer)
     server.rules = [when("judge of a guessing game", sequence('{"feedback": "hmm"}', RIGHT))]
     sim = sim_for(server)
     first, second = play_new("telepathy", RECORD, ["[answer] kiwi", "[answer] kiwi"], user_sim=sim)
-    assert (first.feedback, first.reward, first.done) == ("I cannot answer right now. Please try again.", 0.0, False)
+    assert (first.feedback, first.reward, first.done) == ("Unable to evaluate your guess right now.", 0.0, False)
     assert first.user_sim_error.startswith("simulator reply lacks judgment")
     assert (second.reward, second.done) == (1.0, True)
+
+
+def test_failed_question_gets_userrls_text(server: OpenAIServer) -> None:
+    server.rules = [when("game master", sequence('{"thought": ""}', YES))]
+    first, second = play_new(
+        "telepathy", RECORD, ["[action] Is it green?", "[action] Is it green?"], user_sim=sim_for(server)
+    )
+    assert (first.feedback, first.reward, first.user_sim_error is not None) == (
+        "Unable to respond to your question right now.",  # UserRL's text, byte for byte
+        0.0,
+        True,
+    )
+    assert second.feedback == "Yes"
 
 
 def test_step_limit_truncates(server: OpenAIServer) -> None:
