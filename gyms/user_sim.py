@@ -10,6 +10,7 @@ variable the config names, never from the config itself.
 """
 
 import asyncio
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -72,7 +73,7 @@ class Reply:
 NO_AUTH = "none"  # `api_key_env: none`: the endpoint needs no key
 
 
-def api_key(cfg: "UserSimConfig") -> str:
+def configured_key(cfg: "UserSimConfig") -> str:
     """The key in the environment variable `cfg.api_key_env` names; a UserError when it is unset or empty."""
     if cfg.api_key_env.lower() == NO_AUTH:
         return "EMPTY"  # the OpenAI client insists on some key; servers without auth ignore it
@@ -96,7 +97,7 @@ class _RetryableError(Exception):
 class UserSimulator:
     """`await sim.chat(messages, json=True)` -> Reply; see the module docstring for the failure contract."""
 
-    def __init__(self, cfg: "UserSimConfig") -> None:
+    def __init__(self, cfg: "UserSimConfig", api_key: str | None = None) -> None:
         if cfg.http_backend == "aiohttp" and importlib.util.find_spec("httpx_aiohttp") is None:
             from userrl_megatron.errors import UserError
 
@@ -105,7 +106,8 @@ class UserSimulator:
                 "install it or set user_sim.http_backend=httpx"
             )
         self.cfg = cfg
-        self._api_key = api_key(cfg)  # a missing key is a start-up error, not a run of 401s
+        # A missing key is a start-up error, not a run of 401s; engines the run starts hand theirs over directly.
+        self._api_key = api_key if api_key is not None else configured_key(cfg)
         self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore]] = (
             weakref.WeakKeyDictionary()
         )
@@ -151,12 +153,12 @@ class UserSimulator:
                 break
             except _RetryableError as e:
                 if attempt > self.cfg.max_retries:
-                    self._counts["failures"] += 1
+                    self._count("failures", e.kind)
                     raise UserSimError(f"user simulator failed after {attempt} attempts: {e}", e.kind, attempt) from e
-                self._counts["retries"] += 1
+                self._count("retries", e.kind)
                 await asyncio.sleep(self._backoff(attempt))
-            except UserSimError:
-                self._counts["failures"] += 1
+            except UserSimError as e:
+                self._count("failures", e.kind)
                 raise
         reply.latency_s = time.perf_counter() - start
         self._counts["answered"] += 1
@@ -165,8 +167,14 @@ class UserSimulator:
         self._cache_write(key, reply)
         return reply
 
+    def _count(self, what: str, kind: str) -> None:
+        """One failure or retry, also counted by its kind (`failures/connection`, `retries/bad_json`, ...)."""
+        self._counts[what] += 1
+        self._counts[f"{what}/{kind}"] = self._counts.get(f"{what}/{kind}", 0) + 1
+
     def metrics(self, reset: bool = False) -> dict[str, float]:
-        """Counters since construction (or the last reset): calls, failures, retries, latency, tokens."""
+        """Counters since construction (or the last reset): calls, failures and retries (also by kind), latency,
+        tokens."""
         out = {k: float(v) for k, v in self._counts.items()}
         answered = self._counts["answered"]  # by the endpoint (cache hits excluded)
         out["latency_mean_s"] = self._latency_total / answered if answered else 0.0
@@ -244,6 +252,12 @@ class UserSimulator:
             if data is None:
                 raise _RetryableError("bad_json", f"no JSON object in reply: {text[:200]!r}")
         return Reply(text=text, data=data, usage=usage)
+
+    async def retarget(self, base_url: str) -> None:
+        """Send the next calls to `base_url` (a restarted simulator engine's new address): the running loop's
+        client is closed (calls in flight on it fail and are retried at the new address) and made again."""
+        self.cfg = dataclasses.replace(self.cfg, base_url=base_url)
+        await self.close()
 
     def _loop_state(self) -> tuple[Any, asyncio.Semaphore]:
         """The client and semaphore of the running loop (both are bound to the loop that first uses them)."""

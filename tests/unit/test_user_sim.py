@@ -100,6 +100,25 @@ def test_timeouts_retry_then_fail_with_a_typed_error(server: OpenAIServer) -> No
     assert (e.value.kind, e.value.attempts) == ("timeout", 3)
     m = sim.metrics()
     assert (m["requests"], m["retries"], m["failures"]) == (3.0, 2.0, 1.0)
+    assert (m["retries/timeout"], m["failures/timeout"]) == (2.0, 1.0)  # also counted by kind
+
+
+def test_retarget_sends_the_next_calls_to_a_new_address(server: OpenAIServer) -> None:
+    """A simulator engine restarted at a new address: the client follows it (the run's own engines)."""
+    server.rules = [reply("from the first")]
+    with OpenAIServer() as second:
+        second.rules = [reply("from the second")]
+        sim = make_sim(server)
+
+        async def run() -> list[str]:
+            first = await sim.chat(MESSAGES)
+            await sim.retarget(second.base_url)
+            then = await sim.chat(MESSAGES)
+            await sim.close()
+            return [first.text, then.text]
+
+        assert asyncio.run(run()) == ["from the first", "from the second"]
+        assert (len(server.requests), len(second.requests)) == (1, 1)
 
 
 def test_malformed_json_is_retried_then_accepted(server: OpenAIServer) -> None:

@@ -63,10 +63,11 @@ async def _collect(
     cfg: "RootConfig", model_dir: str, chat: "ChatTemplate", tasks: "list[Task]", samples: int, log_dir: Path
 ) -> "list[EpisodeGroup]":
     """Start the pool (and the user simulator when a gym needs one), run the episodes, shut everything down."""
-    from userrl_megatron.fleet.standalone import standalone_pool, user_simulator
+    from userrl_megatron.fleet.simulator import user_simulator
+    from userrl_megatron.fleet.standalone import standalone_pool
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
 
-    async with user_simulator(cfg, (t.gym for t in tasks)) as user_sim:
+    async with user_simulator(cfg, (t.gym for t in tasks), log_dir) as user_sim:
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
         async with standalone_pool(cfg, model_dir, log_dir) as pool:
             return await runner.run_groups(tasks, samples, pool.session, concurrency=pool.concurrency)

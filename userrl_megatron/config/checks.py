@@ -24,6 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.backend": ("embedded", "sglang"),
     "rollout.sglang.device": ("auto", "cpu", "cuda"),
     "rollout.router": ("none", "sglang"),
+    "rollout.reply_without_tool_call": ("", "end", "action"),
     "rollout.mode": ("sync", "one_step_off"),
     "sync.method": ("auto", "distributed", "tensor"),
     "rollout.router_policy": ("round_robin", "random", "cache_aware", "power_of_two"),
@@ -39,6 +40,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gyms.search.judge": ("llm", "exact"),
     "gyms.search.backend": ("offline", "web"),
     "user_sim.http_backend": ("aiohttp", "httpx"),
+    "user_sim.engines.backend": ("", "embedded", "sglang"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
     "logging.level": ("DEBUG", "INFO", "WARNING", "ERROR"),
 }
@@ -59,12 +61,12 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
-    drills = r"(skip_update|kill_engine|kill_engine_in_rollout)@[1-9][0-9]*"
+    drills = r"(skip_update|kill_engine|kill_engine_in_rollout|kill_user_sim_in_rollout)@[1-9][0-9]*"
     bad_faults = [f for f in cfg.run.faults if not re.fullmatch(drills, f)]
     if bad_faults:
         problems.append(
-            f"run.faults: {bad_faults} are not of the form skip_update@STEP, kill_engine@STEP or "
-            "kill_engine_in_rollout@STEP"
+            f"run.faults: {bad_faults} are not of the form skip_update@STEP, kill_engine@STEP, "
+            "kill_engine_in_rollout@STEP or kill_user_sim_in_rollout@STEP"
         )
     if problems:
         raise ConfigError(problems)

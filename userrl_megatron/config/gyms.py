@@ -102,6 +102,15 @@ class EchoGymConfig:
 
 
 @dataclass
+class UserSimEnginesConfig:
+    model: str = ""  # model the run serves as the user simulator ("": none, user_sim.base_url is used as it is)
+    num_engines: int = 1  # frozen simulator engines (several: behind sglang-router)
+    engine_tp: int = 1  # GPUs per simulator engine (tensor parallel)
+    backend: str = ""  # "embedded" or "sglang"; "" = rollout.backend
+    dtype: str = ""  # weight dtype of the simulator engines; "" = model.dtype
+
+
+@dataclass
 class UserSimConfig:
     base_url: str = "http://127.0.0.1:8000/v1"  # OpenAI-compatible endpoint of the user simulator / judge LLM
     model: str = "gpt-4o"  # model name sent to the endpoint
@@ -117,3 +126,4 @@ class UserSimConfig:
     disable_thinking: bool = False  # send chat_template_kwargs.enable_thinking=false (Qwen3 on vLLM/SGLang)
     http_backend: str = "aiohttp"  # HTTP transport of the openai client: "aiohttp" (fast when busy) or "httpx"
     max_reply_chars: int = 100_000  # longer replies (thinking included) are a failed call, not episode text
+    engines: UserSimEnginesConfig = field(default_factory=UserSimEnginesConfig)  # simulator engines the run starts

@@ -55,6 +55,8 @@ RANGES: dict[str, Rule] = {
     "megatron.adam_beta2": BETA,
     "megatron.adam_eps": POSITIVE,
     "megatron.grad_clip": NON_NEGATIVE,
+    "user_sim.engines.num_engines": COUNT,
+    "user_sim.engines.engine_tp": COUNT,
     "rollout.prompts_per_step": COUNT,
     "rollout.n_samples_per_prompt": COUNT,
     "rollout.max_turns": COUNT,

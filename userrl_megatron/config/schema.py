@@ -123,6 +123,7 @@ class RolloutConfig:
     max_prompt_tokens: int = 1024  # longest initial prompt (system + user + tool schema)
     max_response_tokens: int = 1024  # token budget of everything after the prompt, all turns together
     max_new_tokens_per_turn: int = 256  # generation limit of one assistant turn
+    reply_without_tool_call: str = ""  # reply with no tool call or tag: "end" the episode, or "action"; "" = the task's
     temperature: float = 1.0  # sampling temperature of training rollouts
     top_p: float = 1.0  # nucleus sampling threshold
     top_k: int = -1  # top-k sampling (-1 disables)

@@ -211,7 +211,7 @@ async def evaluate(cfg: RootConfig, out_dir: Path) -> dict[str, Any]:
     """Run (or resume) the evaluation `cfg` describes into `out_dir`; returns the results (also results.json)."""
     from gyms import config_for
     from gyms.base import gym_spec
-    from userrl_megatron.fleet.standalone import user_simulator
+    from userrl_megatron.fleet.simulator import user_simulator
 
     tasks = eval_tasks(cfg)
     if not tasks:
@@ -252,7 +252,7 @@ async def evaluate(cfg: RootConfig, out_dir: Path) -> dict[str, Any]:
         records = await run_jobs(jobs, _NoPolicy(identity), cache, 1, 0)
     else:
         async with (
-            user_simulator(cfg, gyms_used) as user_sim,
+            user_simulator(cfg, gyms_used, out_dir / "engines") as user_sim,
             open_policy(cfg, rollout, identity, model_dir, user_sim, out_dir / "engines") as policy,
         ):
             concurrency = cfg.eval.max_concurrent_episodes or policy.concurrency

@@ -1,16 +1,16 @@
 """A rollout pool on its own, without actors: for the commands that only generate (`userrl rollout`, `userrl eval`).
 
 `standalone_pool(cfg, model_dir, log_dir)` starts Ray (or joins `run.ray_address`), places `rollout.num_engines`
-engines, yields the started `RolloutPool` and removes the placement group afterwards. `user_simulator(cfg, gyms)`
-builds the shared simulator when one of the gyms needs it (None otherwise).
+engines, yields the started `RolloutPool` and removes the placement group afterwards. The user simulator of these
+commands comes from `fleet/simulator.py`.
 """
 
 import contextlib
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from userrl_megatron.config.schema import RootConfig
@@ -35,20 +35,3 @@ async def standalone_pool(cfg: "RootConfig", model_dir: str, log_dir: Path) -> A
         from ray.util import remove_placement_group
 
         remove_placement_group(placement.group)
-
-
-@contextlib.asynccontextmanager
-async def user_simulator(cfg: "RootConfig", gym_names: Iterable[str]) -> AsyncIterator[Any]:
-    """The user simulator of `cfg.user_sim` when one of `gym_names` needs it, else None; closed on exit."""
-    from gyms.base import gym_spec
-
-    if not any(gym_spec(name).needs_user_sim for name in set(gym_names)):
-        yield None
-        return
-    from gyms.user_sim import UserSimulator
-
-    sim = UserSimulator(cfg.user_sim)  # a missing API key fails here, before anything starts
-    try:
-        yield sim
-    finally:
-        await sim.close()

@@ -33,7 +33,7 @@ CPU_ONLY = (*ACCELERATOR_MISSING, r"The \.grad attribute of a Tensor that is not
 # Packages whose own Deprecation/FutureWarnings are not the user's concern.
 THIRD_PARTY_MODULES = r"(megatron|transformer_engine|apex|torch|transformers|ray|wandb|google|pydantic)(\.|$)"
 # Loggers that write a line per HTTP request at INFO.
-REQUEST_LOGGERS = ("httpx", "httpcore", "openai", "openai._base_client", "aiohttp.access", "urllib3")
+REQUEST_LOGGERS = ("httpx", "httpx2", "httpcore", "openai", "openai._base_client", "aiohttp.access", "urllib3")
 # Megatron loggers that log (rather than warn) the notes of ALWAYS_IGNORED.
 MEGATRON_LOGGERS = ("megatron.core.models.gpt.gpt_model", "megatron.core.dist_checkpointing.strategies.torch")
 

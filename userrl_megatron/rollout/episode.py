@@ -230,7 +230,8 @@ class EpisodeRunner:
             turn.info["error"] = str(e)
             raise _EpisodeEnd("bad_tool_call", str(e)) from e
         if not actions:  # a tag line, or the whole text under reply_without_tool_call "action"; answered as a user
-            action = text_to_action(turn.text, task.metadata.get("reply_without_tool_call", "end"))
+            mode = self.cfg.reply_without_tool_call or task.metadata.get("reply_without_tool_call", "end")
+            action = text_to_action(turn.text, mode)
             if action is None:
                 raise _EpisodeEnd("no_tool_call")
             actions, role = [action], "user"

@@ -33,6 +33,7 @@ class Components:
     tasks: Tasks
     eval_tasks: list[Task]
     user_sim: Any = None  # gyms.user_sim.UserSimulator when a gym needs one
+    sim_pool: EnginePool | None = None  # the simulator's engines, when the run serves them (user_sim.engines)
     handoff: MemoryHandoff = field(init=False)
     weights: WeightSync = field(init=False)
     _gate: asyncio.Semaphore | None = None  # episodes in flight over every group of `rollout_group`
@@ -59,6 +60,8 @@ class Components:
     def service_metrics(self) -> dict[str, float]:
         """The engines' restarts so far and the user simulator's counters."""
         metrics = {"rollout/engine_restarts": float(self.pool.restarts_total)}
+        if self.sim_pool is not None:
+            metrics["user_sim/engine_restarts"] = float(self.sim_pool.restarts_total)
         if self.user_sim is not None:
             metrics |= {f"user_sim/{k}": float(v) for k, v in self.user_sim.metrics().items()}
         return metrics
@@ -88,6 +91,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     from userrl_megatron.eval.evaluation import eval_tasks as load_eval_tasks
     from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
     from userrl_megatron.fleet.pool import RolloutPool
+    from userrl_megatron.fleet.simulator import managed_client, simulator_pool
     from userrl_megatron.model_store import resolve_model
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
@@ -102,7 +106,9 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
         chat.present(task.prompt, task.tools)  # a tool format the template cannot show fails here, not mid-run
 
     user_sim = None
-    if any(gym_spec(t.gym).needs_user_sim for t in train_tasks + eval_tasks):
+    needs_sim = any(gym_spec(t.gym).needs_user_sim for t in train_tasks + eval_tasks)
+    managed_sim = needs_sim and bool(cfg.user_sim.engines.model)  # the run serves the simulator itself
+    if needs_sim and not managed_sim:
         from gyms.user_sim import UserSimulator
 
         user_sim = UserSimulator(cfg.user_sim)  # a missing API key fails here, before anything starts
@@ -110,17 +116,24 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     plan = plan_bundles(cfg.megatron, cfg.rollout, use_gpu)
     started_ray = not ray.is_initialized()
-    start_ray(cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, len(plan.bundles)))
+    cpus = len(plan.bundles) + (cfg.user_sim.engines.num_engines if managed_sim else 0)
+    start_ray(cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, cpus))
     placement = create_placement(plan)
     actors = pool = None
+    stack = contextlib.AsyncExitStack()
     try:
+        sim_pool = None
+        if managed_sim:
+            sim_pool = await stack.enter_async_context(simulator_pool(cfg, run_dir / "engines"))
+            user_sim = managed_client(cfg, sim_pool)
         spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed)
         env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
         actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
         runner.routing_replay = cfg.algo.routing_replay == "rollout"
         pool = RolloutPool(cfg.rollout, str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
-        parts = Components(cfg, actors, pool, runner, TaskStream(train_tasks, cfg.run.seed), eval_tasks, user_sim)
+        tasks = TaskStream(train_tasks, cfg.run.seed)
+        parts = Components(cfg, actors, pool, runner, tasks, eval_tasks, user_sim, sim_pool)
         pool.on_restart = parts.weights.repair
         await bring_up(parts)
         yield parts
@@ -129,6 +142,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
             await pool.close()
         if user_sim is not None:
             await user_sim.close()
+        await stack.aclose()  # the simulator's engines
         if actors is not None:
             actors.shutdown()
         from ray.util import remove_placement_group

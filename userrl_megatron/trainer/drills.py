@@ -5,6 +5,8 @@ nothing.
 - `kill_engine@N`: after step N's rollout, engine 0's server process is killed (SIGKILL, as a crash).
 - `kill_engine_in_rollout@N`: the same while step N's episodes run.
 - `skip_update@N`: step N trains on nothing (as a step whose episodes were lost).
+- `kill_user_sim_in_rollout@N`: while step N's episodes run, the first user-simulator engine the run serves is
+  killed (`user_sim.engines`).
 """
 
 import logging
@@ -17,8 +19,8 @@ class Drills:
     """The drills of one run, against its engine pool (a `fleet.pool.RolloutPool`: a drill reaches into the
     engines' processes)."""
 
-    def __init__(self, faults: list[str], pool: Any) -> None:
-        self.faults, self.pool = set(faults), pool
+    def __init__(self, faults: list[str], pool: Any, sim_pool: Any = None) -> None:
+        self.faults, self.pool, self.sim_pool = set(faults), pool, sim_pool
 
     async def after_rollout(self, step: int) -> None:
         if f"kill_engine@{step}" in self.faults:
@@ -27,11 +29,16 @@ class Drills:
     async def during_rollout(self, step: int) -> None:
         if f"kill_engine_in_rollout@{step}" in self.faults:
             await self._kill_engine(0)
+        if f"kill_user_sim_in_rollout@{step}" in self.faults:
+            await self._kill_engine(0, self.sim_pool, "user simulator engine")
 
     def skips_update(self, step: int) -> bool:
         return f"skip_update@{step}" in self.faults
 
-    async def _kill_engine(self, index: int) -> None:
+    async def _kill_engine(self, index: int, pool: Any = None, what: str = "engine") -> None:
         """Kill engine `index`'s server process (the pool finds it dead and restarts it)."""
-        pid = await self.pool.engines[index].actor.kill_server.remote()
-        log.warning("fault drill: killed engine %d's server (pid %d)", index, pid)
+        pool = pool or self.pool
+        if pool is None:
+            raise RuntimeError(f"fault drill: no {what} to kill (user_sim.engines.model is empty)")
+        pid = await pool.engines[index].actor.kill_server.remote()
+        log.warning("fault drill: killed %s %d's server (pid %d)", what, index, pid)

@@ -61,7 +61,7 @@ class Trainer:
 
     def __init__(self, cfg: RootConfig, run_dir: Path, parts: Components) -> None:
         self.cfg, self.run_dir, self.parts = cfg, run_dir, parts
-        self.drills = Drills(cfg.run.faults, parts.pool)  # `run.faults`: none in a normal run
+        self.drills = Drills(cfg.run.faults, parts.pool, parts.sim_pool)  # `run.faults`: none in a normal run
         self.run = RunDir(run_dir)
         self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=SUMMARY_KEYS)
         self.checkpoints = CheckpointManager(self.run, cfg.checkpoint, parts.actors, self.tracker)

@@ -1,0 +1,53 @@
+"""The user simulator served by the run (`user_sim.engines`): `configs/usersim_cpu.yaml` through the real CLI, with
+the simulator's engine killed in the middle of a rollout.
+
+The policy (SmolLM2-135M) plays TelepathyGym; the run starts a frozen SmolLM2-135M engine as the simulated user,
+with no endpoint and no network. The kill must cost time, not episodes: the pool restarts the engine, the
+simulator client follows it to its new address, and every call that found the engine down is retried there
+(none fails for a connection reason). A 135M judge rarely writes the JSON the gym asks for, so most calls fail as
+`bad_json`: that is the judge's quality, counted apart from the engine's death.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.tiny_run import train
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def test_a_killed_simulator_engine_is_restarted_and_no_call_is_lost(shared_data: Path, tmp_path: Path) -> None:
+    records = train(
+        [
+            "--config",
+            "configs/usersim_cpu.yaml",
+            f"gyms.data_dir={shared_data}",
+            f"run.output_dir={tmp_path}",
+            "run.name=managed",
+            "run.total_steps=2",
+            "run.faults=[kill_user_sim_in_rollout@2]",
+            "rollout.prompts_per_step=3",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.temperature=0",  # greedy: the same replies every run (one cut at the token limit asks nothing)
+            "rollout.max_turns=1",
+            "rollout.max_new_tokens_per_turn=96",
+            "algo.kl_coef=0",  # no reference pass: the test is about the simulator
+            "user_sim.max_tokens=16",
+            "user_sim.max_retries=6",  # the backoff (0.2, 0.4, 0.8, 1.6, 3, 3 s) spans the engine's restart
+            "user_sim.backoff_s=0.2",
+            "user_sim.backoff_max_s=3.0",
+        ]
+    )
+    assert [r["step"] for r in records] == [1, 2]
+    first, second = records
+    assert 0 < first["user_sim/calls"] < second["user_sim/calls"]  # the simulator was asked at every step
+    assert (first["user_sim/engine_restarts"], second["user_sim/engine_restarts"]) == (0.0, 1.0)
+    # Every call of step 2 came after the kill: those that found the engine down were retried at its new address
+    # (`user_sim/retries/connection`, as many as the timing gives), and none was lost to it.
+    assert second.get("user_sim/failures/connection", 0.0) == 0.0
+    assert second["rollout/engine_restarts"] == 0.0  # the policy's engines were not touched
+    episodes = [json.loads(line) for line in (tmp_path / "managed" / "rollouts" / "step_2.jsonl").open()]
+    assert len(episodes) == 6
+    assert not any("cannot reach" in (e.get("error") or "") for e in episodes)

@@ -1,0 +1,115 @@
+"""The user simulator as part of the run: frozen engines serving `user_sim.engines.model`, started, placed, watched
+and restarted like the policy's engines, and the gyms' simulator client pointed at them.
+
+`user_simulator(cfg, gym_names, log_dir)` yields the `gyms.user_sim.UserSimulator` the gyms call (None when no
+gym of `gym_names` needs one). With `user_sim.engines.model` set, it first starts `user_sim.engines.num_engines`
+engines of that model in a placement group of their own (their own GPUs on a cluster), each requiring a key made
+for this run; the client talks to the engine's OpenAI route (to sglang-router in front of several engines), and
+follows a restarted engine to its new address. The engines are frozen: no weight sync, no pause or memory release
+by the policy's choreography. Without a model, `user_sim.base_url` is used as it is (an external endpoint).
+"""
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gyms.user_sim import UserSimulator
+    from userrl_megatron.config.schema import RolloutConfig, RootConfig
+    from userrl_megatron.fleet.engine import SGLangClient
+    from userrl_megatron.fleet.pool import RolloutPool
+
+log = logging.getLogger(__name__)
+KEY_ENV = "USERRL_USER_SIM_ENGINE_KEY"  # the variable the simulator engines read their key from (never exported)
+
+
+def simulator_rollout(cfg: "RootConfig") -> "RolloutConfig":
+    """The engine settings of the simulator engines: the policy's, with the simulator's own count, TP and backend,
+    never colocated, with the router when there are several, with a key of their own."""
+    engines = cfg.user_sim.engines
+    return dataclasses.replace(
+        cfg.rollout,
+        backend=engines.backend or cfg.rollout.backend,
+        num_engines=engines.num_engines,
+        engine_tp=engines.engine_tp,
+        colocate=False,
+        router="sglang" if engines.num_engines > 1 else "none",
+        api_key_env=KEY_ENV,
+    )
+
+
+@contextlib.asynccontextmanager
+async def user_simulator(
+    cfg: "RootConfig", gym_names: Iterable[str], log_dir: Path
+) -> AsyncIterator["UserSimulator | None"]:
+    """The simulator the gyms of `gym_names` call (None: none needs one), with its engines when the run serves it
+    (`user_sim.engines.model`); everything closed on exit."""
+    from gyms.base import gym_spec
+    from gyms.user_sim import UserSimulator
+
+    if not any(gym_spec(name).needs_user_sim for name in set(gym_names)):
+        yield None
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        if cfg.user_sim.engines.model:
+            sim = managed_client(cfg, await stack.enter_async_context(simulator_pool(cfg, log_dir)))
+        else:
+            sim = UserSimulator(cfg.user_sim)  # a missing API key fails here, before anything starts
+        stack.push_async_callback(sim.close)
+        yield sim
+
+
+@contextlib.asynccontextmanager
+async def simulator_pool(cfg: "RootConfig", log_dir: Path) -> AsyncIterator["RolloutPool"]:
+    """The simulator engines of `cfg.user_sim.engines`, started in a placement group of their own."""
+    import torch
+
+    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.fleet.pool import RolloutPool
+    from userrl_megatron.model_store import resolve_model
+
+    rollout = simulator_rollout(cfg)
+    use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
+    # Started here when the simulator comes first (`userrl rollout`, `userrl eval`): room for the policy's engines.
+    start_ray(
+        cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, rollout.num_engines + cfg.rollout.num_engines)
+    )
+    engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
+    placement = create_placement(plan_bundles(engines_only, rollout, use_gpu))
+    model_dir = str(resolve_model(cfg.user_sim.engines.model))
+    dtype = cfg.user_sim.engines.dtype or cfg.model.dtype
+    os.environ.pop(KEY_ENV, None)  # a key made for this run by the pool, never one left in the environment
+    try:
+        async with RolloutPool(rollout, model_dir, dtype, placement, log_dir / "user_sim") as pool:
+            log.info("user simulator: %d engine(s) of %s at %s", len(pool.urls), model_dir, _openai_url(pool))
+            yield pool
+    finally:
+        from ray.util import remove_placement_group
+
+        remove_placement_group(placement.group)
+
+
+def managed_client(cfg: "RootConfig", pool: "RolloutPool") -> "UserSimulator":
+    """The gyms' simulator client for the engines of `pool`: their OpenAI route, their key, the served model's
+    name; it follows an engine restarted at a new address."""
+    from gyms.user_sim import UserSimulator
+
+    settings = dataclasses.replace(cfg.user_sim, base_url=_openai_url(pool), model=pool.model_path)
+    sim = UserSimulator(settings, api_key=pool.api_key)
+
+    async def follow(index: int, client: "SGLangClient") -> None:
+        if pool.router_client is None:  # behind the router the address stays the same
+            await sim.retarget(_openai_url(pool))
+        log.warning("user simulator engine %d restarted at %s", index, client.base_url)
+
+    pool.on_restart = follow
+    return sim
+
+
+def _openai_url(pool: "RolloutPool") -> str:
+    base = pool.router_client.base_url if pool.router_client is not None else pool.urls[0]
+    return f"{base.rstrip('/')}/v1"
