@@ -1,5 +1,6 @@
 """The user simulator served by the run (`user_sim.engines`): `configs/usersim_cpu.yaml` through the real CLI, with
-the simulator's engine killed in the middle of a rollout.
+the simulator's engine killed in the middle of a rollout (`tests/distributed/test_simulator_engines.py` kills one
+between calls of the client alone, deterministically).
 
 The policy (SmolLM2-135M) plays TelepathyGym; the run starts a frozen SmolLM2-135M engine as the simulated user,
 with no endpoint and no network. The kill must cost time, not episodes: the pool restarts the engine, the
@@ -28,9 +29,8 @@ def test_a_killed_simulator_engine_is_restarted_and_no_call_is_lost(shared_data:
             "run.name=managed",
             "run.total_steps=2",
             "run.faults=[kill_user_sim_in_rollout@2]",
-            "rollout.prompts_per_step=3",
-            "rollout.n_samples_per_prompt=2",
-            "rollout.temperature=0",  # greedy: the same replies every run (one cut at the token limit asks nothing)
+            "rollout.prompts_per_step=1",
+            "rollout.n_samples_per_prompt=6",
             "rollout.max_turns=1",
             "rollout.max_new_tokens_per_turn=96",
             "algo.kl_coef=0",  # no reference pass: the test is about the simulator
@@ -42,7 +42,8 @@ def test_a_killed_simulator_engine_is_restarted_and_no_call_is_lost(shared_data:
     )
     assert [r["step"] for r in records] == [1, 2]
     first, second = records
-    assert 0 < first["user_sim/calls"] < second["user_sim/calls"]  # the simulator was asked at every step
+    # A sampled reply cut at the token limit asks nothing (about half of the 135M policy's): of 12, some ask.
+    assert second["user_sim/calls"] > 0 and second["user_sim/requests"] >= second["user_sim/calls"]
     assert (first["user_sim/engine_restarts"], second["user_sim/engine_restarts"]) == (0.0, 1.0)
     # Every call of step 2 came after the kill: those that found the engine down were retried at its new address
     # (`user_sim/retries/connection`, as many as the timing gives), and none was lost to it.
