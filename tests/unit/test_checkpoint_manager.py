@@ -106,7 +106,7 @@ def rl_trainer(cfg: RootConfig, actors: FakeActors) -> Any:
     from userrl_megatron.trainer.driver import Trainer
 
     tasks = SimpleNamespace(restore=lambda state: None, state=lambda: {})
-    return Trainer(cfg, RunDir.of(cfg).root, SimpleNamespace(actors=actors, tasks=tasks, pool=None))
+    return Trainer(cfg, RunDir.of(cfg).root, SimpleNamespace(actors=actors, tasks=tasks, pool=None, sim_pool=None))
 
 
 def extra_of(kind: str, trainer: Any, step: int) -> dict[str, Any]:
