@@ -10,15 +10,18 @@ variable the config names, never from the config itself.
 """
 
 import asyncio
+import collections
 import dataclasses
 import hashlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import random
 import time
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({408, 409, 429})  # plus every 5xx
+LATENCY_WINDOW = 10_000  # answered calls the latency percentiles look back over
 
 
 class Omit:
@@ -116,6 +120,8 @@ class UserSimulator:
         self._counts = dict.fromkeys((*counters, "prompt_tokens", "completion_tokens"), 0)
         self._latency_total = 0.0
         self._latency_max = 0.0
+        # The latencies of the last LATENCY_WINDOW answered calls since the last reset (for the percentiles).
+        self._latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self._in_flight = 0
         self._in_flight_max = 0
 
@@ -164,6 +170,7 @@ class UserSimulator:
         self._counts["answered"] += 1
         self._latency_total += reply.latency_s
         self._latency_max = max(self._latency_max, reply.latency_s)
+        self._latencies.append(reply.latency_s)
         self._cache_write(key, reply)
         return reply
 
@@ -173,16 +180,20 @@ class UserSimulator:
         self._counts[f"{what}/{kind}"] = self._counts.get(f"{what}/{kind}", 0) + 1
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
-        """Counters since construction (or the last reset): calls, failures and retries (also by kind), latency,
-        tokens."""
+        """Counters since construction (or the last reset): calls, failures and retries (also by kind), latency
+        (mean, max, and p50 / p99 over the last `LATENCY_WINDOW` answered calls), cache hit rate, tokens."""
         out = {k: float(v) for k, v in self._counts.items()}
         answered = self._counts["answered"]  # by the endpoint (cache hits excluded)
         out["latency_mean_s"] = self._latency_total / answered if answered else 0.0
         out["latency_max_s"] = self._latency_max
+        out["latency_p50_s"] = _percentile(self._latencies, 0.50)
+        out["latency_p99_s"] = _percentile(self._latencies, 0.99)
+        out["cache_hit_rate"] = self._counts["cache_hits"] / self._counts["calls"] if self._counts["calls"] else 0.0
         out["in_flight_max"] = float(self._in_flight_max)
         if reset:
             self._counts = dict.fromkeys(self._counts, 0)
             self._latency_total = self._latency_max = 0.0
+            self._latencies.clear()
             self._in_flight_max = self._in_flight
         return out
 
@@ -342,3 +353,11 @@ def _sendable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _cache_key(request: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _percentile(values: Iterable[float], q: float) -> float:
+    """The nearest-rank `q` quantile of `values` (0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

@@ -56,6 +56,16 @@ def test_reply_usage_and_metrics(server: OpenAIServer) -> None:
         "completion_tokens": 3.0,
     }
     assert m["latency_mean_s"] == pytest.approx(out.latency_s) and m["latency_max_s"] == pytest.approx(out.latency_s)
+    assert m["latency_p50_s"] == m["latency_p99_s"] == pytest.approx(out.latency_s)
+    assert m["cache_hit_rate"] == 0.0
+
+
+def test_latency_percentiles_are_nearest_rank() -> None:
+    from gyms.user_sim import _percentile
+
+    values = [float(v) for v in range(1, 101)]  # 1 .. 100
+    assert (_percentile(values, 0.5), _percentile(values, 0.99), _percentile(values[:1], 0.99)) == (50.0, 99.0, 1.0)
+    assert _percentile([], 0.5) == 0.0
 
 
 def test_per_call_overrides_and_thinking_switch(server: OpenAIServer) -> None:
