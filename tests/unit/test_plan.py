@@ -13,7 +13,7 @@ from userrl_megatron.config import load_config
 from userrl_megatron.config.model_fit import PUBLISHED_SHAPES
 from userrl_megatron.config.schema import MegatronConfig
 from userrl_megatron.convert.arch import Architecture
-from userrl_megatron.plan import plan_problems, plan_run
+from userrl_megatron.plan import format_plan, plan_problems, plan_run
 from userrl_megatron.plan.ledger import LedgerActors
 from userrl_megatron.plan.memory import (
     GIB,
@@ -175,3 +175,17 @@ def test_cli_names_the_phase_and_the_shortfall(capsys: pytest.CaptureFixture[str
         err.splitlines()[0]
         == "userrl: error: start-up: GPU 1 needs 8.0 GiB, 1.0 GiB more than plan.device_memory_gb = 7"
     )
+
+
+def test_the_user_simulators_engines_are_planned_on_gpus_of_their_own() -> None:
+    cfg = _layout(H100_32B, "user_sim.engines.model=qwen3-32b", "user_sim.engines.engine_tp=4")
+    plan = plan_run(cfg)
+    [row] = plan.simulator
+    assert (row.phase, row.kind) == ("serving", "user sim")
+    assert round(row.held["engine weights"] / 2**30, 1) == 15.3  # Qwen3-32B in bf16 over 4 GPUs
+    assert row.used <= plan.device_bytes and len(plan.simulator_kv_tokens) == 1 and plan.simulator_kv_tokens[0] > 0
+    assert "user simulator: 1 engine(s) TP4 of qwen3-32b on GPUs of their own (4 more)" in format_plan(plan, cfg)
+    assert plan_run(_layout(H100_32B)).simulator == []  # none unless the run serves the simulator
+    small = _layout(H100_32B, "user_sim.engines.model=qwen3-32b", "user_sim.engines.engine_tp=1")
+    problems = plan_problems(plan_run(small))  # 32B on one GPU: no room left for its KV cache
+    assert any(p.startswith("user simulator: engine 0 starts with") and "no room for a KV cache" in p for p in problems)

@@ -61,6 +61,8 @@ class MemoryPlan:
     problems: list[str]
     host_bytes: int = 0  # plan.host_memory_gb in bytes
     host: list[HostRow] = field(default_factory=list)
+    simulator: list[PhaseRow] = field(default_factory=list)  # the busiest GPU of the user simulator's engines
+    simulator_kv_tokens: list[int] = field(default_factory=list)  # each simulator engine's KV cache in tokens
 
     @property
     def peak(self) -> PhaseRow:
@@ -125,16 +127,46 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
     in_flight = min(cfg.rollout.max_concurrent_episodes, -(-episodes // cfg.rollout.num_engines))
     backup = engine.weights if _engine_weight_backup(cfg) else 0
     host = _host_rows(cfg, actors.host_held, bundles.actor_bundles, engine_devices, backup)
+    simulator, simulator_kv, simulator_problems = _simulator_plan(cfg)
     return MemoryPlan(
         ledger.device_bytes,
         len(ledger.held),
         rows,
         pool.kv_tokens,
         in_flight * tokens,
-        ledger.problems,
+        ledger.problems + simulator_problems,
         int(cfg.plan.host_memory_gb * GIB),
         host,
+        simulator,
+        simulator_kv,
     )
+
+
+def _simulator_plan(cfg: RootConfig) -> tuple[list[PhaseRow], list[int], list[str]]:
+    """The user simulator's engines (`user_sim.engines`) on GPUs of their own: frozen, so what they hold once
+    started is what they hold all run (weights, KV pool, runtime); their KV caches in tokens; their problems."""
+    from userrl_megatron.fleet.simulator import simulator_rollout
+
+    model = cfg.user_sim.engines.model
+    if not model:
+        return [], [], []
+    config = model_shape(model)
+    if config is None:
+        raise UserError(f"user_sim.engines.model = {model}: no config.json there and not a model whose shape is known")
+    rollout = simulator_rollout(cfg)
+    tp = rollout.engine_tp
+    devices = [list(range(e * tp, (e + 1) * tp)) for e in range(rollout.num_engines)]
+    ledger = Ledger.of(rollout.num_engines * tp, int(cfg.plan.device_memory_gb * GIB))
+    for device in range(len(ledger.held)):
+        ledger.book(device, "CUDA contexts", int(cfg.plan.context_gb * GIB))
+    dtype = cfg.user_sim.engines.dtype or cfg.model.dtype
+    arch = Architecture.from_hf_config(config)
+    pool = LedgerPool(ledger, engine_memory(arch, rollout, dtype, cfg.plan), rollout, devices)
+    asyncio.run(pool.start())
+    per_device = ledger.peaks["start-up"]
+    device = max(range(len(per_device)), key=lambda d: per_device[d][0])
+    row = PhaseRow("serving", "user sim", device, *per_device[device])
+    return [row], pool.kv_tokens, [f"user simulator: {problem}" for problem in ledger.problems]
 
 
 def _engine_weight_backup(cfg: RootConfig) -> bool:
@@ -224,13 +256,21 @@ def format_plan(plan: MemoryPlan, cfg: RootConfig) -> str:
             f"engine KV cache: {kv:,} tokens per engine; its episodes in flight reach {plan.kv_demand:,} at full "
             f"length" + ("; requests beyond the cache wait" if kv < plan.kv_demand else "")
         )
+    for row in plan.simulator:
+        s = cfg.user_sim.engines
+        held = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(row.held.items(), key=lambda kv: -kv[1]) if v)
+        lines.append(
+            f"user simulator: {s.num_engines} engine(s) TP{s.engine_tp} of {s.model} on GPUs of their own "
+            f"({s.num_engines * s.engine_tp} more): {row.used / GIB:.1f} GiB per GPU ({held}); KV cache "
+            f"{min(plan.simulator_kv_tokens):,} tokens per engine"
+        )
     return "\n".join(lines)
 
 
 def plan_problems(plan: MemoryPlan) -> list[str]:
     """One line per phase that does not fit, naming the shortfall, then the ledger's ordering problems."""
     out = []
-    for row in plan.rows:
+    for row in plan.rows + plan.simulator:
         if row.used > plan.device_bytes:
             out.append(
                 f"{row.phase}: GPU {row.device} needs {row.used / GIB:.1f} GiB, "
