@@ -19,7 +19,7 @@ import pytest
 from userrl_megatron.config import load_config
 from userrl_megatron.errors import UserError
 from userrl_megatron.fleet.sglang import KEY_ENTRY
-from userrl_megatron.trainer.dry_run import BringUp, bring_up, simulated_cluster
+from userrl_megatron.trainer.dry_run import BringUp, bring_up, format_placement, simulated_cluster
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -215,6 +215,29 @@ def test_qwen3_32b_on_two_nodes(cluster: list[str]) -> None:
     # engines 2 and 3 map the copies of ranks 8-15, on their own node
     holders = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
     assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(16)), holders)]
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_the_user_simulators_engines_on_gpus_of_their_own(cluster: list[str]) -> None:
+    """The 8B layout fills one node; a TP2 simulator engine (`user_sim.engines`) goes to the other in a placement group
+    of its own: its own GPUs, its own key variable and ports, never the memory saver (it shares no GPU). On
+    another node than the driver's it must listen on an address the driver reaches, as a policy engine must."""
+    result = up(
+        "configs/layout/qwen3-8b-h100x8.yaml",
+        "user_sim.engines.model=/models/Qwen3-32B",
+        "user_sim.engines.engine_tp=2",
+        "user_sim.engines.backend=sglang",
+        "rollout.sglang.host=0.0.0.0",  # reachable from the driver's node (a simulator engine on node 0 needs not)
+    )
+    assert [e.engine for e in result.engines] == list(range(8))  # the policy's engines as without a simulator
+    command = sglang("/models/Qwen3-32B", 31000, 2, 0.5, host="0.0.0.0", colocated=False)
+    command[2] = "USERRL_USER_SIM_ENGINE_KEY"
+    assert [(e.engine, e.launch.env, e.launch.command) for e in result.simulator] == [
+        (0, {"CUDA_VISIBLE_DEVICES": "0,1"}, command)
+    ]
+    assert {e.ip for e in result.engines} == {r.ip for r in result.ranks} != {result.simulator[0].ip}  # other node
+    assert result.simulator[0].ip in cluster
+    assert "user sim engine 0" in format_placement(result)
 
 
 @pytest.mark.parametrize("cluster", [2], indirect=True)

@@ -25,14 +25,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 KEY_ENV = "USERRL_USER_SIM_ENGINE_KEY"  # the variable the simulator engines read their key from (never exported)
+PORT_OFFSET = 1000  # the simulator's engines listen from base_port + 1000: a node may hold both kinds
 
 
 def simulator_rollout(cfg: "RootConfig") -> "RolloutConfig":
     """The engine settings of the simulator engines: the policy's, with the simulator's own count, TP and backend,
-    never colocated, with the router when there are several, with a key of their own."""
-    engines = cfg.user_sim.engines
+    never colocated, with the router when there are several, with a key and ports of their own."""
+    engines, r = cfg.user_sim.engines, cfg.rollout
+    sglang_port, embedded_port = r.sglang.base_port, r.embedded.base_port
     return dataclasses.replace(
         cfg.rollout,
+        sglang=dataclasses.replace(r.sglang, base_port=sglang_port + PORT_OFFSET if sglang_port else 0),
+        embedded=dataclasses.replace(r.embedded, base_port=embedded_port + PORT_OFFSET if embedded_port else 0),
         backend=engines.backend or cfg.rollout.backend,
         num_engines=engines.num_engines,
         engine_tp=engines.engine_tp,

@@ -19,7 +19,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from userrl_megatron.config.resolve import resolve_config
@@ -44,11 +44,14 @@ class BringUp:
     engines: list[EngineProcess]  # engine processes, engine by engine, node rank 0 first
     sync: list[SyncRole] = field(default_factory=list)  # every rank's part in every weight-sync group
     router: ProcessLaunch | None = None  # sglang-router on the driver's node (rollout.router: sglang)
+    simulator: list[EngineProcess] = field(default_factory=list)  # the user simulator's engines (user_sim.engines)
 
 
 def cluster_shape(cfg: RootConfig) -> tuple[int, int]:
     """(nodes, GPUs per node) of the smallest cluster of `megatron.devices_per_node`-GPU nodes the run fits."""
     gpus = len(plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True).bundles)
+    if cfg.user_sim.engines.model:  # the simulator's engines bring GPUs of their own
+        gpus += cfg.user_sim.engines.num_engines * cfg.user_sim.engines.engine_tp
     per_node = cfg.megatron.devices_per_node
     return max(1, math.ceil(gpus / per_node)), per_node
 
@@ -134,12 +137,36 @@ async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
             await parts.weights.connect()
         ranks = await asyncio.to_thread(actors.launches)
         roles = await asyncio.to_thread(actors.sync_roles)
-        return BringUp(nodes, ranks, await pool.launch_records(), roles, pool.router_launch)
+        simulator = await _place_simulator(cfg) if cfg.user_sim.engines.model else []
+        return BringUp(nodes, ranks, await pool.launch_records(), roles, pool.router_launch, simulator)
     finally:
         if pool is not None:
             await pool.close()
         if actors is not None:
             actors.shutdown()
+
+
+async def _place_simulator(cfg: RootConfig) -> list[EngineProcess]:
+    """The user simulator's engines, dry, in a placement group of their own (as `fleet.simulator.simulator_pool`)."""
+    from ray.util import remove_placement_group
+
+    from userrl_megatron.fleet.placement import create_placement
+    from userrl_megatron.fleet.pool import RolloutPool
+    from userrl_megatron.fleet.simulator import simulator_rollout
+
+    rollout = simulator_rollout(cfg)
+    engines_only = replace(cfg.megatron, nnodes=1, devices_per_node=0)
+    placement = create_placement(plan_bundles(engines_only, rollout, use_gpu=True), RESERVE_TIMEOUT_S)
+    pool = RolloutPool(
+        rollout, cfg.user_sim.engines.model, cfg.user_sim.engines.dtype or cfg.model.dtype, placement, dry=True
+    )
+    try:
+        pool.check_placement()
+        await pool.start()
+        return await pool.launch_records()
+    finally:
+        await pool.close()
+        remove_placement_group(placement.group)
 
 
 def simulate(cfg: RootConfig) -> BringUp:
@@ -170,6 +197,9 @@ def format_placement(up: BringUp) -> str:
         lines.append(f"node {node_of.get(e.ip, '?')}  engine {e.engine}{part}  {env}  {' '.join(e.launch.command)}")
     if up.router is not None:
         lines.append(f"node 0  router  {' '.join(up.router.command)}")
+    for e in up.simulator:
+        env = " ".join(f"{k}={v}" for k, v in e.launch.env.items())
+        lines.append(f"node {node_of.get(e.ip, '?')}  user sim engine {e.engine}  {env}  {' '.join(e.launch.command)}")
     for s in up.sync:
         if s.method == "tensor" and s.rank != s.members[0]:
             continue  # the group's source speaks for it
