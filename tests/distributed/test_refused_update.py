@@ -1,4 +1,4 @@
-"""A refused weight update is fatal for that engine: `Components.sync_weights` restarts it through the pool and
+"""A refused weight update is fatal for that engine: `WeightSync.push` restarts it through the pool and
 pushes the version again to every engine (real pool on Ray, one embedded engine, the project's sender)."""
 
 import asyncio
