@@ -107,9 +107,7 @@ class TravelGym(TurnGym):
             try:
                 return await self._search(payload)
             except UserSimError as e:
-                failed = self._say(payload, SEARCH_FAILED, 0.0, role="Database")
-                failed.user_sim_error = str(e)
-                return failed
+                return self._say(payload, SEARCH_FAILED, 0.0, role="Database", error=e)
         if tag == "action":
             return await self._talk(payload)
         if tag == "answer":
@@ -203,9 +201,7 @@ class TravelGym(TurnGym):
                 )
                 reply = str(data["response"]).strip()
         except UserSimError as e:
-            failed = self._say(utterance, CANNOT_REPLY, 0.0)
-            failed.user_sim_error = str(e)
-            return failed
+            return self._say(utterance, CANNOT_REPLY, 0.0, error=e)
         self.off_preference += 1
         return self._say(utterance, reply, 0.0, info={"utterance_type": kind})
 
@@ -265,9 +261,19 @@ class TravelGym(TurnGym):
 
     # ------------------------------------------------------------------------------------------------ helpers
 
-    def _say(self, said: str, reply: str, reward: float, role: str = "User", info: dict | None = None) -> StepResult:
+    def _say(
+        self,
+        said: str,
+        reply: str,
+        reward: float,
+        role: str = "User",
+        info: dict | None = None,
+        error: UserSimError | None = None,
+    ) -> StepResult:
+        """Record the exchange in the history and answer `reply`; `error`: the simulator failed for good and `reply`
+        is the fallback (`StepResult.user_sim_error`, so the episode is not scored)."""
         self.history += [("Agent", said), (role, reply)]
-        return StepResult(reply, reward, info=info or {})
+        return StepResult(reply, reward, info=info or {}, user_sim_error=None if error is None else str(error))
 
     def _history(self) -> str:
         return "\n".join(f"{role}: {text}" for role, text in self.history) or "(no conversation yet)"
