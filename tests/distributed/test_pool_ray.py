@@ -129,7 +129,7 @@ def test_routing_pause_and_health_checks(
             assert [e.restarts for e in pool.engines] == [0, 0]
 
             # An engine that dies while idle is found by the periodic health check and restarted.
-            killed = await pool.engines[0].actor.kill_server.remote()
+            killed = await pool.kill_engine_server(0)
             await until(lambda: pool.engines[0].restarts == 1 and pool.engines[0].healthy, "the restart")
             assert await pool.engines[0].actor.pid.remote() != killed
             assert await pool.check_health() == [True, True]

@@ -40,7 +40,7 @@ def test_the_client_follows_a_killed_and_restarted_engine(ray_cluster: object, c
             sim = managed_client(cfg, pool)
             before = await sim.chat(MESSAGES)
             first_url = pool.urls[0]
-            await pool.engines[0].actor.kill_server.remote()
+            await pool.kill_engine_server(0)
             after = await asyncio.gather(*(sim.chat(MESSAGES) for _ in range(4)))
             state = {
                 "replies": [r.text for r in (before, *after)],

@@ -272,6 +272,10 @@ class LedgerPool:
     def session(self, episode_id: str = "") -> None:
         return None
 
+    async def kill_engine_server(self, index: int) -> int:
+        """A drill's kill (`run.faults`): a plan runs no engine process, so there is none to kill."""
+        return -1
+
 
 class LedgerRunner:
     """The episode runner: every rollout records the rollout phase and returns episodes of the longest length

@@ -10,16 +10,16 @@ nothing.
 """
 
 import logging
-from typing import Any
+
+from userrl_megatron.trainer.seams import EnginePool
 
 log = logging.getLogger(__name__)
 
 
 class Drills:
-    """The drills of one run, against its engine pool (a `fleet.pool.RolloutPool`: a drill reaches into the
-    engines' processes)."""
+    """The drills of one run, against its engine pool and the user simulator's (`EnginePool.kill_engine_server`)."""
 
-    def __init__(self, faults: list[str], pool: Any, sim_pool: Any = None) -> None:
+    def __init__(self, faults: list[str], pool: EnginePool, sim_pool: EnginePool | None = None) -> None:
         self.faults, self.pool, self.sim_pool = set(faults), pool, sim_pool
 
     async def after_rollout(self, step: int) -> None:
@@ -35,10 +35,10 @@ class Drills:
     def skips_update(self, step: int) -> bool:
         return f"skip_update@{step}" in self.faults
 
-    async def _kill_engine(self, index: int, pool: Any = None, what: str = "engine") -> None:
+    async def _kill_engine(self, index: int, pool: EnginePool | None = None, what: str = "engine") -> None:
         """Kill engine `index`'s server process (the pool finds it dead and restarts it)."""
         pool = pool or self.pool
         if pool is None:
             raise RuntimeError(f"fault drill: no {what} to kill (user_sim.engines.model is empty)")
-        pid = await pool.engines[index].actor.kill_server.remote()
+        pid = await pool.kill_engine_server(index)
         log.warning("fault drill: killed %s %d's server (pid %d)", what, index, pid)

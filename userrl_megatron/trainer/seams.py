@@ -134,6 +134,10 @@ class EnginePool(Protocol):
 
     async def restart(self, urls: list[str], timeout_s: float) -> Any: ...
 
+    async def kill_engine_server(self, index: int) -> int:
+        """SIGKILL engine `index`'s server process (fault drills); its pid, -1 when none ran."""
+        ...
+
 
 class Runner(Protocol):
     """Runs groups of episodes against the engines."""
