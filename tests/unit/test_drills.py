@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from userrl_megatron.trainer.drills import Drills
 
 
@@ -32,3 +34,13 @@ def test_each_drill_fires_at_its_hook_and_step() -> None:
     assert asyncio.run(play()) == [(0, 0, False), (0, 1, False), (2, 2, False), (2, 2, True), (2, 2, False)]
     assert pool.kills == [0, 0]
     assert not any(Drills([], pool).skips_update(s) for s in range(1, 6))
+
+
+def test_the_simulator_drill_kills_a_simulator_engine_or_fails_without_one() -> None:
+    policy, simulator = KillablePool(), KillablePool()
+    asyncio.run(Drills(["kill_user_sim_in_rollout@1"], policy, simulator).during_rollout(1))
+    assert (policy.kills, simulator.kills) == ([], [0])
+    # Without simulator engines (user_sim.engines.model empty) the drill fails: it never falls back on the policy's.
+    with pytest.raises(RuntimeError, match="no user simulator engine to kill"):
+        asyncio.run(Drills(["kill_user_sim_in_rollout@1"], policy).during_rollout(1))
+    assert policy.kills == []

@@ -24,20 +24,19 @@ class Drills:
 
     async def after_rollout(self, step: int) -> None:
         if f"kill_engine@{step}" in self.faults:
-            await self._kill_engine(0)
+            await self._kill_engine(self.pool, 0)
 
     async def during_rollout(self, step: int) -> None:
         if f"kill_engine_in_rollout@{step}" in self.faults:
-            await self._kill_engine(0)
+            await self._kill_engine(self.pool, 0)
         if f"kill_user_sim_in_rollout@{step}" in self.faults:
-            await self._kill_engine(0, self.sim_pool, "user simulator engine")
+            await self._kill_engine(self.sim_pool, 0, "user simulator engine")
 
     def skips_update(self, step: int) -> bool:
         return f"skip_update@{step}" in self.faults
 
-    async def _kill_engine(self, index: int, pool: EnginePool | None = None, what: str = "engine") -> None:
-        """Kill engine `index`'s server process (the pool finds it dead and restarts it)."""
-        pool = pool or self.pool
+    async def _kill_engine(self, pool: EnginePool | None, index: int, what: str = "engine") -> None:
+        """Kill engine `index`'s server process of `pool` (the pool finds it dead and restarts it)."""
         if pool is None:
             raise RuntimeError(f"fault drill: no {what} to kill (user_sim.engines.model is empty)")
         pid = await pool.kill_engine_server(index)
