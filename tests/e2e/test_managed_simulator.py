@@ -11,9 +11,11 @@ simulator client follows it to its new address, and every call that found the en
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gyms.base import parse_action
 from tests.support.tiny_run import train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -42,14 +44,35 @@ def test_a_killed_simulator_engine_is_restarted_and_no_call_is_lost(shared_data:
     )
     assert [r["step"] for r in records] == [1, 2]
     first, second = records
-    # How many questions reach the simulator depends on sampling (a reply cut at the token limit asks nothing);
-    # the client alone against a killed engine is tested deterministically in test_simulator_engines.py.
-    assert second["user_sim/calls"] >= first["user_sim/calls"] >= 0
+    episodes = {step: _episodes(tmp_path / "managed" / "rollouts" / f"step_{step}.jsonl") for step in (1, 2)}
+    assert [len(episodes[1]), len(episodes[2])] == [4, 4]
+    # The simulator's counters are the run's totals so far, logged after each step's rollout (sync mode, no
+    # evaluation): a step's own are the difference. How many questions reach the simulator depends on sampling (a
+    # reply cut at the token limit asks nothing, so a step may ask none; the client alone against a killed engine
+    # is tested deterministically in test_simulator_engines.py); that each question is one call, and that every
+    # call ends answered or failed (none still in flight, none dropped), does not.
+    calls = [first["user_sim/calls"], second["user_sim/calls"] - first["user_sim/calls"]]
+    assert calls == [sum(map(_asks, episodes[step])) for step in (1, 2)]
+    for record in records:
+        assert record["user_sim/answered"] + record["user_sim/failures"] == record["user_sim/calls"]  # no cache
     assert (first["user_sim/engine_restarts"], second["user_sim/engine_restarts"]) == (0.0, 1.0)
     # Every call of step 2 came after the kill: those that found the engine down were retried at its new address
-    # (`user_sim/retries/connection`, as many as the timing gives), and none was lost to it.
+    # (`user_sim/retries/connection`, as many as the timing gives), and none was lost to it (nor in step 1).
     assert second.get("user_sim/failures/connection", 0.0) == 0.0
     assert second["rollout/engine_restarts"] == 0.0  # the policy's engines were not touched
-    episodes = [json.loads(line) for line in (tmp_path / "managed" / "rollouts" / "step_2.jsonl").open()]
-    assert len(episodes) == 4
-    assert not any("cannot reach" in (e.get("error") or "") for e in episodes)
+    assert not any("cannot reach" in (e.get("error") or "") for e in episodes[2])
+
+
+def _episodes(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.open()]
+
+
+def _asks(episode: dict[str, Any]) -> bool:
+    """Whether the episode's one turn put a question or a guess to the simulator (TelepathyGym.act): a reply cut
+    at the token limit has no action, `[finish]` and an empty question are answered without a call."""
+    actions = [turn["action"] for turn in episode["turns"] if turn["action"] is not None]
+    if not actions:
+        return False
+    [action] = actions  # rollout.max_turns=1, and the tags format has one action per reply
+    tag, payload = parse_action(action)
+    return tag != "finish" and bool(payload)
