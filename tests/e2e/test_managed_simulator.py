@@ -46,13 +46,12 @@ def test_a_killed_simulator_engine_is_restarted_and_no_call_is_lost(shared_data:
     first, second = records
     episodes = {step: _episodes(tmp_path / "managed" / "rollouts" / f"step_{step}.jsonl") for step in (1, 2)}
     assert [len(episodes[1]), len(episodes[2])] == [4, 4]
-    # The simulator's counters are the run's totals so far, logged after each step's rollout (sync mode, no
-    # evaluation): a step's own are the difference. How many questions reach the simulator depends on sampling (a
-    # reply cut at the token limit asks nothing, so a step may ask none; the client alone against a killed engine
-    # is tested deterministically in test_simulator_engines.py); that each question is one call, and that every
-    # call ends answered or failed (none still in flight, none dropped), does not.
-    calls = [first["user_sim/calls"], second["user_sim/calls"] - first["user_sim/calls"]]
-    assert calls == [sum(map(_asks, episodes[step])) for step in (1, 2)]
+    # The simulator's counters are each step's own (sync mode, no evaluation: the calls of its rollout). How many
+    # questions reach the simulator depends on sampling (a reply cut at the token limit asks nothing, so a step may
+    # ask none; the client alone against a killed engine is tested deterministically in test_simulator_engines.py);
+    # that each question is one call, and that every call ends answered or failed (none still in flight, none
+    # dropped), does not.
+    assert [r["user_sim/calls"] for r in records] == [sum(map(_asks, episodes[step])) for step in (1, 2)]
     for record in records:
         assert record["user_sim/answered"] + record["user_sim/failures"] == record["user_sim/calls"]  # no cache
     assert (first["user_sim/engine_restarts"], second["user_sim/engine_restarts"]) == (0.0, 1.0)
