@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from userrl_megatron.config.gyms import UserSimEnginesConfig
 from userrl_megatron.config.schema import MegatronConfig, RolloutConfig, RunConfig
 from userrl_megatron.errors import UserError
 
@@ -166,6 +167,33 @@ def plan_bundles(megatron: MegatronConfig, rollout: RolloutConfig, use_gpu: bool
     )
 
 
+@dataclass(frozen=True)
+class RunShape:
+    """The GPUs a run takes on a cluster of `per_node`-GPU nodes (`megatron.devices_per_node`): the policy's (its
+    actor ranks and engines, the same GPUs when colocated) and the user simulator's engines (GPUs of their own)."""
+
+    policy_gpus: int
+    simulator_gpus: int
+    per_node: int
+
+    @property
+    def gpus(self) -> int:
+        return self.policy_gpus + self.simulator_gpus
+
+    @property
+    def nodes(self) -> int:
+        """The fewest nodes that hold them all: the placement packs the GPUs node by node."""
+        return max(1, -(-self.gpus // max(self.per_node, 1)))
+
+
+def run_shape(megatron: MegatronConfig, rollout: RolloutConfig, simulator: UserSimEnginesConfig) -> RunShape:
+    """The GPUs of the run's placement group and, when the run serves the user simulator
+    (`user_sim.engines.model`), those of the simulator's own group."""
+    policy = len(plan_bundles(megatron, rollout, use_gpu=True).bundles)
+    served = simulator.num_engines * simulator.engine_tp if simulator.model else 0
+    return RunShape(policy, served, megatron.devices_per_node)
+
+
 def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
     """Join the cluster `run.ray_address` names ("auto": the one this machine runs), passing no resource
     counts; otherwise start a private Ray instance bound to loopback, whatever else runs on the machine (a
@@ -261,7 +289,7 @@ def _probe_slots(group: Any, n: int, uses_gpu: bool, driver_node_id: str) -> lis
     located = ray.get(probes)
 
     def node_key(ip: str, node_id: str) -> tuple[bool, tuple[int, int, str], str]:
-        return node_id != driver_node_id, _ip_key(ip), node_id
+        return node_id != driver_node_id, ip_key(ip), node_id
 
     def gpu_key(gpu: str | None) -> tuple[int, str]:
         return (int(gpu), "") if gpu is not None and gpu.isdigit() else (0, gpu or "")
@@ -272,7 +300,7 @@ def _probe_slots(group: Any, n: int, uses_gpu: bool, driver_node_id: str) -> lis
     return [Slot(i, index[located[i][1]], located[i][1], located[i][0], located[i][2]) for i in order]
 
 
-def _ip_key(ip: str) -> tuple[int, int, str]:
+def ip_key(ip: str) -> tuple[int, int, str]:
     """IPs in numeric order (127.0.0.10 after 127.0.0.9), v4 before v6, names last."""
     try:
         address = ipaddress.ip_address(ip)
