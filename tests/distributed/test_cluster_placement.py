@@ -241,6 +241,18 @@ def test_the_user_simulators_engines_on_gpus_of_their_own(cluster: list[str]) ->
 
 
 @pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_a_run_whose_simulator_does_not_fit_beside_the_policy_fails_in_one_line(cluster: list[str]) -> None:
+    """The policy alone fits two nodes, the simulator's engines alone too; both do not, and the simulator's group,
+    reserved second, would wait for GPUs that never come."""
+    with pytest.raises(UserError) as failure:
+        up("configs/layout/qwen3-32b-h100x24-usersim.yaml")
+    assert str(failure.value) == (
+        "the run needs 24 GPUs (16 for the actor and the policy's engines, 8 for the user simulator's engines) and "
+        "the Ray cluster has 16"
+    )
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
 def test_an_engine_spanning_two_nodes(cluster: list[str]) -> None:
     """One TP16 engine over both nodes: node rank 0 on the driver's node serves HTTP and is the rendezvous of
     node rank 1; each process sees the eight GPUs of its node."""

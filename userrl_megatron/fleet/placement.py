@@ -194,6 +194,20 @@ def run_shape(megatron: MegatronConfig, rollout: RolloutConfig, simulator: UserS
     return RunShape(policy, served, megatron.devices_per_node)
 
 
+def check_run_gpus(shape: RunShape) -> None:
+    """PlacementError when the Ray cluster has fewer GPUs than the whole run takes. With the user simulator's engines
+    the run reserves two placement groups, one after the other; each alone may fit where both do not, and the
+    second would wait for GPUs that never come."""
+    import ray
+
+    have = ray.cluster_resources().get("GPU", 0.0)
+    if shape.simulator_gpus and shape.gpus > have:
+        raise PlacementError(
+            f"the run needs {shape.gpus} GPUs ({shape.policy_gpus} for the actor and the policy's engines, "
+            f"{shape.simulator_gpus} for the user simulator's engines) and the Ray cluster has {have:g}"
+        )
+
+
 def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
     """Join the cluster `run.ray_address` names ("auto": the one this machine runs), passing no resource
     counts; otherwise start a private Ray instance bound to loopback, whatever else runs on the machine (a

@@ -107,8 +107,9 @@ def bring_up(cfg: RootConfig) -> BringUp:
     placed is removed again before this returns. A layout that cannot be placed raises a UserError (one line)."""
     from ray.util import remove_placement_group
 
-    from userrl_megatron.fleet.placement import create_placement
+    from userrl_megatron.fleet.placement import check_run_gpus, create_placement
 
+    check_run_gpus(run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines))
     placement = create_placement(plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True), RESERVE_TIMEOUT_S)
     try:
         return asyncio.run(_place(resolve_config(cfg), placement))
