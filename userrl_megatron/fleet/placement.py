@@ -5,7 +5,9 @@
 - GPU, colocated: actors and engines share the same GPUs and take turns (engines release memory while actors
   train, actors offload while engines generate); fractional GPU requests let both sit on one bundle.
 Actor rank r always lands on the r-th device in (node, device) order, so a TP group is packed on one node; the
-driver's node comes first, so rank 0 (the master) and engine 0 sit beside the driver when its node has GPUs.
+driver's node comes first, so rank 0 (the master) and engine 0 sit beside the driver when the group has GPUs
+there. A run that serves its user simulator reserves a second group for the simulator's engines (`run_shape`
+counts both); Ray may give that one the driver's node.
 
 After the group is reserved every bundle is probed once for its node and the GPU Ray gave it (`Slot`). An
 engine's Ray actor sits on the bundle of its first GPU, but its server needs all `engine_tp` of them: the pool
