@@ -5,7 +5,7 @@ run is checked against expectations written out here: each actor rank's node, vi
 size, master address and parallel ranks; each engine process's node, environment and full command line; the
 weight-sync groups; the router. A layout that cannot be placed fails in one line.
 
-One cluster per node count (1, 2, 4), started once for the tests that need it. Nothing here waits on time
+One cluster per node count (1, 2, 3, 4), started once for the tests that need it. Nothing here waits on time
 except the guard against a hang (`HANG_S`)."""
 
 import subprocess
@@ -236,8 +236,20 @@ def test_the_user_simulators_engines_on_gpus_of_their_own(cluster: list[str]) ->
         (0, {"CUDA_VISIBLE_DEVICES": "0,1"}, command)
     ]
     assert {e.ip for e in result.engines} == {r.ip for r in result.ranks} != {result.simulator[0].ip}  # other node
-    assert result.simulator[0].ip in cluster
-    assert "user sim engine 0" in format_placement(result)
+    assert result.simulator[0].ip in cluster and result.nodes == cluster  # the driver's node first, then by IP
+    assert f"node {cluster.index(result.simulator[0].ip)}  user sim engine 0  " in format_placement(result)
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_a_run_whose_simulator_does_not_fit_beside_the_policy_fails_in_one_line(cluster: list[str]) -> None:
+    """The policy alone fits two nodes, the simulator's engines alone too; both do not, and the simulator's group,
+    reserved second, would wait for GPUs that never come."""
+    with pytest.raises(UserError) as failure:
+        up("configs/layout/qwen3-32b-h100x24-usersim.yaml")
+    assert str(failure.value) == (
+        "the run needs 24 GPUs (16 for the actor and the policy's engines, 8 for the user simulator's engines) and "
+        "the Ray cluster has 16"
+    )
 
 
 @pytest.mark.parametrize("cluster", [2], indirect=True)
@@ -288,6 +300,62 @@ def test_an_engine_the_driver_cannot_reach_fails_in_one_line(cluster: list[str])
     )
 
 
+# ---- three nodes of 8 GPUs ----
+
+
+@pytest.mark.parametrize("cluster", [3], indirect=True)
+def test_qwen3_32b_with_the_user_simulator_on_a_third_node(cluster: list[str]) -> None:
+    """The policy of the 32B layout exactly as on two nodes of its own (TP8 x DP2, a TP group per node, four TP4
+    engines); the simulator's four TP2 engines on the third node, GPUs 0-1, 2-3, 4-5, 6-7, with the simulator's
+    memory fraction and context length, behind a router of their own. The two placement groups are reserved apart,
+    so Ray picks which node the simulator gets (the driver's or another); whichever it is holds no actor rank and
+    no policy engine, and no simulator GPU is anywhere else."""
+    result = up("configs/layout/qwen3-32b-h100x24-usersim.yaml")
+    assert result.nodes == cluster  # the driver's node first, then by IP, whichever holds what
+    node = {ip: i for i, ip in enumerate(cluster)}
+    policy = sorted({node[r.ip] for r in result.ranks} | {node[e.ip] for e in result.engines})
+    [sim_node] = {node[e.ip] for e in result.simulator}
+    assert len(policy) == 2 and sorted([*policy, sim_node]) == [0, 1, 2]  # a node to itself
+    master = cluster[policy[0]]  # rank 0 on the first of the policy's nodes: the driver's, or the lower IP
+    assert ranks(result, cluster) == [
+        (policy[r // 8], str(r % 8), r % 8, 16, "cuda:0", "nccl", master, (r % 8, 0, 0, r // 8, 0)) for r in range(16)
+    ]
+    gpus = ["0,1,2,3", "4,5,6,7"]
+    assert engines(result, cluster) == [
+        (e, policy[e // 2], 0, {"CUDA_VISIBLE_DEVICES": gpus[e % 2]}, f"http://{cluster[policy[e // 2]]}:{30000 + e}",
+         sglang("/models/Qwen3-32B", 30000 + e, 4, 0.6, host="0.0.0.0"))
+        for e in range(4)
+    ]  # fmt: skip
+    holders = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(16)), holders)]
+
+    def simulator(e: int) -> list[str]:  # frozen, on GPUs of its own: no memory saver
+        command = sglang("/models/Qwen3-32B", 31000 + e, 2, 0.85, host="0.0.0.0", colocated=False)
+        command[2] = "USERRL_USER_SIM_ENGINE_KEY"
+        return [*command, "--context-length", "32768"]
+
+    assert all(e.launch.watch for e in result.simulator)
+    assert [
+        (e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, e.launch.command) for e in result.simulator
+    ] == [
+        (e, sim_node, 0, {"CUDA_VISIBLE_DEVICES": f"{2 * e},{2 * e + 1}"}, f"http://{cluster[sim_node]}:{31000 + e}",
+         simulator(e))
+        for e in range(4)
+    ]  # fmt: skip
+    keys = {e.launch.secrets["USERRL_USER_SIM_ENGINE_KEY"] for e in result.simulator}
+    assert len(keys) == 1 and keys != {e.launch.secrets["USERRL_ENGINE_API_KEY"] for e in result.engines}
+    router = result.simulator_router
+    assert result.router is None and router is not None and router.command[2] == "USERRL_USER_SIM_ENGINE_KEY"
+    at = router.command.index("--worker-urls")
+    assert router.command[at + 1 : at + 5] == [f"http://{cluster[sim_node]}:{31000 + e}" for e in range(4)]
+    text = format_placement(result).splitlines()
+    assert [line.split("  ")[:2] for line in text if "user sim" in line] == [
+        *([f"node {sim_node}", f"user sim engine {e}"] for e in range(4)),
+        ["node 0", "user sim router"],
+    ]
+    assert text[-1] == f"nodes  0 {cluster[0]} (the driver's), 1 {cluster[1]}, 2 {cluster[2]}"
+
+
 # ---- four nodes of 8 GPUs ----
 
 
@@ -317,7 +385,7 @@ def test_userrl_plan_placement_prints_a_line_per_process() -> None:
     out = subprocess.run([*command, "--placement"], capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 8 + 8 + 1  # actor ranks, engines, the sync group
+    assert len(lines) == 8 + 8 + 1 + 1  # actor ranks, engines, the sync group, the node
     assert lines[1].startswith("node 0  rank 1/8  local rank 1  CUDA_VISIBLE_DEVICES=1  cuda:0 nccl  ")
     assert "  tp 1/2 pp 0/1 cp 0/1 dp 0/4 ep 0/1  master " in lines[1]
     assert lines[9] == (
@@ -327,3 +395,4 @@ def test_userrl_plan_placement_prints_a_line_per_process() -> None:
         "sync userrl_sync_g0_pp0  tensor handles from ranks [0, 1, 2, 3, 4, 5, 6, 7]; engine TP ranks map "
         "[[0], [1], [2], [3], [4], [5], [6], [7]]"
     )
+    assert lines[17].startswith("nodes  0 ") and lines[17].endswith(" (the driver's)")

@@ -73,3 +73,27 @@ def test_the_simulator_engines_settings() -> None:
     assert rollout.backend == cfg.rollout.backend and rollout.api_key_env == "USERRL_USER_SIM_ENGINE_KEY"
     one = simulator_rollout(load_config(overrides=["user_sim.engines.model=m", "rollout.colocate=true"], check=False))
     assert (one.router, one.colocate) == ("none", False)  # never in the policy's memory hand-offs
+
+
+def test_the_simulator_engines_memory_and_context() -> None:
+    """0 takes the policy engines' memory fraction and the simulator model's own context length (never the policy
+    engines'); set, both reach SGLang's and the embedded server's settings. What only the policy's engines need
+    (a weight backup for memory releases, routed experts for routing replay) is off."""
+    policy = [
+        "user_sim.engines.model=m",
+        "rollout.sglang.mem_fraction_static=0.6",
+        "rollout.sglang.context_length=4096",
+        "rollout.sglang.enable_weights_cpu_backup=true",
+        "rollout.sglang.enable_return_routed_experts=true",
+        "rollout.embedded.context_length=4096",
+        "rollout.embedded.enable_return_routed_experts=true",
+    ]
+    default = simulator_rollout(load_config(overrides=policy, check=False))
+    assert default.sglang.mem_fraction_static == 0.6
+    assert default.sglang.context_length == default.embedded.context_length == 0
+    assert not default.sglang.enable_weights_cpu_backup and not default.sglang.enable_return_routed_experts
+    assert not default.embedded.enable_return_routed_experts
+    own = ["user_sim.engines.mem_fraction_static=0.85", "user_sim.engines.context_length=32768"]
+    rollout = simulator_rollout(load_config(overrides=policy + own, check=False))
+    assert (rollout.sglang.mem_fraction_static, rollout.sglang.context_length) == (0.85, 32768)
+    assert rollout.embedded.context_length == 32768

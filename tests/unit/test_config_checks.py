@@ -187,7 +187,7 @@ def test_validate_prints_one_error_line_per_problem(tmp_path: Path, capsys: pyte
 
 @pytest.mark.parametrize("layout", sorted((REPO / "configs" / "layout").glob("*.yaml")), ids=lambda p: p.stem)
 def test_a_layout_file_alone_plans_the_model_it_was_made_for(layout: Path) -> None:
-    model_file = REPO / "configs" / "model" / f"{layout.stem.rsplit('-', 1)[0]}.yaml"
+    model_file = REPO / "configs" / "model" / f"{layout.name.split('-h')[0]}.yaml"
     alone = load_config([layout])
     assert alone == load_config([model_file, layout])
     assert alone.model == load_config([model_file]).model and alone.model.path.startswith("/models/Qwen3-")

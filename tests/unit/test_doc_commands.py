@@ -26,6 +26,11 @@ class Run:
     shows: tuple[str, ...] = ()
 
 
+USERSIM_NODES = (
+    "the run takes 3 nodes of 8 GPUs (megatron.devices_per_node): 24 GPUs, 16 for the actor and the policy's engines "
+    "and 8 for the user simulator's engines"
+)
+
 RUN: dict[str, Run] = {
     "userrl config show --config configs/quickstart.yaml rollout.max_turns=4 algo.turn_level=R2G": Run(
         shows=("  max_turns: 4", "  turn_level: R2G")
@@ -54,6 +59,16 @@ RUN: dict[str, Run] = {
     "userrl plan --config configs/layout/qwen3-32b-h100x16.yaml": Run(
         shows=("peak: 53.7 GiB on GPU 0 during training",)
     ),
+    "userrl plan --config configs/layout/qwen3-32b-h100x24-usersim.yaml": Run(
+        shows=(
+            "user simulator: 4 engine(s) TP2 of /models/Qwen3-32B on GPUs of their own (8 more): 70.7 GiB per GPU "
+            "(engine KV cache 36.1, engine weights 30.5, engine runtime 3.0, CUDA contexts 1.0); KV cache 296,123 "
+            "tokens per engine",
+            USERSIM_NODES,
+        )
+    ),
+    "userrl plan --config examples/userrl_qwen3/config.yaml --config configs/layout/qwen3-32b-h100x24-usersim.yaml "
+    "model.path=/models/Qwen3-32B": Run(shows=(USERSIM_NODES,)),
     "userrl plan --config examples/userrl_qwen3/config.yaml rollout.engine_tp=2": Run(
         shows=(
             "16 GPUs of 79.6 GiB (plan.device_memory_gb); actor TP2 PP1 CP1 DP4, recompute full, offload on; "
@@ -89,6 +104,8 @@ NOT_RUN: dict[str, str] = {
     "--out runs/eval/trained": TRAINED,
     "sbatch slurm/train.sbatch --config examples/userrl_qwen3/config.yaml": SLURM_GPU,
     "sbatch --nodes=4 slurm/train.sbatch --config examples/mua_tau/config.yaml": SLURM_GPU,
+    "sbatch --nodes=3 slurm/train.sbatch --config examples/userrl_qwen3/config.yaml --config "
+    "configs/layout/qwen3-32b-h100x24-usersim.yaml model.path=/models/Qwen3-32B": SLURM_GPU,
     "sbatch --gpus-per-node=4 --cpus-per-task=16 slurm/train.sbatch --config my.yaml": SLURM_GPU,
     "sbatch --nodes=1 --gpus-per-node=0 --cpus-per-task=2 slurm/train.sbatch --config configs/quickstart.yaml": SLURM,
     "sbatch --cpus-per-task=2 slurm/convert.sbatch --ckpt runs/quickstart/checkpoints "

@@ -117,6 +117,13 @@ def test_sglang_command_tp_no_memory_saver_and_extra_args() -> None:
         sglang_command(cfg, "/m", tp_size=0, port=1)
 
 
+def test_sglang_command_context_length() -> None:
+    """`--context-length` only when set (0: SGLang takes the model's own)."""
+    assert "--context-length" not in sglang_command(SGLangConfig(), "/m", 1, 30000, python="py")
+    command = sglang_command(SGLangConfig(context_length=32768), "/m", 2, 31000, "bfloat16", python="py")
+    assert command[command.index("--skip-server-warmup") :] == ["--skip-server-warmup", "--context-length", "32768"]
+
+
 def test_sglang_command_on_cpu() -> None:
     cfg = SGLangConfig(max_total_tokens=16384, enable_weights_cpu_backup=True)
     command = sglang_command(cfg, "/m", 1, 31000, "float32", python="py", device="cpu")

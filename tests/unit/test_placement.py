@@ -1,15 +1,18 @@
 import pytest
 
 from userrl_megatron.config import MegatronConfig, RolloutConfig
+from userrl_megatron.config.gyms import UserSimEnginesConfig
 from userrl_megatron.fleet.placement import (
     COLOCATED_ACTOR_SHARE,
     COLOCATED_ENGINE_SHARE,
     BundlePlan,
     Placement,
     PlacementError,
+    RunShape,
     Slot,
     _check_capacity,
     plan_bundles,
+    run_shape,
 )
 
 
@@ -49,6 +52,19 @@ def _placement(plan: BundlePlan, gpus_per_node: int) -> Placement:
         for i in range(len(plan.bundles))
     ]
     return Placement(group=None, plan=plan, slots=slots, driver_node_id="n0")
+
+
+def test_the_run_shape_counts_the_user_simulators_gpus() -> None:
+    """The policy's GPUs (shared when colocated, added when not) and the simulator engines' own, on whole nodes."""
+    m = MegatronConfig(nnodes=2, devices_per_node=8, tensor_model_parallel_size=8)
+    colocated = RolloutConfig(num_engines=4, engine_tp=4, colocate=True)
+    simulator = UserSimEnginesConfig(model="/models/Qwen3-32B", num_engines=4, engine_tp=2)
+    shape = run_shape(m, colocated, simulator)
+    assert shape == RunShape(policy_gpus=16, simulator_gpus=8, per_node=8)
+    assert (shape.gpus, shape.nodes) == (24, 3)
+    assert run_shape(m, colocated, UserSimEnginesConfig(num_engines=4, engine_tp=2)) == RunShape(16, 0, 8)  # no model
+    disaggregated = RolloutConfig(num_engines=1, engine_tp=2)
+    assert run_shape(m, disaggregated, UserSimEnginesConfig(model="m", engine_tp=2)).nodes == 3  # 16 + 2 + 2 GPUs
 
 
 def test_each_engine_gets_all_its_gpus_on_its_node() -> None:

@@ -116,6 +116,7 @@ def test_every_example_plans_clean(path: Path) -> None:
 
 H100_8B = REPO / "configs" / "layout" / "qwen3-8b-h100x8.yaml"
 H100_32B = REPO / "configs" / "layout" / "qwen3-32b-h100x16.yaml"
+H100_32B_USERSIM = REPO / "configs" / "layout" / "qwen3-32b-h100x24-usersim.yaml"
 
 
 def test_engines_starting_beside_a_resident_actor_get_no_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,3 +190,45 @@ def test_the_user_simulators_engines_are_planned_on_gpus_of_their_own() -> None:
     small = _layout(H100_32B, "user_sim.engines.model=qwen3-32b", "user_sim.engines.engine_tp=1")
     problems = plan_problems(plan_run(small))  # 32B on one GPU: no room left for its KV cache
     assert any(p.startswith("user simulator: engine 0 starts with") and "no room for a KV cache" in p for p in problems)
+
+
+def test_the_usersim_layout_serves_the_simulator_on_a_node_of_its_own() -> None:
+    """Four TP2 engines of Qwen3-32B at 0.85 of each GPU (user_sim.engines.mem_fraction_static) beside the 32B
+    policy's two nodes; the last line gives the whole run's nodes."""
+    cfg = load_config([str(H100_32B_USERSIM)])
+    plan = plan_run(cfg)
+    assert plan_problems(plan) == [] and plan.devices == 16
+    [row] = plan.simulator
+    device = int(79.6 * GIB)
+    weights = Architecture.from_hf_config(PUBLISHED_SHAPES["qwen3-32b"]).num_parameters * 2 // 2
+    kv = device - GIB - weights - int(device * (1 - 0.85))  # SGLang keeps 0.15 of the GPU outside its pool
+    assert row.held == {
+        "CUDA contexts": GIB,
+        "engine weights": weights,
+        "engine KV cache": kv,
+        "engine runtime": 3 * GIB,
+    }
+    assert plan.simulator_kv_tokens == [kv // (2 * 64 * 4 * 128 * 2)] * 4 == [296_123] * 4  # 4 of 8 KV heads a GPU
+    lines = format_plan(plan, cfg).splitlines()
+    assert lines[-2:] == [
+        "user simulator: 4 engine(s) TP2 of /models/Qwen3-32B on GPUs of their own (8 more): 70.7 GiB per GPU "
+        "(engine KV cache 36.1, engine weights 30.5, engine runtime 3.0, CUDA contexts 1.0); KV cache 296,123 tokens "
+        "per engine",
+        "the run takes 3 nodes of 8 GPUs (megatron.devices_per_node): 24 GPUs, 16 for the actor and the policy's "
+        "engines and 8 for the user simulator's engines",
+    ]
+    alone = _layout(H100_32B)
+    assert format_plan(plan_run(alone), alone).splitlines()[-1] == (
+        "the run takes 2 nodes of 8 GPUs (megatron.devices_per_node): 16 GPUs"
+    )
+    at_policy_fraction = plan_run(load_config([str(H100_32B_USERSIM)], ["user_sim.engines.mem_fraction_static=0"]))
+    assert at_policy_fraction.simulator[0].held["engine KV cache"] == device - GIB - weights - int(device * (1 - 0.6))
+
+
+def test_an_embedded_engine_holds_no_request_beyond_its_context_length() -> None:
+    """The embedded engine's KV: max_running_requests requests of the episode budget (1,024 + 1,024 tokens), each
+    at most `context_length`, plus the prefix cache."""
+    base = ["user_sim.engines.model=qwen3-32b", "user_sim.engines.engine_tp=4", "user_sim.engines.backend=embedded"]
+    assert plan_run(_layout(H100_32B, *base)).simulator_kv_tokens == [64 * 2048 + 16384]
+    short = plan_run(_layout(H100_32B, *base, "user_sim.engines.context_length=1024"))
+    assert short.simulator_kv_tokens == [64 * 1024 + 16384]

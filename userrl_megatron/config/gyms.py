@@ -108,6 +108,8 @@ class UserSimEnginesConfig:
     engine_tp: int = 1  # GPUs per simulator engine (tensor parallel)
     backend: str = ""  # "embedded" or "sglang"; "" = rollout.backend
     dtype: str = ""  # weight dtype of the simulator engines; "" = model.dtype
+    mem_fraction_static: float = 0.0  # SGLang's share of each simulator GPU (weights + KV); 0 = rollout.sglang's
+    context_length: int = 0  # longest prompt + reply a simulator engine serves; 0 = the simulator model's own
 
 
 @dataclass

@@ -82,6 +82,7 @@ class SGLangConfig:
     python: str = ""  # interpreter of sglang.launch_server; "" = .venv-sglang/bin/python if present, else this one
     device: str = "auto"  # "auto" (cuda when the engine was given a GPU, else cpu), "cpu" or "cuda"
     max_total_tokens: int = 0  # KV-cache size in tokens (0 = SGLang sizes it from memory; set it on CPU)
+    context_length: int = 0  # longest prompt + output served (--context-length); 0 = the model's
     enable_weights_cpu_backup: bool = False  # keep weights across memory release (forced on: colocated with sync off)
     enable_return_routed_experts: bool = False  # MoE: record routing for return_routed_experts (on: routing replay)
 

@@ -5,7 +5,9 @@
 - GPU, colocated: actors and engines share the same GPUs and take turns (engines release memory while actors
   train, actors offload while engines generate); fractional GPU requests let both sit on one bundle.
 Actor rank r always lands on the r-th device in (node, device) order, so a TP group is packed on one node; the
-driver's node comes first, so rank 0 (the master) and engine 0 sit beside the driver when its node has GPUs.
+driver's node comes first, so rank 0 (the master) and engine 0 sit beside the driver when the group has GPUs
+there. A run that serves its user simulator reserves a second group for the simulator's engines (`run_shape`
+counts both); Ray may give that one the driver's node.
 
 After the group is reserved every bundle is probed once for its node and the GPU Ray gave it (`Slot`). An
 engine's Ray actor sits on the bundle of its first GPU, but its server needs all `engine_tp` of them: the pool
@@ -18,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from userrl_megatron.config.gyms import UserSimEnginesConfig
 from userrl_megatron.config.schema import MegatronConfig, RolloutConfig, RunConfig
 from userrl_megatron.errors import UserError
 
@@ -166,6 +169,47 @@ def plan_bundles(megatron: MegatronConfig, rollout: RolloutConfig, use_gpu: bool
     )
 
 
+@dataclass(frozen=True)
+class RunShape:
+    """The GPUs a run takes on a cluster of `per_node`-GPU nodes (`megatron.devices_per_node`): the policy's (its
+    actor ranks and engines, the same GPUs when colocated) and the user simulator's engines (GPUs of their own)."""
+
+    policy_gpus: int
+    simulator_gpus: int
+    per_node: int
+
+    @property
+    def gpus(self) -> int:
+        return self.policy_gpus + self.simulator_gpus
+
+    @property
+    def nodes(self) -> int:
+        """The fewest nodes that hold them all: the placement packs the GPUs node by node."""
+        return max(1, -(-self.gpus // max(self.per_node, 1)))
+
+
+def run_shape(megatron: MegatronConfig, rollout: RolloutConfig, simulator: UserSimEnginesConfig) -> RunShape:
+    """The GPUs of the run's placement group and, when the run serves the user simulator
+    (`user_sim.engines.model`), those of the simulator's own group."""
+    policy = len(plan_bundles(megatron, rollout, use_gpu=True).bundles)
+    served = simulator.num_engines * simulator.engine_tp if simulator.model else 0
+    return RunShape(policy, served, megatron.devices_per_node)
+
+
+def check_run_gpus(shape: RunShape) -> None:
+    """PlacementError when the Ray cluster has fewer GPUs than the whole run takes. With the user simulator's engines
+    the run reserves two placement groups, one after the other; each alone may fit where both do not, and the
+    second would wait for GPUs that never come."""
+    import ray
+
+    have = ray.cluster_resources().get("GPU", 0.0)
+    if shape.simulator_gpus and shape.gpus > have:
+        raise PlacementError(
+            f"the run needs {shape.gpus} GPUs ({shape.policy_gpus} for the actor and the policy's engines, "
+            f"{shape.simulator_gpus} for the user simulator's engines) and the Ray cluster has {have:g}"
+        )
+
+
 def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
     """Join the cluster `run.ray_address` names ("auto": the one this machine runs), passing no resource
     counts; otherwise start a private Ray instance bound to loopback, whatever else runs on the machine (a
@@ -261,7 +305,7 @@ def _probe_slots(group: Any, n: int, uses_gpu: bool, driver_node_id: str) -> lis
     located = ray.get(probes)
 
     def node_key(ip: str, node_id: str) -> tuple[bool, tuple[int, int, str], str]:
-        return node_id != driver_node_id, _ip_key(ip), node_id
+        return node_id != driver_node_id, ip_key(ip), node_id
 
     def gpu_key(gpu: str | None) -> tuple[int, str]:
         return (int(gpu), "") if gpu is not None and gpu.isdigit() else (0, gpu or "")
@@ -272,7 +316,7 @@ def _probe_slots(group: Any, n: int, uses_gpu: bool, driver_node_id: str) -> lis
     return [Slot(i, index[located[i][1]], located[i][1], located[i][0], located[i][2]) for i in order]
 
 
-def _ip_key(ip: str) -> tuple[int, int, str]:
+def ip_key(ip: str) -> tuple[int, int, str]:
     """IPs in numeric order (127.0.0.10 after 127.0.0.9), v4 before v6, names last."""
     try:
         address = ipaddress.ip_address(ip)

@@ -91,6 +91,8 @@ def sglang_command(
     command.append("--skip-server-warmup")
     if cfg.max_total_tokens:
         command += ["--max-total-tokens", str(cfg.max_total_tokens)]
+    if cfg.context_length:
+        command += ["--context-length", str(cfg.context_length)]
     if cfg.enable_memory_saver and colocated and device != "cpu":  # torch-memory-saver frees CUDA memory only
         command.append("--enable-memory-saver")
     if cfg.enable_weights_cpu_backup:

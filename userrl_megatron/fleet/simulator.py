@@ -29,14 +29,30 @@ PORT_OFFSET = 1000  # the simulator's engines listen from base_port + 1000: a no
 
 
 def simulator_rollout(cfg: "RootConfig") -> "RolloutConfig":
-    """The engine settings of the simulator engines: the policy's, with the simulator's own count, TP and backend,
-    never colocated, with the router when there are several, with a key and ports of their own."""
+    """The engine settings of the simulator engines: the policy's, with the simulator's own count, TP, backend,
+    SGLang memory fraction (0: the policy's) and context length (0: the simulator model's own, whatever the policy's
+    engines serve); never colocated, so no weight backup; no routing replay; the router when there are several; a
+    key and ports of their own."""
     engines, r = cfg.user_sim.engines, cfg.rollout
     sglang_port, embedded_port = r.sglang.base_port, r.embedded.base_port
+    sglang = dataclasses.replace(
+        r.sglang,
+        base_port=sglang_port + PORT_OFFSET if sglang_port else 0,
+        mem_fraction_static=engines.mem_fraction_static or r.sglang.mem_fraction_static,
+        context_length=engines.context_length,
+        enable_weights_cpu_backup=False,  # frozen on GPUs of their own: they never release their memory
+        enable_return_routed_experts=False,  # the policy's routing replay, not the simulator's
+    )
+    embedded = dataclasses.replace(
+        r.embedded,
+        base_port=embedded_port + PORT_OFFSET if embedded_port else 0,
+        context_length=engines.context_length,
+        enable_return_routed_experts=False,
+    )
     return dataclasses.replace(
         cfg.rollout,
-        sglang=dataclasses.replace(r.sglang, base_port=sglang_port + PORT_OFFSET if sglang_port else 0),
-        embedded=dataclasses.replace(r.embedded, base_port=embedded_port + PORT_OFFSET if embedded_port else 0),
+        sglang=sglang,
+        embedded=embedded,
         backend=engines.backend or cfg.rollout.backend,
         num_engines=engines.num_engines,
         engine_tp=engines.engine_tp,

@@ -252,6 +252,8 @@ class LedgerPool:
             return self.rollout.sglang.max_total_tokens * self.memory.kv_token
         embedded = self.rollout.embedded  # a running request's KV grows to its context; finished ones are cached
         context = self.rollout.max_prompt_tokens + self.rollout.max_response_tokens
+        if embedded.context_length:  # no request grows beyond what the engine serves
+            context = min(context, embedded.context_length)
         return (embedded.max_running_requests * context + embedded.prefix_cache_tokens) * self.memory.kv_token
 
     async def pause(self, mode: str = "abort") -> None:

@@ -264,7 +264,25 @@ def format_plan(plan: MemoryPlan, cfg: RootConfig) -> str:
             f"({s.num_engines * s.engine_tp} more): {row.used / GIB:.1f} GiB per GPU ({held}); KV cache "
             f"{min(plan.simulator_kv_tokens):,} tokens per engine"
         )
+    lines.append(_run_size(cfg))
     return "\n".join(lines)
+
+
+def _run_size(cfg: RootConfig) -> str:
+    """The nodes and GPUs the whole run takes: the policy's and the user simulator's (`fleet.placement.run_shape`)."""
+    from userrl_megatron.fleet.placement import run_shape
+
+    shape = run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines)
+    nodes = (
+        f"{shape.nodes} node{'s' if shape.nodes > 1 else ''} of {shape.per_node} GPU{'s' if shape.per_node > 1 else ''}"
+    )
+    line = f"the run takes {nodes} (megatron.devices_per_node): {shape.gpus} GPUs"
+    if shape.simulator_gpus:
+        line += (
+            f", {shape.policy_gpus} for the actor and the policy's engines and {shape.simulator_gpus} for the user "
+            "simulator's engines"
+        )
+    return line
 
 
 def plan_problems(plan: MemoryPlan) -> list[str]:

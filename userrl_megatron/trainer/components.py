@@ -90,7 +90,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     from gyms.base import gym_spec
     from userrl_megatron.data import load_tasks
     from userrl_megatron.eval.evaluation import eval_tasks as load_eval_tasks
-    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.fleet.placement import check_run_gpus, create_placement, plan_bundles, run_shape, start_ray
     from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.fleet.simulator import managed_client, simulator_pool
     from userrl_megatron.model_store import resolve_model
@@ -119,6 +119,8 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     started_ray = not ray.is_initialized()
     cpus = len(plan.bundles) + (cfg.user_sim.engines.num_engines if managed_sim else 0)
     start_ray(cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, cpus))
+    if use_gpu and managed_sim:  # the simulator's GPUs come on top of the policy's, in a group reserved after it
+        check_run_gpus(run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines))
     placement = create_placement(plan)
     actors = pool = None
     stack = contextlib.AsyncExitStack()

@@ -16,7 +16,6 @@ runs the driver; node k listens on 127.0.0.(k + 1), so every node has an address
 import asyncio
 import contextlib
 import logging
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -25,7 +24,7 @@ from typing import Any
 from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.fleet.launch import ProcessLaunch
-from userrl_megatron.fleet.placement import Placement, plan_bundles
+from userrl_megatron.fleet.placement import Placement, ip_key, plan_bundles, run_shape
 from userrl_megatron.fleet.pool import EngineProcess
 from userrl_megatron.trainer.workers import RankLaunch, SyncRole
 from userrl_megatron.types import EpisodeGroup, SamplingParams, Task
@@ -39,21 +38,20 @@ RESERVE_TIMEOUT_S = 600.0  # the simulated cluster is sized for the run: only a 
 class BringUp:
     """What every process of a run would run, and where."""
 
-    nodes: list[str]  # node IPs in placement order (node 0: the driver's)
+    nodes: list[str]  # IPs of the driver's node (node 0) and of every node holding a process, then by IP
     ranks: list[RankLaunch]  # actor ranks, in rank order
     engines: list[EngineProcess]  # engine processes, engine by engine, node rank 0 first
     sync: list[SyncRole] = field(default_factory=list)  # every rank's part in every weight-sync group
     router: ProcessLaunch | None = None  # sglang-router on the driver's node (rollout.router: sglang)
     simulator: list[EngineProcess] = field(default_factory=list)  # the user simulator's engines (user_sim.engines)
+    simulator_router: ProcessLaunch | None = None  # sglang-router in front of several simulator engines
 
 
 def cluster_shape(cfg: RootConfig) -> tuple[int, int]:
-    """(nodes, GPUs per node) of the smallest cluster of `megatron.devices_per_node`-GPU nodes the run fits."""
-    gpus = len(plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True).bundles)
-    if cfg.user_sim.engines.model:  # the simulator's engines bring GPUs of their own
-        gpus += cfg.user_sim.engines.num_engines * cfg.user_sim.engines.engine_tp
-    per_node = cfg.megatron.devices_per_node
-    return max(1, math.ceil(gpus / per_node)), per_node
+    """(nodes, GPUs per node) of the smallest cluster of `megatron.devices_per_node`-GPU nodes the run fits, the
+    user simulator's engines included (`fleet.placement.run_shape`)."""
+    shape = run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines)
+    return shape.nodes, shape.per_node
 
 
 @contextlib.contextmanager
@@ -109,8 +107,9 @@ def bring_up(cfg: RootConfig) -> BringUp:
     placed is removed again before this returns. A layout that cannot be placed raises a UserError (one line)."""
     from ray.util import remove_placement_group
 
-    from userrl_megatron.fleet.placement import create_placement
+    from userrl_megatron.fleet.placement import check_run_gpus, create_placement
 
+    check_run_gpus(run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines))
     placement = create_placement(plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True), RESERVE_TIMEOUT_S)
     try:
         return asyncio.run(_place(resolve_config(cfg), placement))
@@ -124,7 +123,6 @@ async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
     from userrl_megatron.trainer.components import Components
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
-    nodes = list(dict.fromkeys(slot.ip for slot in placement.slots))
     actors = pool = None
     try:
         spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed, dry=True)
@@ -137,8 +135,10 @@ async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
             await parts.weights.connect()
         ranks = await asyncio.to_thread(actors.launches)
         roles = await asyncio.to_thread(actors.sync_roles)
-        simulator = await _place_simulator(cfg) if cfg.user_sim.engines.model else []
-        return BringUp(nodes, ranks, await pool.launch_records(), roles, pool.router_launch, simulator)
+        simulator, simulator_router = await _place_simulator(cfg) if cfg.user_sim.engines.model else ([], None)
+        nodes = _nodes(placement, [slot.ip for slot in placement.slots] + [e.ip for e in simulator])
+        engines = await pool.launch_records()
+        return BringUp(nodes, ranks, engines, roles, pool.router_launch, simulator, simulator_router)
     finally:
         if pool is not None:
             await pool.close()
@@ -146,8 +146,18 @@ async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
             actors.shutdown()
 
 
-async def _place_simulator(cfg: RootConfig) -> list[EngineProcess]:
-    """The user simulator's engines, dry, in a placement group of their own (as `fleet.simulator.simulator_pool`)."""
+def _nodes(placement: Placement, ips: list[str]) -> list[str]:
+    """The driver's node first, then the nodes of `ips` in IP order: the run's two placement groups (the policy's,
+    the user simulator's) are reserved apart, so either may leave out the driver's node."""
+    import ray
+
+    driver = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == placement.driver_node_id)
+    return [driver, *sorted(set(ips) - {driver}, key=ip_key)]
+
+
+async def _place_simulator(cfg: RootConfig) -> tuple[list[EngineProcess], ProcessLaunch | None]:
+    """The user simulator's engines, dry, in a placement group of their own (as `fleet.simulator.simulator_pool`),
+    and their router (several engines)."""
     from ray.util import remove_placement_group
 
     from userrl_megatron.fleet.placement import create_placement
@@ -163,7 +173,7 @@ async def _place_simulator(cfg: RootConfig) -> list[EngineProcess]:
     try:
         pool.check_placement()
         await pool.start()
-        return await pool.launch_records()
+        return await pool.launch_records(), pool.router_launch
     finally:
         await pool.close()
         remove_placement_group(placement.group)
@@ -177,7 +187,8 @@ def simulate(cfg: RootConfig) -> BringUp:
 
 def format_placement(up: BringUp) -> str:
     """One line per process: node, visible GPUs, then the parallel ranks (actor ranks) or the command line
-    (engines, router); then each rank's part in the weight-sync groups."""
+    (engines, router, the user simulator's engines); then each rank's part in the weight-sync groups; last, each
+    node's number and IP."""
     node_of = {ip: i for i, ip in enumerate(up.nodes)}
     lines = []
     for r in up.ranks:
@@ -200,6 +211,8 @@ def format_placement(up: BringUp) -> str:
     for e in up.simulator:
         env = " ".join(f"{k}={v}" for k, v in e.launch.env.items())
         lines.append(f"node {node_of.get(e.ip, '?')}  user sim engine {e.engine}  {env}  {' '.join(e.launch.command)}")
+    if up.simulator_router is not None:
+        lines.append(f"node 0  user sim router  {' '.join(up.simulator_router.command)}")
     for s in up.sync:
         if s.method == "tensor" and s.rank != s.members[0]:
             continue  # the group's source speaks for it
@@ -210,4 +223,7 @@ def format_placement(up: BringUp) -> str:
             )
         else:
             lines.append(f"sync {s.group}  tensor handles from ranks {s.members}; engine TP ranks map {s.holders}")
+    lines.append(
+        "nodes  " + ", ".join(f"{i} {ip}" + (" (the driver's)" if i == 0 else "") for i, ip in enumerate(up.nodes))
+    )
     return "\n".join(lines)
