@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import ray
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -133,6 +134,14 @@ def test_routing_pause_and_health_checks(
             await until(lambda: pool.engines[0].restarts == 1 and pool.engines[0].healthy, "the restart")
             assert await pool.engines[0].actor.pid.remote() != killed
             assert await pool.check_health() == [True, True]
+
+            # An engine whose Ray actor dies (as when Ray's memory monitor kills it) gets a new actor.
+            gone = pool.engines[1].actor
+            ray.kill(gone, no_restart=True)
+            await until(lambda: pool.engines[1].restarts == 1 and pool.engines[1].healthy, "the new actor")
+            assert pool.engines[1].actor is not gone and pool.restarts_total == 2
+            assert await pool.check_health() == [True, True]
+            assert (await pool.session("e").generate(prompt, turn)).finish_reason in ("stop", "length")
 
     asyncio.run(scenario())
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import NodeDiedError, OutOfMemoryError, RayActorError, WorkerCrashedError
 
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, SGLangConfig
 from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, run_api_key
@@ -37,6 +37,9 @@ from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
 from userrl_megatron.types import SamplingParams
 
 log = logging.getLogger(__name__)
+# What a call to an engine's actor raises once its process is gone: dead, killed by Ray's out-of-memory monitor (the
+# node's memory is shared with whatever else runs there), its worker crashed, or its node lost.
+ACTOR_GONE = (RayActorError, OutOfMemoryError, WorkerCrashedError, NodeDiedError)
 
 RestartHook = Callable[[int, SGLangClient], Awaitable[None]]  # (engine index, its new client)
 
@@ -260,7 +263,7 @@ class RolloutPool:
         for engine in self.engines:
             if engine.client is not None:
                 await engine.client.close()
-            with contextlib.suppress(RayActorError):
+            with contextlib.suppress(*ACTOR_GONE):
                 await engine.actor.stop.remote()
                 ray.kill(engine.actor)
         self.engines = []
@@ -496,8 +499,8 @@ class RolloutPool:
         try:
             if not await engine.actor.alive.remote():
                 return "its server process exited"
-        except RayActorError:
-            return "its Ray actor died"
+        except ACTOR_GONE as e:
+            return f"its Ray actor died ({type(e).__name__})"
         assert engine.client is not None
         try:
             await engine.client.get_model_info()  # answered by the HTTP front end, never queued behind generation
@@ -520,7 +523,7 @@ class RolloutPool:
             try:
                 try:
                     url = await engine.actor.restart.remote()
-                except RayActorError:  # the actor itself died: replace it
+                except ACTOR_GONE:  # the actor itself died: replace it
                     engine.actor = self._new_actor(engine.index)
                     url = await engine.actor.start.remote()
                 if engine.client is not None:
