@@ -215,11 +215,20 @@ def test_carried_tasks_stay_saved_when_the_run_ends_with_groups_in_flight(tmp_pa
     assert [e["task"] for e in saved["carried"]] == [f"echo/{order[3]}"]
 
 
-def test_a_checkpoint_carrying_a_task_the_config_lacks_stops_the_resume(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("tasks", "error"),
+    [
+        ({"tasks": 10, "carried": [{"index": 3, "task": "echo/other"}]}, "the checkpoint's carried task .* is not one"),
+        ({"tasks": 9, "carried": []}, "the checkpoint was taken with 9 training tasks, the config gives 10"),
+    ],
+)
+def test_a_checkpoint_whose_tasks_the_config_lacks_stops_the_resume(
+    tmp_path: Path, tasks: dict[str, Any], error: str
+) -> None:
+    """A stream state that does not fit the config's tasks is a RunError naming the checkpoint (one line, exit 1)."""
     cfg = config(tmp_path, "sync")
-    state = {"step": 1, "best": 0.0, "record": {}}
-    tasks = {"epoch": 0, "position": 4, "tasks": len(TASKS), "carried": [{"index": 3, "task": "echo/other"}]}
     path = tmp_path / "r" / "checkpoints" / "step_1"
-    Actors().save(str(path), state | {"tasks": tasks}, None, False)
-    with pytest.raises(RunError, match=rf"checkpoint {path}: the checkpoint's carried task .* is not one of"):
+    state = {"step": 1, "best": 0.0, "record": {}, "tasks": {"epoch": 0, "position": 4} | tasks}
+    Actors().save(str(path), state, None, False)
+    with pytest.raises(RunError, match=rf"^checkpoint {path}: {error}"):
         trainer(cfg, Groups({})).resume()
