@@ -1,20 +1,24 @@
 """`userrl train` killed mid-run (SIGKILL) and started again resumes from its latest checkpoint: it loses at
-most the step in flight, continues the task stream where it stopped, and ends with the full set of steps."""
+most the step in flight, continues the task stream where it stopped (with the tasks of the groups over-sampling
+carried), and ends with the full set of steps."""
 
 import json
 import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.tiny_models import make_tiny_model
 from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, logged_steps, tiny_run, train_command
 from tests.support.warm_start import warm_start
-from userrl_megatron.config import load_config
+from userrl_megatron.config import RootConfig, load_config
 from userrl_megatron.data import load_tasks
+from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE
 from userrl_megatron.observability import read_metrics
 from userrl_megatron.trainer.task_stream import TaskStream
 
@@ -25,7 +29,8 @@ STEPS = 6
 MODES = {
     "sync": ["rollout.mode=sync"],
     "one_step_off": ["rollout.mode=one_step_off"],
-    "over_sampled": ["rollout.mode=one_step_off", "rollout.partial=true", "rollout.over_sample_groups=2"],
+    # four extra groups: most steps end with groups carried over (with two, about a third carry none)
+    "over_sampled": ["rollout.mode=one_step_off", "rollout.partial=true", "rollout.over_sample_groups=4"],
 }
 
 
@@ -35,6 +40,7 @@ def _overrides(model: Path, out: Path, mode: str) -> list[str]:
         *tiny_run(model, out, "resume", STEPS),
         "gyms.echo.tasks_per_split=5",  # an epoch boundary falls inside the run
         "checkpoint.every_steps=1",
+        f"checkpoint.keep_last={STEPS}",  # every checkpoint stays: the over-sampled mode reads two of them
         "logging.rollout_dump_count=100",
         "algo.mini_batches_per_step=2",  # two optimizer steps a step: the old log-probs are recomputed
     ]
@@ -49,7 +55,7 @@ def _steps(run: Path) -> list[int]:
 def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str) -> None:
     """one_step_off: the rollout running ahead when the run dies is lost with it; the checkpoint's task stream
     is the one from before that rollout drew its tasks, so the resumed run draws them again. Over-sampled: the
-    groups carried over are lost too and not drawn again (docs/async.md); every step is still logged once."""
+    checkpoint also holds the tasks of the groups carried over, and the resumed run starts them again first."""
     model = make_tiny_model("qwen3", tmp_path / "tiny", seed=1, tokenizer="char", num_hidden_layers=2)
     if mode == "over_sampled":
         model = warm_start(model, letters="abcd")  # a random model scores 0 everywhere: no group has signal
@@ -59,7 +65,8 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
 
     first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while len(logged_steps(run)) < 3:
+    # over-sampled: killed once its latest checkpoint holds carried groups, which the resumed run must start again
+    while len(logged_steps(run)) < 3 or (mode == "over_sampled" and not _latest_carries_groups(run)):
         assert first.poll() is None, "the run ended before it could be interrupted"
         assert time.monotonic() < deadline, f"3 steps not done within {RUN_TIMEOUT_S:.0f} s"
         time.sleep(0.2)
@@ -68,6 +75,8 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
     done_before = logged_steps(run)
     saved = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert saved >= done_before[-1]  # a step is logged only after its checkpoint
+    next_dump = run / "rollouts" / f"step_{saved + 1}.jsonl"  # the killed run may have begun it: appended to
+    killed_dump = next_dump.stat().st_size if next_dump.exists() else 0
 
     subprocess.run(command, cwd=REPO, check=True, timeout=RUN_TIMEOUT_S, capture_output=True)
     steps = _steps(run)
@@ -76,12 +85,53 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
     trained = [r for r in read_metrics(run / "metrics.jsonl") if "actor/loss" in r]
     assert trained and all("timing/logprobs" in r for r in trained)
 
-    if mode == "over_sampled":
-        return
-    # The resumed steps used the tasks an uninterrupted run would have used.
     cfg = load_config(overrides=overrides)
     stream = TaskStream(load_tasks(cfg.gyms.train, "train", cfg.gyms), cfg.run.seed)
+    if mode == "over_sampled":
+        _check_carried_groups_run_again(run, saved, killed_dump, stream, cfg)
+        return
+    # The resumed steps used the tasks an uninterrupted run would have used.
     for step in range(1, STEPS + 1):
         expected = sorted(t.task_id for t in stream.next(cfg.rollout.prompts_per_step))
         dump = (run / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
         assert sorted({json.loads(line)["task_id"] for line in dump}) == sorted(set(expected)), step
+
+
+def _tasks_state(run: Path, step: int) -> dict[str, Any]:
+    """The task stream's state in the checkpoint of `step` (with the tasks of the groups carried over)."""
+    state: dict[str, Any] = json.loads((run / "checkpoints" / f"step_{step}" / EXTRA_FILE).read_text())["tasks"]
+    return state
+
+
+def _latest_carries_groups(run: Path) -> bool:
+    """Whether the latest checkpoint of a run still writing them holds tasks of carried groups."""
+    try:
+        step = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+        return bool(_tasks_state(run, step)["carried"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _check_carried_groups_run_again(
+    run: Path, saved: int, killed_dump: int, stream: TaskStream, cfg: RootConfig
+) -> None:
+    """The resumed run's first step started the groups carried at checkpoint `saved` again, with the stream's
+    next tasks, as many groups in all as the uninterrupted run had in flight; each either finished in that step
+    (its rollout dump) or is carried at that step's checkpoint."""
+    assert saved < STEPS, "the run ended before it could be interrupted"
+    before, after = _tasks_state(run, saved), _tasks_state(run, saved + 1)
+    carried = Counter(e["task"] for e in before["carried"])
+    assert carried, "the checkpoint the run resumed from carries no group: nothing to check"
+    size = before["tasks"]
+    start, end = (s["epoch"] * size + s["position"] for s in (before, after))
+    in_flight = cfg.rollout.prompts_per_step + cfg.rollout.over_sample_groups
+    assert end - start == in_flight - carried.total(), (before, after)  # the carried ones took their places
+    drawn = Counter(f"{t.gym}/{t.task_id}" for t in stream.next(end)[start:])
+    started = carried + drawn
+    records = [
+        json.loads(line)
+        for line in (run / "rollouts" / f"step_{saved + 1}.jsonl").read_bytes()[killed_dump:].decode().splitlines()
+    ]
+    finished = Counter(f"{r['gym']}/{r['task_id']}" for r in {r["group_id"]: r for r in records}.values())
+    still_carried = Counter(e["task"] for e in after["carried"])
+    assert finished <= started <= finished + still_carried, (started, finished, still_carried)

@@ -64,6 +64,7 @@ def test_first_groups_with_signal_are_used_the_rest_dropped_or_carried() -> None
             "rollout/groups_carried": 1.0,
             "rollout/groups_dropped": 1.0,
         }
+        assert [t.task_id for t in stream.carried()] == ["t3"]  # ready: what a checkpoint now saves
         # Step 2: t3 waits ready, so three new groups keep four in flight; t6 has no signal, t5 finishes the step,
         # t4 is still running and carried to step 3.
         groups.finish("t6", "t5")
@@ -72,8 +73,9 @@ def test_first_groups_with_signal_are_used_the_rest_dropped_or_carried() -> None
         assert sorted(g.group_id for g in finished) == ["t5", "t6"]
         assert (metrics["rollout/groups_started"], metrics["rollout/groups_carried"]) == (3.0, 1.0)
         assert metrics["rollout/groups_dropped"] == 1.0 and groups.drawn == 7
-        await stream.close()  # the run ends with t4 in flight: cancelled
-        assert not stream.running
+        assert [t.task_id for t in stream.carried()] == ["t4"]
+        await stream.close()  # the run ends with t4 in flight: cancelled, its task still carried (the last save)
+        assert not stream.running and [t.task_id for t in stream.carried()] == ["t4"]
 
     asyncio.run(scenario())
 
@@ -113,5 +115,21 @@ def test_signal_is_judged_on_the_episodes_the_trainer_keeps() -> None:
         # filter_groups, the trainer's own filter, agrees: t0 is dropped there too.
         kept, dropped = filter_groups(finished, algo)
         assert [g.group_id for g in kept] == ["t1"] and dropped["batch/dropped_groups"] == 1.0
+
+    asyncio.run(scenario())
+
+
+def test_carried_tasks_are_the_ready_groups_then_those_in_flight_in_the_order_started() -> None:
+    groups = Groups({"t0": [0, 1], "t1": [0, 1], "t2": [1, 0], "t3": [0, 1], "t4": [1, 1]})
+
+    async def scenario() -> None:
+        stream = GroupStream(groups.run, groups.draw, need=1, extra=4)
+        groups.finish("t0", "t3", "t4")  # t0 is used, t3 waits ready, t4 (no signal) is dropped
+        used, _, _ = await stream.collect()
+        assert [g.group_id for g in used] == ["t0"]
+        assert [t.task_id for t in stream.carried()] == ["t3", "t1", "t2"]
+        drawn = groups.drawn
+        await stream.close()
+        assert [t.task_id for t in stream.carried()] == ["t3", "t1", "t2"] and groups.drawn == drawn
 
     asyncio.run(scenario())

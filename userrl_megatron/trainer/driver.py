@@ -3,8 +3,8 @@
 One step: a batch of tasks -> rollout groups (n episodes per task) -> filters -> old log-probs (when the update
 is off-policy) and reference log-probs (with a KL penalty) -> advantages -> PPO/GRPO mini-batch updates -> weight
 sync to the engines -> metrics, rollout dump, checkpoint, evaluation. Relaunching the same command resumes from
-the run directory's `latest` checkpoint (model, optimizer, LR schedule, RNG, step, position in the task stream),
-or from the newest undamaged one.
+the run directory's `latest` checkpoint (model, optimizer, LR schedule, RNG, step, position in the task stream
+and the tasks of the groups over-sampling carried), or from the newest undamaged one.
 
 What stops a run is a `RunError` (one line, exit 1, the last good checkpoint kept): no rollout engine left,
 `rollout.max_infra_failed_steps` steps in a row lost mostly to the infrastructure, a checkpoint that cannot be
@@ -70,7 +70,7 @@ class Trainer:
         self.infra_failed_steps = 0  # steps in a row lost mostly to the infrastructure
         self.started_from: Path | None = None  # the SFT checkpoint whose weights step 0 started from
         self.version = 0  # weight version of the trainer's policy (the step of its last update)
-        # one_step_off: the next step's rollout running in the background, and the task stream before its draw
+        # one_step_off: the next step's rollout running in the background, and the tasks' state before its draw
         self.ahead: tuple[asyncio.Task[Rollout], dict[str, Any]] | None = None
         self.stream: GroupStream | None = None  # rollout.over_sample_groups: groups in flight across steps
         if cfg.rollout.over_sample_groups:
@@ -153,10 +153,16 @@ class Trainer:
     # ---- the pieces of a step ----
 
     def start_rollout(self, step: int) -> None:
-        """Start step `step`'s rollout in the background. A checkpoint taken meanwhile saves the task stream as it
-        was before this rollout drew its tasks, so a resumed run generates these episodes again."""
-        before = self.parts.tasks.state()
+        """Start step `step`'s rollout in the background. A checkpoint taken meanwhile saves the tasks' state as
+        it was before this rollout drew its tasks or took carried groups, so a resumed run generates these
+        episodes again."""
+        before = self.tasks_state()
         self.ahead = (asyncio.create_task(self.rollout_groups(step)), before)
+
+    def tasks_state(self) -> dict[str, Any]:
+        """The task stream's state now, with the tasks of the groups carried over by over-sampling (started, not
+        yet trained on): a resumed run draws those first."""
+        return self.parts.tasks.state(self.stream.carried() if self.stream is not None else [])
 
     async def take_rollout(self, step: int) -> Rollout:
         """Step `step`'s rollout (started now in sync mode)."""
@@ -244,7 +250,7 @@ class Trainer:
         """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them).
         With `checkpoint.async_save` the files are written while the run goes on (`CheckpointManager.commit`).
         A failed write leaves the previous checkpoint and `latest` as they were, and stops the run."""
-        tasks = self.ahead[1] if self.ahead is not None else self.parts.tasks.state()
+        tasks = self.ahead[1] if self.ahead is not None else self.tasks_state()
         state = {"step": step, "tasks": tasks, "best": self.best, "record": record or {}}
         self.checkpoints.save(step, state, background=self.cfg.checkpoint.async_save)
 
@@ -291,7 +297,10 @@ class Trainer:
         if path is None:
             return 0
         state = self.checkpoints.restore(path, self.cfg.checkpoint.load_optimizer)
-        self.parts.tasks.restore(state["tasks"])
+        try:
+            self.parts.tasks.restore(state["tasks"])
+        except ValueError as e:  # another training mixture than the checkpoint's
+            raise RunError(f"checkpoint {path}: {e}") from e
         self.best = state.get("best", float("-inf"))
         return int(state["step"])
 

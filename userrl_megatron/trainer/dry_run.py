@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -95,7 +95,7 @@ class NoRollouts:
     def next(self, count: int) -> list[Task]:
         raise RuntimeError("a dry start draws no task")
 
-    def state(self) -> dict[str, Any]:
+    def state(self, carried: Sequence[Task] = ()) -> dict[str, Any]:
         return {}
 
     def restore(self, state: dict[str, Any]) -> None:
