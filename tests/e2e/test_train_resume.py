@@ -75,8 +75,6 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
     done_before = logged_steps(run)
     saved = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert saved >= done_before[-1]  # a step is logged only after its checkpoint
-    next_dump = run / "rollouts" / f"step_{saved + 1}.jsonl"  # the killed run may have begun it: appended to
-    killed_dump = next_dump.stat().st_size if next_dump.exists() else 0
 
     subprocess.run(command, cwd=REPO, check=True, timeout=RUN_TIMEOUT_S, capture_output=True)
     steps = _steps(run)
@@ -88,13 +86,15 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
     cfg = load_config(overrides=overrides)
     stream = TaskStream(load_tasks(cfg.gyms.train, "train", cfg.gyms), cfg.run.seed)
     if mode == "over_sampled":
-        _check_carried_groups_run_again(run, saved, killed_dump, stream, cfg)
+        _check_carried_groups_run_again(run, saved, stream, cfg)
         return
     # The resumed steps used the tasks an uninterrupted run would have used.
     for step in range(1, STEPS + 1):
         expected = sorted(t.task_id for t in stream.next(cfg.rollout.prompts_per_step))
-        dump = (run / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()
-        assert sorted({json.loads(line)["task_id"] for line in dump}) == sorted(set(expected)), step
+        dump = [json.loads(line) for line in (run / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert sorted({r["task_id"] for r in dump}) == sorted(set(expected)), step
+        # one record an episode: a step the killed run had begun holds the resumed run's episodes only
+        assert len(dump) == cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt, step
 
 
 def _tasks_state(run: Path, step: int) -> dict[str, Any]:
@@ -112,9 +112,7 @@ def _latest_carries_groups(run: Path) -> bool:
         return False
 
 
-def _check_carried_groups_run_again(
-    run: Path, saved: int, killed_dump: int, stream: TaskStream, cfg: RootConfig
-) -> None:
+def _check_carried_groups_run_again(run: Path, saved: int, stream: TaskStream, cfg: RootConfig) -> None:
     """The resumed run's first step started the groups carried at checkpoint `saved` again, with the stream's
     next tasks, as many groups in all as the uninterrupted run had in flight; each either finished in that step
     (its rollout dump) or is carried at that step's checkpoint."""
@@ -128,10 +126,7 @@ def _check_carried_groups_run_again(
     assert end - start == in_flight - carried.total(), (before, after)  # the carried ones took their places
     drawn = Counter(f"{t.gym}/{t.task_id}" for t in stream.next(end)[start:])
     started = carried + drawn
-    records = [
-        json.loads(line)
-        for line in (run / "rollouts" / f"step_{saved + 1}.jsonl").read_bytes()[killed_dump:].decode().splitlines()
-    ]
+    records = [json.loads(line) for line in (run / "rollouts" / f"step_{saved + 1}.jsonl").read_text().splitlines()]
     finished = Counter(f"{r['gym']}/{r['task_id']}" for r in {r["group_id"]: r for r in records}.values())
     still_carried = Counter(e["task"] for e in after["carried"])
     assert finished <= started <= finished + still_carried, (started, finished, still_carried)

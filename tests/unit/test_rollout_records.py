@@ -32,6 +32,10 @@ def test_dump_round_trip(tmp_path: Path) -> None:
     assert write_episodes(path, [broken], step=3) == 1  # appends
     records = read_episodes(path)
     assert [r["gym"] for r in records] == ["function", "travel"]
+    assert write_episodes(path, [broken], step=3, replace=True) == 1  # a resumed run's step: its episodes only
+    assert [r["gym"] for r in read_episodes(path)] == ["travel"] and sorted(p.name for p in path.parent.iterdir()) == [
+        "step_3.jsonl"
+    ]
     assert records[0] == {
         "step": 3,
         "episode_id": "g-0",

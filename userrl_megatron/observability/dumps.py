@@ -56,15 +56,22 @@ def episode_record(episode: Episode, step: int | None = None) -> dict[str, Any]:
     return record
 
 
-def write_episodes(path: str | Path, episodes: Iterable[Episode], step: int | None = None) -> int:
-    """Append the records of `episodes` to the JSONL file `path` (created with its folder); returns the count."""
+def write_episodes(
+    path: str | Path, episodes: Iterable[Episode], step: int | None = None, replace: bool = False
+) -> int:
+    """Append the records of `episodes` to the JSONL file `path` (created with its folder), or with `replace` write
+    it anew in one rename (a step's dump written again by a resumed run holds that run's episodes only); returns
+    the count."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    target = path.with_name(path.name + ".tmp") if replace else path
     count = 0
-    with path.open("a", encoding="utf-8") as f:
+    with target.open("w" if replace else "a", encoding="utf-8") as f:
         for episode in episodes:
             f.write(json.dumps(episode_record(episode, step), ensure_ascii=False) + "\n")
             count += 1
+    if replace:
+        target.replace(path)
     return count
 
 

@@ -279,7 +279,7 @@ class Trainer:
         every = self.cfg.logging.rollout_dump_every
         if every and step % every == 0:
             count = self.cfg.logging.rollout_dump_count
-            write_episodes(self.run.rollouts(step), episodes[:count], step=step)
+            write_episodes(self.run.rollouts(step), episodes[:count], step=step, replace=True)
         return metrics
 
     def resume(self) -> int:
