@@ -98,6 +98,12 @@ NOT_RUN: dict[str, str] = {
         TRAINED
     ),
     "userrl eval --compare runs/eval/base runs/eval/trained --out runs/eval/compare": COMPARE,
+    "userrl eval --config configs/usersim_cpu.yaml --gyms intention,persuade,search,tau,telepathy,travel,turtle,"
+    "tau_retail,tau_airline --tasks 1 --max-turns 2 model.max_context_length=2048 rollout.max_prompt_tokens=1536 "
+    "--out runs/eval/usersim": (
+        "starts Ray, a simulator engine and a policy engine and plays 9 episodes (6 min on a loaded 2-core machine): "
+        "tests/e2e/test_managed_simulator_eval.py"
+    ),
     "userrl eval --model smollm2-135m-instruct -c configs/quickstart.yaml --gyms function-procedural --tasks 32 "
     "--out runs/eval/base": EVAL.format(n=32),
     "userrl eval --model runs/quickstart/hf/step_8 -c configs/quickstart.yaml --gyms function-procedural --tasks 32 "

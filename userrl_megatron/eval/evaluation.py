@@ -73,11 +73,18 @@ def eval_rollout(cfg: RootConfig) -> RolloutConfig:
 
 
 def simulator_identity(cfg: RootConfig) -> dict[str, Any]:
-    """What of the user simulator can change an episode's result."""
+    """What of the user simulator can change an episode's result: the endpoint and model name, or, for engines the
+    run serves (`user_sim.engines.model`), the model they serve and its dtype (`user_sim.base_url` and
+    `user_sim.model` are not used then: two evaluations with different simulator models must not share cached
+    episodes)."""
     sim = cfg.user_sim
+    served: dict[str, Any]
+    if sim.engines.model:
+        served = {"engines": {"model": sim.engines.model, "dtype": sim.engines.dtype or cfg.model.dtype}}
+    else:
+        served = {"base_url": sim.base_url, "model": sim.model}
     return {
-        "base_url": sim.base_url,
-        "model": sim.model,
+        **served,
         "temperature": sim.temperature,
         "max_tokens": sim.max_tokens,
         "disable_thinking": sim.disable_thinking,
@@ -248,6 +255,7 @@ async def evaluate(cfg: RootConfig, out_dir: Path) -> dict[str, Any]:
     context = {"policy": identity, "protocol": protocol}
     jobs = plan_jobs(tasks, samples, _sampling(cfg, rollout), cfg.run.seed, context, gym_context)
     cached_before = sum(job.key in cache for job in jobs)
+    sim_counters: dict[str, float] | None = None  # this process's simulator calls (None: no simulator started)
     if cached_before == len(jobs):  # a finished evaluation: nothing to start
         records = await run_jobs(jobs, _NoPolicy(identity), cache, 1, 0)
     else:
@@ -257,10 +265,16 @@ async def evaluate(cfg: RootConfig, out_dir: Path) -> dict[str, Any]:
         ):
             concurrency = cfg.eval.max_concurrent_episodes or policy.concurrency
             records = await run_jobs(jobs, policy, cache, concurrency, cfg.eval.retries)
+            if user_sim is not None:
+                sim_counters = user_sim.metrics()
+                log.info("user simulator: %s", ", ".join(f"{k} {v:g}" for k, v in sim_counters.items()))
     results = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "policy": {"name": _policy_name(cfg), **identity},
         "simulator": sim,
+        # The client's counters over this process's episodes (training logs them as `user_sim/*`): calls, answered,
+        # failures and retries by kind, tokens, latency. Episodes served from the cache made no call.
+        "user_sim": sim_counters,
         "protocol": {
             **protocol,
             "samples": samples,

@@ -138,6 +138,17 @@ def step_results(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
     return sorted(found, key=lambda item: item[0])
 
 
+def simulator_calls(counters: dict[str, float]) -> str:
+    """The simulator's calls in a line: how many, how they ended (failures by kind), retries."""
+    failures = {k.removeprefix("failures/"): int(v) for k, v in counters.items() if k.startswith("failures/")}
+    kinds = "".join(f", {n} {kind}" for kind, n in sorted(failures.items()))
+    return (
+        f"{int(counters.get('calls', 0))} ({int(counters.get('answered', 0))} answered, "
+        f"{int(counters.get('cache_hits', 0))} from the cache, {int(counters.get('failures', 0))} failed{kinds}; "
+        f"{int(counters.get('retries', 0))} retries)"
+    )
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -194,6 +205,7 @@ def report_markdown(results: dict[str, Any]) -> str:
         f"max {protocol['max_turns']} turns, gyms settings {protocol['gym_settings'] or 'as configured'}",
         f"- confidence intervals: {results['ci_method']}",
         f"- {results['seconds']:.1f} s; episodes: {results['episodes_run']} run, {results['episodes_cached']} cached",
+        *([f"- user simulator calls: {simulator_calls(results['user_sim'])}"] if results.get("user_sim") else []),
         "",
         markdown_table(*report_rows(results)),
         "",
