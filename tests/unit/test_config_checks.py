@@ -113,6 +113,13 @@ def test_published_shapes_check_cluster_paths_that_are_not_here() -> None:
     assert problems(sglang) == [
         f"rollout.engine_tp = 2 must divide the model's 9 attention heads (model.path = smollm2-135m-instruct{DEFAULT})"
     ]
+    simulator = ["user_sim.engines.model=smollm2-135m-instruct", "user_sim.engines.engine_tp=2"]
+    load_config(overrides=simulator)  # the embedded backend (rollout.backend's default) has no TP to fit
+    assert problems([*simulator, "user_sim.engines.backend=sglang"]) == [
+        "user_sim.engines.engine_tp = 2 must divide the simulator model's 9 attention heads "
+        "(user_sim.engines.model = smollm2-135m-instruct)"
+    ]
+    load_config(overrides=["user_sim.engines.model=/models/Qwen3-32B", "user_sim.engines.engine_tp=4", *sglang[:1]])
 
 
 def test_recorded_embedded_shape_matches_the_fetched_model() -> None:

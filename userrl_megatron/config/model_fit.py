@@ -98,4 +98,19 @@ def model_fit_problems(cfg: RootConfig) -> list[str]:
     where = f"model.path = {cfg.model.path}"
     if cfg.model.path == ModelConfig.path:
         where += ", the default; for another model put its configs/model/*.yaml first or set model.path"
-    return [f"{p} ({where})" for p in problems]
+    return [f"{p} ({where})" for p in problems] + _simulator_fit_problems(cfg)
+
+
+def _simulator_fit_problems(cfg: RootConfig) -> list[str]:
+    """The user simulator's served model (`user_sim.engines`) against its SGLang engines' TP."""
+    engines = cfg.user_sim.engines
+    config = model_shape(engines.model) if engines.model else None
+    if config is None or (engines.backend or cfg.rollout.backend) != "sglang" or engines.engine_tp <= 1:
+        return []
+    heads = config.get("num_attention_heads")
+    if isinstance(heads, int) and heads % engines.engine_tp:
+        return [
+            f"user_sim.engines.engine_tp = {engines.engine_tp} must divide the simulator model's {heads} attention "
+            f"heads (user_sim.engines.model = {engines.model})"
+        ]
+    return []
