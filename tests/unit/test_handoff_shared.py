@@ -159,3 +159,26 @@ def test_components_hand_the_simulators_pool_over_only_when_it_shares_the_gpus()
 
     assert parts(*SHARED).handoff.shared is sim
     assert parts("user_sim.engines.model=m").handoff.shared is None  # GPUs of their own: never paused or released
+
+
+def test_each_side_is_launched_counting_the_share_the_other_holds() -> None:
+    """SGLang sizes its KV pool from what is free at its start less (1 - fraction) of the GPU: the policy's engines
+    (started after the simulator's) and a restarted simulator engine (the policy's engine beside it) are launched
+    with both shares; a simulator engine's first start with its own."""
+    from userrl_megatron.fleet.pool import RolloutPool
+    from userrl_megatron.fleet.simulator import policy_engine_rollout, simulator_restart_rollout, simulator_rollout
+
+    fractions = ["rollout.sglang.mem_fraction_static=0.45", "user_sim.engines.mem_fraction_static=0.35"]
+    cfg = load_config(overrides=["rollout.backend=sglang", "rollout.num_engines=2", *SHARED, *fractions])
+    restart = simulator_restart_rollout(cfg)
+    assert restart is not None and restart.sglang.mem_fraction_static == 0.8
+    assert simulator_rollout(cfg).sglang.mem_fraction_static == 0.35
+    assert policy_engine_rollout(cfg).sglang.mem_fraction_static == 0.8
+    pool = RolloutPool(simulator_rollout(cfg), "m", restart_cfg=restart)
+    assert pool._launch(1).sglang.mem_fraction_static == 0.35
+    assert pool._launch(1, restarted=True).sglang.mem_fraction_static == 0.8
+    assert pool._launch(1, restarted=True).port == pool._launch(1).port
+    own = load_config(overrides=["rollout.backend=sglang", "user_sim.engines.model=m", *fractions])
+    assert simulator_restart_rollout(own) is None and policy_engine_rollout(own) is own.rollout
+    embedded = load_config(overrides=["rollout.backend=embedded", "rollout.num_engines=2", *SHARED, *fractions])
+    assert simulator_restart_rollout(embedded) is None and policy_engine_rollout(embedded) is embedded.rollout

@@ -72,12 +72,26 @@ def policy_engine_rollout(cfg: "RootConfig") -> "RolloutConfig":
     (`user_sim.engines.placement: policy_engines`) SGLang's `--mem-fraction-static` is the policy's share plus the
     simulator's: SGLang sizes its KV pool as what is free after its weights less (1 - fraction) of the GPU, and the
     simulator's engines, started first, already hold their share. Each config field stays that side's own share."""
+    return _counting_the_other(cfg, cfg.rollout)
+
+
+def simulator_restart_rollout(cfg: "RootConfig") -> "RolloutConfig | None":
+    """What a restarted simulator engine is launched with on the policy engines' GPUs (SGLang on both sides): its
+    fraction plus the policy's, whose engine holds its share then (None: as at its first start)."""
+    sim = simulator_rollout(cfg)
+    restarted = _counting_the_other(cfg, sim)
+    return None if restarted is sim else restarted
+
+
+def _counting_the_other(cfg: "RootConfig", rollout: "RolloutConfig") -> "RolloutConfig":
+    """`rollout` (the policy's or the simulator's engines) with SGLang's fraction raised by the other side's share,
+    when both sides' SGLang engines share the policy engines' GPUs; otherwise `rollout` itself."""
     r, engines = cfg.rollout, cfg.user_sim.engines
     sim = simulator_rollout(cfg)
     if not engines.shares_policy_engines or r.backend != "sglang" or sim.backend != "sglang":
-        return r
+        return rollout
     fraction = round(r.sglang.mem_fraction_static + sim.sglang.mem_fraction_static, 6)
-    return dataclasses.replace(r, sglang=dataclasses.replace(r.sglang, mem_fraction_static=fraction))
+    return dataclasses.replace(rollout, sglang=dataclasses.replace(rollout.sglang, mem_fraction_static=fraction))
 
 
 @contextlib.asynccontextmanager
@@ -135,7 +149,8 @@ async def simulator_pool(
     dtype = cfg.user_sim.engines.dtype or cfg.model.dtype
     os.environ.pop(KEY_ENV, None)  # a key made for this run by the pool, never one left in the environment
     try:
-        async with RolloutPool(rollout, model_dir, dtype, placement, log_dir / "user_sim") as pool:
+        restart = simulator_restart_rollout(cfg) if shared else None
+        async with RolloutPool(rollout, model_dir, dtype, placement, log_dir / "user_sim", restart_cfg=restart) as pool:
             log.info("user simulator: %d engine(s) of %s at %s", len(pool.urls), model_dir, _openai_url(pool))
             yield pool
     finally:
