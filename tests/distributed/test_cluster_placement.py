@@ -218,6 +218,75 @@ def test_qwen3_32b_on_two_nodes(cluster: list[str]) -> None:
 
 
 @pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_qwen3_32b_with_the_user_simulator_on_the_policy_engines_gpus(cluster: list[str]) -> None:
+    """`user_sim.engines.placement: policy_engines`: the policy exactly as in the 32B layout on its two nodes (TP8 x
+    DP2, four TP4 engines, SGLang told 0.8: its 0.45 and the simulator's 0.35), and simulator engine e on policy
+    engine e's node and GPUs, with the memory saver (colocated: it releases its KV cache while the actor trains), its
+    own fraction, ports, key and router. No third node: the cluster has exactly the policy's 16 GPUs."""
+    head = cluster[DRIVER_NODE]
+    result = up("configs/layout/qwen3-32b-h100x16-usersim-shared.yaml")
+    assert result.nodes == cluster
+    assert ranks(result, cluster) == [
+        (r // 8, str(r % 8), r % 8, 16, "cuda:0", "nccl", head, (r % 8, 0, 0, r // 8, 0)) for r in range(16)
+    ]
+    gpus = ["0,1,2,3", "4,5,6,7"]
+    assert engines(result, cluster) == [
+        (e, e // 2, 0, {"CUDA_VISIBLE_DEVICES": gpus[e % 2]}, f"http://{cluster[e // 2]}:{30000 + e}",
+         sglang("/models/Qwen3-32B", 30000 + e, 4, 0.8, host="0.0.0.0"))
+        for e in range(4)
+    ]  # fmt: skip
+
+    def simulator(e: int) -> list[str]:
+        command = sglang("/models/Qwen3-32B", 31000 + e, 4, 0.35, host="0.0.0.0", colocated=False)
+        command[2] = "USERRL_USER_SIM_ENGINE_KEY"
+        return [*command, "--context-length", "32768", "--enable-memory-saver"]
+
+    assert all(e.launch.watch for e in result.simulator)
+    sims = [(e.engine, node, e.node_rank, e.launch.env) for e in result.simulator for node in [cluster.index(e.ip)]]
+    policy = [(e.engine, node, e.node_rank, e.launch.env) for e in result.engines for node in [cluster.index(e.ip)]]
+    assert sims == policy  # each simulator engine on exactly its policy engine's node and GPUs
+    assert [(e.launch.url, e.launch.command) for e in result.simulator] == [
+        (f"http://{cluster[e // 2]}:{31000 + e}", simulator(e)) for e in range(4)
+    ]
+    keys = {e.launch.secrets["USERRL_USER_SIM_ENGINE_KEY"] for e in result.simulator}
+    assert len(keys) == 1 and keys != {e.launch.secrets["USERRL_ENGINE_API_KEY"] for e in result.engines}
+    router = result.simulator_router
+    assert result.router is None and router is not None
+    at = router.command.index("--worker-urls")
+    assert router.command[at + 1 : at + 5] == [f"http://{cluster[e // 2]}:{31000 + e}" for e in range(4)]
+    text = format_placement(result).splitlines()
+    assert [line.split("  ")[:3] for line in text if "user sim engine" in line] == [
+        [f"node {e // 2}", f"user sim engine {e}", f"CUDA_VISIBLE_DEVICES={gpus[e % 2]}"] for e in range(4)
+    ]
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
+def test_a_disaggregated_policy_shares_only_its_engines_gpus(cluster: list[str]) -> None:
+    """Disaggregated (the 8B layout's actor on node 0, eight TP1 engines on node 1): a simulator engine per policy
+    engine, on that engine's GPU of node 1, never on an actor rank's; no memory saver (nothing steps aside)."""
+    result = up(
+        "configs/layout/qwen3-8b-h100x8.yaml",
+        "rollout.colocate=false",
+        "rollout.sglang.host=0.0.0.0",
+        "megatron.offload=false",
+        "user_sim.engines.model=/models/Qwen3-8B",
+        "user_sim.engines.num_engines=8",
+        "user_sim.engines.backend=sglang",
+        "user_sim.engines.placement=policy_engines",
+        "rollout.sglang.mem_fraction_static=0.5",
+        "user_sim.engines.mem_fraction_static=0.3",
+    )
+    actor = {(cluster.index(r.ip), r.visible_devices) for r in result.ranks}
+    policy = [(cluster.index(e.ip), e.launch.env["CUDA_VISIBLE_DEVICES"]) for e in result.engines]
+    sims = [(cluster.index(e.ip), e.launch.env["CUDA_VISIBLE_DEVICES"]) for e in result.simulator]
+    assert actor == {(0, str(g)) for g in range(8)} and policy == sims == [(1, str(g)) for g in range(8)]
+    assert all("--enable-memory-saver" not in e.launch.command for e in result.simulator)
+    assert [e.launch.command[e.launch.command.index("--mem-fraction-static") + 1] for e in result.engines] == [
+        "0.8"
+    ] * 8
+
+
+@pytest.mark.parametrize("cluster", [2], indirect=True)
 def test_the_user_simulators_engines_on_gpus_of_their_own(cluster: list[str]) -> None:
     """The 8B layout fills one node; a TP2 simulator engine (`user_sim.engines`) goes to the other in a placement group
     of its own: its own GPUs, its own key variable and ports, never the memory saver (it shares no GPU). On

@@ -73,6 +73,10 @@ def test_the_simulator_engines_settings() -> None:
     assert rollout.backend == cfg.rollout.backend and rollout.api_key_env == "USERRL_USER_SIM_ENGINE_KEY"
     one = simulator_rollout(load_config(overrides=["user_sim.engines.model=m", "rollout.colocate=true"], check=False))
     assert (one.router, one.colocate) == ("none", False)  # never in the policy's memory hand-offs
+    shared = ["user_sim.engines.model=m", "user_sim.engines.placement=policy_engines"]
+    beside = simulator_rollout(load_config(overrides=[*shared, "rollout.colocate=true"], check=False))
+    assert beside.colocate and not beside.sglang.enable_weights_cpu_backup  # memory saver on; weights never released
+    assert not simulator_rollout(load_config(overrides=shared, check=False)).colocate  # nothing steps aside
 
 
 def test_the_simulator_engines_memory_and_context() -> None:

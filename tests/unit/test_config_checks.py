@@ -378,3 +378,44 @@ def test_asynchronous_rollout_mode_against_placement_and_sync() -> None:
         "staleness grows past rollout.max_staleness; use rollout.mode = sync for the negative control"
     ]
     check_config(load_config(overrides=["rollout.colocate=true", "sync.enabled=false"]))  # sync mode: both allowed
+
+
+SHARED_SIM = ["user_sim.engines.model=/models/Qwen3-32B", "user_sim.engines.placement=policy_engines"]
+
+
+def test_simulator_engines_share_the_policy_engines_gpus_only_engine_for_engine() -> None:
+    """Simulator engine e sits on policy engine e's GPUs: the same TP and no more engines than the policy has."""
+    policy = ["rollout.num_engines=2", "rollout.engine_tp=2", "rollout.backend=embedded"]
+    ok = load_config(overrides=[*policy, *SHARED_SIM, "user_sim.engines.num_engines=2", "user_sim.engines.engine_tp=2"])
+    assert ok.user_sim.engines.shares_policy_engines
+    rule = (
+        "user_sim.engines.placement = policy_engines puts simulator engine e on policy engine e's GPUs: it needs "
+        "user_sim.engines.engine_tp = rollout.engine_tp ({} vs 2) and user_sim.engines.num_engines <= "
+        "rollout.num_engines ({} vs 2)"
+    )
+    assert problems([*policy, *SHARED_SIM, "user_sim.engines.engine_tp=1"]) == [rule.format(1, 1)]
+    assert problems([*policy, *SHARED_SIM, "user_sim.engines.engine_tp=2", "user_sim.engines.num_engines=3"]) == [
+        rule.format(2, 3)
+    ]
+    # GPUs of their own (the default) take any shape; without a model nothing is served, so nothing is shared
+    own = load_config(overrides=[*policy, "user_sim.engines.model=m", "user_sim.engines.engine_tp=4"]).user_sim.engines
+    assert own.placement == "own" and not own.shares_policy_engines
+    unserved = load_config(overrides=["user_sim.engines.placement=policy_engines"]).user_sim.engines
+    assert not unserved.shares_policy_engines
+    assert problems(["user_sim.engines.placement=shared"])[0].startswith("user_sim.engines.placement = 'shared'")
+
+
+def test_shared_sglang_engines_split_each_gpu() -> None:
+    """Both sides' SGLang fractions on one GPU: more than the whole of it is refused; 0 takes the policy's."""
+    base = ["rollout.backend=sglang", "rollout.num_engines=2", *SHARED_SIM, "user_sim.engines.num_engines=2"]
+    too_much = (
+        "user_sim.engines.placement = policy_engines: the simulator's and the policy's SGLang engines share each GPU, "
+        "and user_sim.engines.mem_fraction_static ({}) + rollout.sglang.mem_fraction_static (0.6) is more than the "
+        "whole GPU"
+    )
+    fraction = "rollout.sglang.mem_fraction_static=0.6"
+    assert problems([*base, fraction, "user_sim.engines.mem_fraction_static=0.5"]) == [too_much.format("0.5")]
+    assert problems([*base, fraction]) == [too_much.format("0.6")]  # 0: the policy's own, twice
+    assert load_config(overrides=[*base, fraction, "user_sim.engines.mem_fraction_static=0.4"])
+    embedded_sim = [*base, fraction, "user_sim.engines.mem_fraction_static=0.5", "user_sim.engines.backend=embedded"]
+    assert load_config(overrides=embedded_sim)  # an embedded engine sizes its cache in tokens, not in a fraction

@@ -67,6 +67,14 @@ RUN: dict[str, Run] = {
             USERSIM_NODES,
         )
     ),
+    "userrl plan --config configs/layout/qwen3-32b-h100x16-usersim-shared.yaml": Run(
+        shows=(
+            "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 28.9 GiB "
+            "per GPU while serving (user sim weights 15.3, user sim KV cache 9.6, user sim runtime 3.0, CUDA contexts "
+            "1.0); KV cache 157,351 tokens per engine",
+            "the run takes 2 nodes of 8 GPUs (megatron.devices_per_node): 16 GPUs",
+        )
+    ),
     "userrl plan --config examples/userrl_qwen3/config.yaml --config configs/layout/qwen3-32b-h100x24-usersim.yaml "
     "model.path=/models/Qwen3-32B": Run(shows=(USERSIM_NODES,)),
     "userrl plan --config examples/userrl_qwen3/config.yaml rollout.engine_tp=2": Run(

@@ -117,6 +117,7 @@ def test_every_example_plans_clean(path: Path) -> None:
 H100_8B = REPO / "configs" / "layout" / "qwen3-8b-h100x8.yaml"
 H100_32B = REPO / "configs" / "layout" / "qwen3-32b-h100x16.yaml"
 H100_32B_USERSIM = REPO / "configs" / "layout" / "qwen3-32b-h100x24-usersim.yaml"
+H100_32B_SHARED = REPO / "configs" / "layout" / "qwen3-32b-h100x16-usersim-shared.yaml"
 
 
 def test_engines_starting_beside_a_resident_actor_get_no_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,6 +224,47 @@ def test_the_usersim_layout_serves_the_simulator_on_a_node_of_its_own() -> None:
     )
     at_policy_fraction = plan_run(load_config([str(H100_32B_USERSIM)], ["user_sim.engines.mem_fraction_static=0"]))
     assert at_policy_fraction.simulator[0].held["engine KV cache"] == device - GIB - weights - int(device * (1 - 0.6))
+
+
+def test_the_shared_layout_serves_the_simulator_on_the_policy_engines_gpus() -> None:
+    """Four TP4 simulator engines on the four policy engines' GPUs (user_sim.engines.placement: policy_engines): they
+    start first, with 0.35 of each GPU; the policy's engines start after the actor's offload with 0.45 of their own
+    (SGLang told 0.8: both shares); while the actor trains the simulator holds only its weights; no GPU added."""
+    cfg = load_config([str(H100_32B_SHARED)])
+    plan = plan_run(cfg)
+    assert plan_problems(plan) == [] and plan.devices == 16 and plan.simulator == []
+    device = int(79.6 * GIB)
+    weights = Architecture.from_hf_config(PUBLISHED_SHAPES["qwen3-32b"]).num_parameters * 2 // 4
+    contexts = 3 * GIB  # the actor rank's, the policy engine's and the simulator engine's
+    sim_kv = device - contexts - weights - int(device * (1 - 0.35))
+    kv_token = 2 * 64 * 2 * 128 * 2  # 2 of 8 KV heads a GPU
+    assert plan.simulator_kv_tokens == [sim_kv // kv_token] * 4 == [157_351] * 4
+    sim = {"user sim weights": weights, "user sim KV cache": sim_kv, "user sim runtime": 3 * GIB}
+    assert plan.simulator_shared == sim | {"CUDA contexts": GIB}
+    policy_kv = device - contexts - sum(sim.values()) - weights - int(device * (1 - 0.8))
+    assert plan.kv_tokens == [policy_kv // kv_token] * 4 == [287_767] * 4
+    rows = {row.phase: row for row in plan.rows}
+    assert set(rows) == {"start-up", "rollout", "training", "weight sync", "checkpoint", "HF export"}
+    assert {row.kind for row in plan.rows} == {"shared"}
+    policy = {"engine weights": weights, "engine KV cache": policy_kv, "engine runtime": 3 * GIB}
+    assert rows["rollout"].held == sim | policy | {"CUDA contexts": contexts}
+    held = rows["training"].held  # the simulator's KV cache and CUDA graphs released, its weights kept
+    assert held["user sim weights"] == weights and not {"user sim KV cache", "user sim runtime"} & set(held)
+    assert {"user sim KV cache", "actor optimizer"} <= set(rows["start-up"].held)  # the actor loads beside them
+    lines = format_plan(plan, cfg).splitlines()
+    assert lines[-2:] == [
+        "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 28.9 GiB "
+        "per GPU while serving (user sim weights 15.3, user sim KV cache 9.6, user sim runtime 3.0, CUDA contexts "
+        "1.0); KV cache 157,351 tokens per engine",
+        "the run takes 2 nodes of 8 GPUs (megatron.devices_per_node): 16 GPUs",
+    ]
+    even = plan_run(
+        load_config(
+            [str(H100_32B_SHARED)],
+            ["rollout.sglang.mem_fraction_static=0.4", "user_sim.engines.mem_fraction_static=0.4"],
+        )
+    )
+    assert plan_problems(even) == ["start-up: GPU 0 needs 80.6 GiB, 1.0 GiB more than plan.device_memory_gb = 79.6"]
 
 
 def test_an_embedded_engine_holds_no_request_beyond_its_context_length() -> None:

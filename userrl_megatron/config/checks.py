@@ -41,6 +41,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gyms.search.backend": ("offline", "web"),
     "user_sim.http_backend": ("aiohttp", "httpx"),
     "user_sim.engines.backend": ("", "embedded", "sglang"),
+    "user_sim.engines.placement": ("own", "policy_engines"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
     "logging.level": ("DEBUG", "INFO", "WARNING", "ERROR"),
 }
@@ -57,7 +58,7 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
     problems = range_problems(cfg) + env_field_problems(cfg) + _choice_problems(cfg)
     problems += _parallel_problems(cfg, on_gpu) + model_fit_problems(cfg) + _budget_problems(cfg)
     problems += _algo_problems(cfg) + _gym_problems(cfg) + _engine_problems(cfg) + _sync_problems(cfg, on_gpu)
-    problems += _mode_problems(cfg) + _sglang_gpu_problems(cfg, on_gpu)
+    problems += _mode_problems(cfg) + _sglang_gpu_problems(cfg, on_gpu) + _shared_simulator_problems(cfg)
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
@@ -220,6 +221,31 @@ def _sglang_gpu_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
             "once, from the GPU memory free when it starts, and only with megatron.offload has the actor left the "
             "GPU by then (rollout.sglang.mem_fraction_static would otherwise lose the actor's share); set "
             "megatron.offload = true"
+        )
+    return problems
+
+
+def _shared_simulator_problems(cfg: RootConfig) -> list[str]:
+    """The user simulator's engines on the policy engines' GPUs (`user_sim.engines.placement: policy_engines`): engine
+    e sits on policy engine e's GPUs, so it has as many (the same engine_tp) and there is a policy engine for each;
+    with SGLang on both sides the two memory fractions share each GPU."""
+    s, r = cfg.user_sim.engines, cfg.rollout
+    if not s.shares_policy_engines:
+        return []
+    problems = []
+    if s.engine_tp != r.engine_tp or s.num_engines > r.num_engines:
+        problems.append(
+            f"user_sim.engines.placement = policy_engines puts simulator engine e on policy engine e's GPUs: it needs "
+            f"user_sim.engines.engine_tp = rollout.engine_tp ({s.engine_tp} vs {r.engine_tp}) and "
+            f"user_sim.engines.num_engines <= rollout.num_engines ({s.num_engines} vs {r.num_engines})"
+        )
+    sim_fraction = s.mem_fraction_static or r.sglang.mem_fraction_static
+    both_sglang = (s.backend or r.backend) == "sglang" == r.backend
+    if both_sglang and sim_fraction + r.sglang.mem_fraction_static > 1:
+        problems.append(
+            f"user_sim.engines.placement = policy_engines: the simulator's and the policy's SGLang engines share each "
+            f"GPU, and user_sim.engines.mem_fraction_static ({sim_fraction:g}) + rollout.sglang.mem_fraction_static "
+            f"({r.sglang.mem_fraction_static:g}) is more than the whole GPU"
         )
     return problems
 

@@ -110,6 +110,12 @@ class UserSimEnginesConfig:
     dtype: str = ""  # weight dtype of the simulator engines; "" = model.dtype
     mem_fraction_static: float = 0.0  # SGLang's share of each simulator GPU (weights + KV); 0 = rollout.sglang's
     context_length: int = 0  # longest prompt + reply a simulator engine serves; 0 = the simulator model's own
+    placement: str = "own"  # "own": GPUs of their own; "policy_engines": on the policy engines' GPUs (docs/rollout.md)
+
+    @property
+    def shares_policy_engines(self) -> bool:
+        """Served on the policy engines' GPUs (`placement: policy_engines`) rather than on GPUs of their own."""
+        return bool(self.model) and self.placement == "policy_engines"
 
 
 @dataclass

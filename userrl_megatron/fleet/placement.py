@@ -7,7 +7,8 @@
 Actor rank r always lands on the r-th device in (node, device) order, so a TP group is packed on one node; the
 driver's node comes first, so rank 0 (the master) and engine 0 sit beside the driver when the group has GPUs
 there. A run that serves its user simulator reserves a second group for the simulator's engines (`run_shape`
-counts both); Ray may give that one the driver's node.
+counts both); Ray may give that one the driver's node. With `user_sim.engines.placement: policy_engines` the
+simulator's engines reserve nothing: `shared_placement` puts simulator engine e on policy engine e's bundles.
 
 After the group is reserved every bundle is probed once for its node and the GPU Ray gave it (`Slot`). An
 engine's Ray actor sits on the bundle of its first GPU, but its server needs all `engine_tp` of them: the pool
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 # Fractions of one GPU bundle requested by each side when colocated (they must sum to <= 1).
 COLOCATED_ACTOR_SHARE = 0.4
 COLOCATED_ENGINE_SHARE = 0.2
+# A user simulator engine's Ray actor on a policy engine's bundle (`shared_placement`): colocated, 0.4 + 0.2 + 0.2.
+SHARED_SIMULATOR_SHARE = 0.2
 
 
 class PlacementError(UserError):
@@ -137,6 +140,32 @@ class Placement:
         }
 
 
+def shared_placement(policy: Placement, num_engines: int) -> Placement:
+    """The user simulator's engines on the policy engines' GPUs (`user_sim.engines.placement: policy_engines`):
+    simulator engine e on the bundles of policy engine e (the same `engine_tp`, checked by the config), in the
+    policy's placement group, so the GPUs its server sees are exactly policy engine e's. Nothing more is reserved:
+    its Ray actor takes a share of the bundle's GPU (none of a CPU bundle, which the policy engine fills)."""
+    if num_engines > len(policy.plan.engine_bundles):
+        raise PlacementError(
+            f"{num_engines} user simulator engines cannot share the GPUs of {len(policy.plan.engine_bundles)} policy "
+            "engines (user_sim.engines.num_engines <= rollout.num_engines)"
+        )
+    on_gpu = "GPU" in policy.plan.bundles[0]
+    share = {"GPU": SHARED_SIMULATOR_SHARE, "CPU": SHARED_SIMULATOR_SHARE} if on_gpu else {"CPU": 0.0}
+
+    def engines_of(plan: BundlePlan) -> BundlePlan:
+        return BundlePlan(
+            bundles=plan.bundles,
+            actor_bundles=[],
+            engine_bundles=plan.engine_bundles[:num_engines],
+            engine_resources=share,
+            engine_width=plan.engine_width,
+        )
+
+    logical = engines_of(policy.logical) if policy.logical is not None else None
+    return Placement(policy.group, engines_of(policy.plan), policy.slots, logical, policy.driver_node_id)
+
+
 def plan_bundles(megatron: MegatronConfig, rollout: RolloutConfig, use_gpu: bool) -> BundlePlan:
     """The bundle layout for the actor world and the engines (pure: no Ray)."""
     actor_world = megatron.nnodes * megatron.devices_per_node
@@ -172,7 +201,8 @@ def plan_bundles(megatron: MegatronConfig, rollout: RolloutConfig, use_gpu: bool
 @dataclass(frozen=True)
 class RunShape:
     """The GPUs a run takes on a cluster of `per_node`-GPU nodes (`megatron.devices_per_node`): the policy's (its
-    actor ranks and engines, the same GPUs when colocated) and the user simulator's engines (GPUs of their own)."""
+    actor ranks and engines, the same GPUs when colocated) and the user simulator's engines (GPUs of their own; none
+    when they share the policy engines')."""
 
     policy_gpus: int
     simulator_gpus: int
@@ -190,9 +220,10 @@ class RunShape:
 
 def run_shape(megatron: MegatronConfig, rollout: RolloutConfig, simulator: UserSimEnginesConfig) -> RunShape:
     """The GPUs of the run's placement group and, when the run serves the user simulator
-    (`user_sim.engines.model`), those of the simulator's own group."""
+    (`user_sim.engines.model`), those of the simulator's own group (none on the policy engines' GPUs)."""
     policy = len(plan_bundles(megatron, rollout, use_gpu=True).bundles)
-    served = simulator.num_engines * simulator.engine_tp if simulator.model else 0
+    own = simulator.model and not simulator.shares_policy_engines
+    served = simulator.num_engines * simulator.engine_tp if own else 0
     return RunShape(policy, served, megatron.devices_per_node)
 
 

@@ -134,9 +134,17 @@ class EngineServer:
         """Dry: what the last start would have run, node rank 0 first."""
         return list(self.started)
 
-    def restart(self) -> str:
+    def restart(self, launch: EngineLaunch | None = None) -> str:
+        """Stop and start again; with `launch`, as that (its followers as its followers' launches)."""
         self.stop()
+        if launch is not None:
+            self.launch = launch
+            ray.get([f.relaunch.remote(part) for f, (_, part) in zip(self.followers, launch.followers, strict=True)])
         return self.start()
+
+    def relaunch(self, launch: EngineLaunch) -> None:
+        """A follower's next start runs `launch`."""
+        self.launch = launch
 
     def stop(self) -> None:
         if self.followers:
@@ -202,8 +210,12 @@ class RolloutPool:
         log_dir: str | Path | None = None,
         on_restart: RestartHook | None = None,
         dry: bool = False,
+        restart_cfg: RolloutConfig | None = None,
     ) -> None:
         self.cfg = cfg
+        # What a restarted engine is launched with (None: `cfg`): the simulator's engines on the policy engines'
+        # GPUs find the policy's share held then, which SGLang's fraction must count (`fleet.simulator`).
+        self.restart_cfg = restart_cfg
         self.model_path = model_path
         self.dtype = dtype
         self.placement = placement  # userrl_megatron.fleet.placement.Placement, or None
@@ -390,16 +402,18 @@ class RolloutPool:
         return [p for processes in started for p in processes]
 
     def _new_actor(self, index: int) -> Any:
-        return self._actor(self._launch(index))
+        return self._actor(self._launch(index, restarted=True))
 
     def _actor(self, launch: EngineLaunch) -> Any:
         options = self.placement.engine_options(launch.index) if self.placement is not None else {"num_cpus": 0}
         return _engine_server_actor().options(**options).remote(launch)
 
-    def _launch(self, index: int) -> EngineLaunch:
-        """Engine `index`'s launch: with a placement, its GPUs on its first node, and one follower per further
-        node it spans. Raises UserError when the driver could not reach it."""
-        backend, rollout = self.cfg.backend, self.cfg
+    def _launch(self, index: int, restarted: bool = False) -> EngineLaunch:
+        """Engine `index`'s launch (`restarted`: with `restart_cfg` when set): with a placement, its GPUs on its
+        first node, and one follower per further node it spans. Raises UserError when the driver could not reach
+        it."""
+        rollout = self.restart_cfg if restarted and self.restart_cfg is not None else self.cfg
+        backend = rollout.backend
         base_port = rollout.sglang.base_port if backend == "sglang" else rollout.embedded.base_port
         launch = EngineLaunch(
             backend,
@@ -522,7 +536,8 @@ class RolloutPool:
             log.warning("engine %d: restart %d of %d", engine.index, engine.restarts, self.cfg.engine_max_restarts)
             try:
                 try:
-                    url = await engine.actor.restart.remote()
+                    relaunch = self._launch(engine.index, restarted=True) if self.restart_cfg is not None else None
+                    url = await engine.actor.restart.remote(relaunch)
                 except ACTOR_GONE:  # the actor itself died: replace it
                     engine.actor = self._new_actor(engine.index)
                     url = await engine.actor.start.remote()

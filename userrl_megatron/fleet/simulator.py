@@ -3,10 +3,13 @@ and restarted like the policy's engines, and the gyms' simulator client pointed 
 
 `user_simulator(cfg, gym_names, log_dir)` yields the `gyms.user_sim.UserSimulator` the gyms call (None when no
 gym of `gym_names` needs one). With `user_sim.engines.model` set, it first starts `user_sim.engines.num_engines`
-engines of that model in a placement group of their own (their own GPUs on a cluster), each requiring a key made
-for this run; the client talks to the engine's OpenAI route (to sglang-router in front of several engines), and
-follows a restarted engine to its new address. The engines are frozen: no weight sync, no pause or memory release
-by the policy's choreography. Without a model, `user_sim.base_url` is used as it is (an external endpoint).
+engines of that model, each requiring a key made for this run: in a placement group of their own (their own GPUs
+on a cluster), or with `user_sim.engines.placement: policy_engines` on the policy engines' GPUs (`simulator_pool`
+given the policy's placement). The client talks to the engine's OpenAI route (to sglang-router in front of several
+engines), and follows a restarted engine to its new address. The engines are frozen: no weight sync; on GPUs of
+their own no pause or memory release by the policy's choreography; on the GPUs of colocated policy engines they
+release their KV cache and CUDA graphs while the actor trains (`trainer.handoff.MemoryHandoff`) and keep their
+weights. Without a model, `user_sim.base_url` is used as it is (an external endpoint).
 """
 
 import contextlib
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
     from gyms.user_sim import UserSimulator
     from userrl_megatron.config.schema import RolloutConfig, RootConfig
     from userrl_megatron.fleet.engine import SGLangClient
+    from userrl_megatron.fleet.placement import Placement
     from userrl_megatron.fleet.pool import RolloutPool
 
 log = logging.getLogger(__name__)
@@ -31,8 +35,9 @@ PORT_OFFSET = 1000  # the simulator's engines listen from base_port + 1000: a no
 def simulator_rollout(cfg: "RootConfig") -> "RolloutConfig":
     """The engine settings of the simulator engines: the policy's, with the simulator's own count, TP, backend,
     SGLang memory fraction (0: the policy's) and context length (0: the simulator model's own, whatever the policy's
-    engines serve); never colocated, so no weight backup; no routing replay; the router when there are several; a
-    key and ports of their own."""
+    engines serve); colocated (SGLang's memory saver, to release their KV cache while the actor trains) only on the
+    GPUs of colocated policy engines; no weight backup, since they never release their weights; no routing replay;
+    the router when there are several; a key and ports of their own."""
     engines, r = cfg.user_sim.engines, cfg.rollout
     sglang_port, embedded_port = r.sglang.base_port, r.embedded.base_port
     sglang = dataclasses.replace(
@@ -40,7 +45,7 @@ def simulator_rollout(cfg: "RootConfig") -> "RolloutConfig":
         base_port=sglang_port + PORT_OFFSET if sglang_port else 0,
         mem_fraction_static=engines.mem_fraction_static or r.sglang.mem_fraction_static,
         context_length=engines.context_length,
-        enable_weights_cpu_backup=False,  # frozen on GPUs of their own: they never release their memory
+        enable_weights_cpu_backup=False,  # frozen: they never release their weights
         enable_return_routed_experts=False,  # the policy's routing replay, not the simulator's
     )
     embedded = dataclasses.replace(
@@ -56,10 +61,37 @@ def simulator_rollout(cfg: "RootConfig") -> "RolloutConfig":
         backend=engines.backend or cfg.rollout.backend,
         num_engines=engines.num_engines,
         engine_tp=engines.engine_tp,
-        colocate=False,
+        colocate=engines.shares_policy_engines and r.colocate,
         router="sglang" if engines.num_engines > 1 else "none",
         api_key_env=KEY_ENV,
     )
+
+
+def policy_engine_rollout(cfg: "RootConfig") -> "RolloutConfig":
+    """The policy engines' settings as launched. With the simulator's SGLang engines on their GPUs
+    (`user_sim.engines.placement: policy_engines`) SGLang's `--mem-fraction-static` is the policy's share plus the
+    simulator's: SGLang sizes its KV pool as what is free after its weights less (1 - fraction) of the GPU, and the
+    simulator's engines, started first, already hold their share. Each config field stays that side's own share."""
+    return _counting_the_other(cfg, cfg.rollout)
+
+
+def simulator_restart_rollout(cfg: "RootConfig") -> "RolloutConfig | None":
+    """What a restarted simulator engine is launched with on the policy engines' GPUs (SGLang on both sides): its
+    fraction plus the policy's, whose engine holds its share then (None: as at its first start)."""
+    sim = simulator_rollout(cfg)
+    restarted = _counting_the_other(cfg, sim)
+    return None if restarted is sim else restarted
+
+
+def _counting_the_other(cfg: "RootConfig", rollout: "RolloutConfig") -> "RolloutConfig":
+    """`rollout` (the policy's or the simulator's engines) with SGLang's fraction raised by the other side's share,
+    when both sides' SGLang engines share the policy engines' GPUs; otherwise `rollout` itself."""
+    r, engines = cfg.rollout, cfg.user_sim.engines
+    sim = simulator_rollout(cfg)
+    if not engines.shares_policy_engines or r.backend != "sglang" or sim.backend != "sglang":
+        return rollout
+    fraction = round(r.sglang.mem_fraction_static + sim.sglang.mem_fraction_static, 6)
+    return dataclasses.replace(rollout, sglang=dataclasses.replace(rollout.sglang, mem_fraction_static=fraction))
 
 
 @contextlib.asynccontextmanager
@@ -84,11 +116,15 @@ async def user_simulator(
 
 
 @contextlib.asynccontextmanager
-async def simulator_pool(cfg: "RootConfig", log_dir: Path) -> AsyncIterator["RolloutPool"]:
-    """The simulator engines of `cfg.user_sim.engines`, started in a placement group of their own."""
+async def simulator_pool(
+    cfg: "RootConfig", log_dir: Path, policy: "Placement | None" = None
+) -> AsyncIterator["RolloutPool"]:
+    """The simulator engines of `cfg.user_sim.engines`, started in a placement group of their own, or with
+    `placement: policy_engines` on the bundles of the policy engines of `policy` (the policy's placement; without it,
+    as in `userrl rollout` and `userrl eval`, on GPUs of their own)."""
     import torch
 
-    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.fleet.placement import create_placement, plan_bundles, shared_placement, start_ray
     from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.model_store import resolve_model
 
@@ -98,19 +134,30 @@ async def simulator_pool(cfg: "RootConfig", log_dir: Path) -> AsyncIterator["Rol
     start_ray(
         cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, rollout.num_engines + cfg.rollout.num_engines)
     )
-    engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
-    placement = create_placement(plan_bundles(engines_only, rollout, use_gpu))
+    shared = cfg.user_sim.engines.shares_policy_engines and policy is not None
+    if cfg.user_sim.engines.shares_policy_engines and policy is None:
+        log.warning(
+            "user_sim.engines.placement = policy_engines: this command places no policy engines of its own (`userrl "
+            "train` does), so the simulator's engines take GPUs of their own"
+        )
+    if policy is not None and shared:
+        placement = shared_placement(policy, rollout.num_engines)
+    else:
+        engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
+        placement = create_placement(plan_bundles(engines_only, rollout, use_gpu))
     model_dir = str(resolve_model(cfg.user_sim.engines.model))
     dtype = cfg.user_sim.engines.dtype or cfg.model.dtype
     os.environ.pop(KEY_ENV, None)  # a key made for this run by the pool, never one left in the environment
     try:
-        async with RolloutPool(rollout, model_dir, dtype, placement, log_dir / "user_sim") as pool:
+        restart = simulator_restart_rollout(cfg) if shared else None
+        async with RolloutPool(rollout, model_dir, dtype, placement, log_dir / "user_sim", restart_cfg=restart) as pool:
             log.info("user simulator: %d engine(s) of %s at %s", len(pool.urls), model_dir, _openai_url(pool))
             yield pool
     finally:
-        from ray.util import remove_placement_group
+        if not shared:  # a shared placement group is the policy's to remove
+            from ray.util import remove_placement_group
 
-        remove_placement_group(placement.group)
+            remove_placement_group(placement.group)
 
 
 def managed_client(cfg: "RootConfig", pool: "RolloutPool") -> "UserSimulator":

@@ -22,6 +22,8 @@ from userrl_megatron.types import Episode, EpisodeGroup, SamplingParams, Task, T
 ACTOR_STATE = ("actor weights", "actor grads", "actor optimizer")
 LABELS = dict(zip((WEIGHTS, GRADS, STATE), ACTOR_STATE, strict=True))  # offload's kinds -> the ledger's labels
 ENGINE_TAGS = {"weights": "engine weights", "kv_cache": "engine KV cache", "cuda_graph": "engine runtime"}
+# The user simulator's engines on the policy engines' GPUs (user_sim.engines.placement: policy_engines).
+SIMULATOR_TAGS = {"weights": "user sim weights", "kv_cache": "user sim KV cache", "cuda_graph": "user sim runtime"}
 
 
 @dataclass
@@ -194,13 +196,13 @@ class LedgerClient:
     async def release_memory(self, tags: list[str]) -> None:
         for tag in tags:
             for device in self.pool.devices_of(self.index):
-                self.released[tag] = self.pool.ledger.free(device, ENGINE_TAGS[tag])
+                self.released[tag] = self.pool.ledger.free(device, self.pool.labels[tag])
 
     async def resume_memory(self, tags: list[str]) -> None:
         for tag in tags:
             nbytes = self.released.pop(tag, 0)
             for device in self.pool.devices_of(self.index):
-                self.pool.ledger.book(device, ENGINE_TAGS[tag], nbytes)
+                self.pool.ledger.book(device, self.pool.labels[tag], nbytes)
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 0) -> list[float]:
         return []
@@ -210,10 +212,20 @@ class LedgerClient:
 
 
 class LedgerPool:
-    """The engine pool (`fleet.pool.RolloutPool`): engine e on devices `devices[e]`."""
+    """The engine pool (`fleet.pool.RolloutPool`): engine e on devices `devices[e]`. `labels`: the ledger's label of
+    each memory tag (two pools on the same GPUs book apart); `name`: an engine's name in a problem."""
 
-    def __init__(self, ledger: Ledger, memory: EngineMemory, rollout: Any, devices: list[list[int]]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        memory: EngineMemory,
+        rollout: Any,
+        devices: list[list[int]],
+        labels: dict[str, str] | None = None,
+        name: str = "engine",
+    ) -> None:
         self.ledger, self.memory, self.rollout, self.engine_devices = ledger, memory, rollout, devices
+        self.labels, self.name = labels or ENGINE_TAGS, name
         self.clients = [LedgerClient(self, e) for e in range(len(devices))]
         self.urls = [c.base_url for c in self.clients]
         self.kv_tokens: list[int] = []
@@ -230,19 +242,19 @@ class LedgerPool:
         m = self.memory
         for engine, devices in enumerate(self.engine_devices):
             for device in devices:
-                self.ledger.book(device, "engine weights", m.weights)
+                self.ledger.book(device, self.labels["weights"], m.weights)
             free = min(self.ledger.device_bytes - sum(self.ledger.held[d].values()) for d in devices)
             kv = self._kv_bytes(free)
             if kv <= 0:
                 self.ledger.complain(
-                    f"engine {engine} starts with {free / 2**30:.1f} GiB free after its weights on GPU {devices[0]}: "
-                    "no room for a KV cache"
+                    f"{self.name} {engine} starts with {free / 2**30:.1f} GiB free after its weights on GPU "
+                    f"{devices[0]}: no room for a KV cache"
                 )
                 kv = 0
             self.kv_tokens.append(kv // m.kv_token)
             for device in devices:
-                self.ledger.book(device, "engine KV cache", kv)
-                self.ledger.book(device, "engine runtime", m.runtime)
+                self.ledger.book(device, self.labels["kv_cache"], kv)
+                self.ledger.book(device, self.labels["cuda_graph"], m.runtime)
         self.ledger.record("start-up")
 
     def _kv_bytes(self, free: int) -> int:

@@ -19,7 +19,7 @@ from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.errors import UserError
-from userrl_megatron.plan.ledger import Ledger, LedgerActors, LedgerPool, LedgerRunner
+from userrl_megatron.plan.ledger import SIMULATOR_TAGS, Ledger, LedgerActors, LedgerPool, LedgerRunner
 from userrl_megatron.plan.memory import GIB, actor_memory, engine_memory, host_memory, sync_buckets
 from userrl_megatron.types import Task
 
@@ -63,6 +63,9 @@ class MemoryPlan:
     host: list[HostRow] = field(default_factory=list)
     simulator: list[PhaseRow] = field(default_factory=list)  # the busiest GPU of the user simulator's engines
     simulator_kv_tokens: list[int] = field(default_factory=list)  # each simulator engine's KV cache in tokens
+    # On the policy engines' GPUs (user_sim.engines.placement: policy_engines): what a simulator engine holds on each
+    # of its GPUs while it serves (in `rows` beside the policy's; `simulator` stays empty).
+    simulator_shared: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak(self) -> PhaseRow:
@@ -80,6 +83,7 @@ class MemoryPlan:
 def plan_run(cfg: RootConfig) -> MemoryPlan:
     """The memory plan of `cfg` on GPUs of `plan.device_memory_gb` (see the module docstring)."""
     from userrl_megatron.fleet.placement import plan_bundles
+    from userrl_megatron.fleet.simulator import policy_engine_rollout
 
     cfg = resolve_config(cfg)  # as the run does before it starts
 
@@ -96,6 +100,8 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
     engine_devices = [list(range(b, b + cfg.rollout.engine_tp)) for b in bundles.engine_bundles]
     for device in sorted(set(bundles.actor_bundles)) + [d for ds in engine_devices for d in ds]:
         ledger.book(device, "CUDA contexts", context)
+    # The run starts the simulator's engines before the actor: on the policy engines' GPUs they are there first.
+    shared_sim, sim_kv, sim_held = _shared_simulator(cfg, ledger, engine_devices)
 
     bucket = cfg.sync.bucket_mb * 2**20
     world = len(bundles.actor_bundles)
@@ -110,12 +116,13 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
         kept_buckets=method == "distributed",  # the broadcast's flat buffers (sync/sender.py), reused per sync
         host=host_memory(arch, cfg.megatron, dtype, world, kl=cfg.algo.kl_coef > 0),
     )
-    engine = engine_memory(arch, cfg.rollout, dtype, cfg.plan)
-    pool = LedgerPool(ledger, engine, cfg.rollout, engine_devices)
+    rollout = policy_engine_rollout(cfg)  # SGLang's fraction counts the simulator's share on shared GPUs
+    engine = engine_memory(arch, rollout, dtype, cfg.plan)
+    pool = LedgerPool(ledger, engine, rollout, engine_devices)
     tokens = min(cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens, cfg.model.max_context_length)
     runner = LedgerRunner(ledger, tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(_play(_short_run(cfg, tmp), actors, pool, runner))
+        asyncio.run(_play(_short_run(cfg, tmp), actors, pool, runner, shared_sim))
     actor_gpus, engine_gpus = set(bundles.actor_bundles), {d for ds in engine_devices for d in ds}
     kinds = {"shared": actor_gpus} if actor_gpus == engine_gpus else {"actor": actor_gpus, "engine": engine_gpus}
     rows = []
@@ -127,7 +134,7 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
     in_flight = min(cfg.rollout.max_concurrent_episodes, -(-episodes // cfg.rollout.num_engines))
     backup = engine.weights if _engine_weight_backup(cfg) else 0
     host = _host_rows(cfg, actors.host_held, bundles.actor_bundles, engine_devices, backup)
-    simulator, simulator_kv, simulator_problems = _simulator_plan(cfg)
+    simulator, simulator_kv, simulator_problems = _simulator_plan(cfg) if shared_sim is None else ([], sim_kv, [])
     return MemoryPlan(
         ledger.device_bytes,
         len(ledger.held),
@@ -139,7 +146,39 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
         host,
         simulator,
         simulator_kv,
+        sim_held,
     )
+
+
+def _shared_simulator(
+    cfg: RootConfig, ledger: Ledger, engine_devices: list[list[int]]
+) -> tuple[LedgerPool | None, list[int], dict[str, int]]:
+    """The user simulator's engines on the policy engines' GPUs (`user_sim.engines.placement: policy_engines`):
+    simulator engine e on policy engine e's GPUs, with a CUDA context of its own on each, started on `ledger` (their
+    KV pools sized from what is free then); their KV caches in tokens; what one holds on its first GPU once started.
+    (None, [], {}) when they have GPUs of their own."""
+    from userrl_megatron.fleet.simulator import simulator_rollout
+
+    if not cfg.user_sim.engines.shares_policy_engines:
+        return None, [], {}
+    rollout = simulator_rollout(cfg)
+    devices = engine_devices[: rollout.num_engines]
+    for device in (d for ds in devices for d in ds):
+        ledger.book(device, "CUDA contexts", int(cfg.plan.context_gb * GIB))
+    memory = engine_memory(_simulator_arch(cfg), rollout, cfg.user_sim.engines.dtype or cfg.model.dtype, cfg.plan)
+    pool = LedgerPool(ledger, memory, rollout, devices, SIMULATOR_TAGS, "user simulator engine")
+    asyncio.run(pool.start())
+    first = ledger.held[devices[0][0]]
+    held = {label: first.get(label, 0) for label in SIMULATOR_TAGS.values()}
+    return pool, pool.kv_tokens, held | {"CUDA contexts": int(cfg.plan.context_gb * GIB)}
+
+
+def _simulator_arch(cfg: RootConfig) -> Architecture:
+    model = cfg.user_sim.engines.model
+    config = model_shape(model)
+    if config is None:
+        raise UserError(f"user_sim.engines.model = {model}: no config.json there and not a model whose shape is known")
+    return Architecture.from_hf_config(config)
 
 
 def _simulator_plan(cfg: RootConfig) -> tuple[list[PhaseRow], list[int], list[str]]:
@@ -147,12 +186,9 @@ def _simulator_plan(cfg: RootConfig) -> tuple[list[PhaseRow], list[int], list[st
     started is what they hold all run (weights, KV pool, runtime); their KV caches in tokens; their problems."""
     from userrl_megatron.fleet.simulator import simulator_rollout
 
-    model = cfg.user_sim.engines.model
-    if not model:
+    if not cfg.user_sim.engines.model:
         return [], [], []
-    config = model_shape(model)
-    if config is None:
-        raise UserError(f"user_sim.engines.model = {model}: no config.json there and not a model whose shape is known")
+    arch = _simulator_arch(cfg)
     rollout = simulator_rollout(cfg)
     tp = rollout.engine_tp
     devices = [list(range(e * tp, (e + 1) * tp)) for e in range(rollout.num_engines)]
@@ -160,7 +196,6 @@ def _simulator_plan(cfg: RootConfig) -> tuple[list[PhaseRow], list[int], list[st
     for device in range(len(ledger.held)):
         ledger.book(device, "CUDA contexts", int(cfg.plan.context_gb * GIB))
     dtype = cfg.user_sim.engines.dtype or cfg.model.dtype
-    arch = Architecture.from_hf_config(config)
     pool = LedgerPool(ledger, engine_memory(arch, rollout, dtype, cfg.plan), rollout, devices)
     asyncio.run(pool.start())
     per_device = ledger.peaks["start-up"]
@@ -208,13 +243,15 @@ def _short_run(cfg: RootConfig, out: str) -> RootConfig:
     )
 
 
-async def _play(cfg: RootConfig, actors: LedgerActors, pool: LedgerPool, runner: LedgerRunner) -> None:
+async def _play(
+    cfg: RootConfig, actors: LedgerActors, pool: LedgerPool, runner: LedgerRunner, sim_pool: LedgerPool | None = None
+) -> None:
     from userrl_megatron.trainer.components import Components, bring_up
     from userrl_megatron.trainer.driver import Trainer
     from userrl_megatron.trainer.task_stream import TaskStream
 
     tasks = [Task("plan", f"t{i}", []) for i in range(cfg.rollout.prompts_per_step)]
-    parts = Components(cfg, actors, pool, runner, TaskStream(tasks, cfg.run.seed), tasks[:1])
+    parts = Components(cfg, actors, pool, runner, TaskStream(tasks, cfg.run.seed), tasks[:1], sim_pool=sim_pool)
     pool.on_restart = parts.weights.repair
     quiet = logging.getLogger("userrl_megatron")
     level = quiet.level
@@ -255,6 +292,14 @@ def format_plan(plan: MemoryPlan, cfg: RootConfig) -> str:
         lines.append(
             f"engine KV cache: {kv:,} tokens per engine; its episodes in flight reach {plan.kv_demand:,} at full "
             f"length" + ("; requests beyond the cache wait" if kv < plan.kv_demand else "")
+        )
+    if plan.simulator_shared:
+        s = cfg.user_sim.engines
+        held = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(plan.simulator_shared.items(), key=lambda kv: -kv[1]))
+        lines.append(
+            f"user simulator: {s.num_engines} engine(s) TP{s.engine_tp} of {s.model} on the policy engines' GPUs (no "
+            f"more GPUs): {sum(plan.simulator_shared.values()) / GIB:.1f} GiB per GPU while serving ({held}); KV cache "
+            f"{min(plan.simulator_kv_tokens):,} tokens per engine"
         )
     for row in plan.simulator:
         s = cfg.user_sim.engines

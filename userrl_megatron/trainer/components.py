@@ -1,7 +1,8 @@
 """The parts of a training run and their start-up and teardown (`start_components`).
 
-Start-up: Ray (local unless `run.ray_address`), one placement group (actor ranks + engines), the Megatron
-workers (HF weights loaded on every rank), the engine pool, the user simulator when a gym needs one, and the
+Start-up: Ray (local unless `run.ray_address`), one placement group (actor ranks + engines), the user simulator
+when a gym needs one (its engines in a group of their own, or on the policy engines' bundles), the Megatron
+workers (HF weights loaded on every rank), the engine pool, and the
 weight-sync groups (one per pipeline stage, each with every engine). The colocated memory hand-offs live in
 `trainer/handoff.py`, weight sync and engine repairs in `trainer/weight_sync.py`. No engine left stops the run.
 """
@@ -39,7 +40,9 @@ class Components:
     _gate: asyncio.Semaphore | None = None  # episodes in flight over every group of `rollout_group`
 
     def __post_init__(self) -> None:
-        self.handoff = MemoryHandoff(self.cfg, self.actors, self.pool)
+        # The simulator's engines on the policy engines' GPUs take the same turns (user_sim.engines.placement).
+        shared = self.sim_pool if self.cfg.user_sim.engines.shares_policy_engines else None
+        self.handoff = MemoryHandoff(self.cfg, self.actors, self.pool, shared)
         self.weights = WeightSync(self.cfg, self.actors, self.pool, self.handoff)
 
     async def rollout(self, tasks: list[Task], n: int, temperature: float | None = None) -> list[EpisodeGroup]:
@@ -92,7 +95,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     from userrl_megatron.eval.evaluation import eval_tasks as load_eval_tasks
     from userrl_megatron.fleet.placement import check_run_gpus, create_placement, plan_bundles, run_shape, start_ray
     from userrl_megatron.fleet.pool import RolloutPool
-    from userrl_megatron.fleet.simulator import managed_client, simulator_pool
+    from userrl_megatron.fleet.simulator import managed_client, policy_engine_rollout, simulator_pool
     from userrl_megatron.model_store import resolve_model
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
@@ -127,14 +130,16 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     try:
         sim_pool = None
         if managed_sim:
-            sim_pool = await stack.enter_async_context(simulator_pool(cfg, run_dir / "engines"))
+            # Before the actor and the policy's engines: on their GPUs (placement: policy_engines) the simulator's
+            # engines size their KV pool first, and the policy's engines count their share (policy_engine_rollout).
+            sim_pool = await stack.enter_async_context(simulator_pool(cfg, run_dir / "engines", placement))
             user_sim = managed_client(cfg, sim_pool)
         spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed)
         env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
         actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
         runner.routing_replay = cfg.algo.routing_replay == "rollout"
-        pool = RolloutPool(cfg.rollout, str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
+        pool = RolloutPool(policy_engine_rollout(cfg), str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
         tasks = TaskStream(train_tasks, cfg.run.seed)
         parts = Components(cfg, actors, pool, runner, tasks, eval_tasks, user_sim, sim_pool)
         pool.on_restart = parts.weights.repair

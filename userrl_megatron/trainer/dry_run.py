@@ -120,13 +120,14 @@ def bring_up(cfg: RootConfig) -> BringUp:
 async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
     """The dry part of `trainer.components.start_components`: actor ranks, engines, weight-sync groups."""
     from userrl_megatron.fleet.pool import RolloutPool
+    from userrl_megatron.fleet.simulator import policy_engine_rollout
     from userrl_megatron.trainer.components import Components
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
     actors = pool = None
     try:
         spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed, dry=True)
-        pool = RolloutPool(cfg.rollout, cfg.model.path, cfg.model.dtype, placement, dry=True)
+        pool = RolloutPool(policy_engine_rollout(cfg), cfg.model.path, cfg.model.dtype, placement, dry=True)
         pool.check_placement()  # an engine that cannot be placed fails before anything starts
         actors = await asyncio.to_thread(ActorGroup, placement, spec)
         parts = Components(cfg, actors, pool, NoRollouts(), NoRollouts(), [])
@@ -135,7 +136,8 @@ async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
             await parts.weights.connect()
         ranks = await asyncio.to_thread(actors.launches)
         roles = await asyncio.to_thread(actors.sync_roles)
-        simulator, simulator_router = await _place_simulator(cfg) if cfg.user_sim.engines.model else ([], None)
+        sim = await _place_simulator(cfg, placement) if cfg.user_sim.engines.model else ([], None)
+        simulator, simulator_router = sim
         nodes = _nodes(placement, [slot.ip for slot in placement.slots] + [e.ip for e in simulator])
         engines = await pool.launch_records()
         return BringUp(nodes, ranks, engines, roles, pool.router_launch, simulator, simulator_router)
@@ -155,18 +157,23 @@ def _nodes(placement: Placement, ips: list[str]) -> list[str]:
     return [driver, *sorted(set(ips) - {driver}, key=ip_key)]
 
 
-async def _place_simulator(cfg: RootConfig) -> tuple[list[EngineProcess], ProcessLaunch | None]:
-    """The user simulator's engines, dry, in a placement group of their own (as `fleet.simulator.simulator_pool`),
-    and their router (several engines)."""
+async def _place_simulator(cfg: RootConfig, policy: Placement) -> tuple[list[EngineProcess], ProcessLaunch | None]:
+    """The user simulator's engines, dry, in a placement group of their own or on the bundles of the policy's
+    engines (`user_sim.engines.placement`, as `fleet.simulator.simulator_pool`), and their router (several
+    engines)."""
     from ray.util import remove_placement_group
 
-    from userrl_megatron.fleet.placement import create_placement
+    from userrl_megatron.fleet.placement import create_placement, shared_placement
     from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.fleet.simulator import simulator_rollout
 
     rollout = simulator_rollout(cfg)
-    engines_only = replace(cfg.megatron, nnodes=1, devices_per_node=0)
-    placement = create_placement(plan_bundles(engines_only, rollout, use_gpu=True), RESERVE_TIMEOUT_S)
+    shared = cfg.user_sim.engines.shares_policy_engines
+    if shared:
+        placement = shared_placement(policy, rollout.num_engines)
+    else:
+        engines_only = replace(cfg.megatron, nnodes=1, devices_per_node=0)
+        placement = create_placement(plan_bundles(engines_only, rollout, use_gpu=True), RESERVE_TIMEOUT_S)
     pool = RolloutPool(
         rollout, cfg.user_sim.engines.model, cfg.user_sim.engines.dtype or cfg.model.dtype, placement, dry=True
     )
@@ -176,7 +183,8 @@ async def _place_simulator(cfg: RootConfig) -> tuple[list[EngineProcess], Proces
         return await pool.launch_records(), pool.router_launch
     finally:
         await pool.close()
-        remove_placement_group(placement.group)
+        if not shared:  # the policy's group is removed with the policy's
+            remove_placement_group(placement.group)
 
 
 def simulate(cfg: RootConfig) -> BringUp:

@@ -3,6 +3,11 @@
 Colocated, the actor and the engines share every GPU: entering training, the engines pause and release their
 memory (`MEMORY_TAGS`) and, with `megatron.offload`, the actor's state returns from host memory; entering the
 rollout, the reverse. Each release pairs with exactly one resume. Disaggregated, every hand-off is a no-op.
+
+The user simulator's engines on the same GPUs (`user_sim.engines.placement: policy_engines`, the `shared` pool)
+take the same turns: paused (which also stops their generation probes) and their KV cache and CUDA graphs released
+(`FROZEN_MEMORY_TAGS`) while the actor trains, resumed before the rollout. They keep their weights: a frozen model
+gets no weight sync to restore them, and SGLang's release of weights without a host backup loses them.
 """
 
 import asyncio
@@ -15,6 +20,7 @@ from userrl_megatron.errors import RunError
 from userrl_megatron.trainer.seams import Actors, EngineClient, EnginePool
 
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # what colocated engines release while the actor trains
+FROZEN_MEMORY_TAGS = ("kv_cache", "cuda_graph")  # what the simulator's engines on those GPUs release: no state
 
 
 def check_engines(cfg: RootConfig, pool: EnginePool) -> None:
@@ -38,10 +44,12 @@ async def repair_engines(cfg: RootConfig, pool: EnginePool, what: str) -> None:
 class MemoryHandoff:
     """Who holds the GPUs' memory: the engines (rollout) or the actor (training)."""
 
-    def __init__(self, cfg: RootConfig, actors: Actors, pool: EnginePool) -> None:
+    def __init__(self, cfg: RootConfig, actors: Actors, pool: EnginePool, shared: EnginePool | None = None) -> None:
         self.cfg, self.actors, self.pool = cfg, actors, pool
+        self.shared = shared  # the user simulator's engines on the policy engines' GPUs (None: none there)
         self.colocated = cfg.rollout.colocate
         self.released: set[str] = set()  # engine memory tags released and not resumed yet
+        self.shared_released = False  # the shared engines' FROZEN_MEMORY_TAGS released and not resumed yet
 
     async def enter_training(self) -> None:
         """Colocated mode: the engines pause and free their GPU memory; with `megatron.offload` the actor's state
@@ -50,6 +58,7 @@ class MemoryHandoff:
             await repair_engines(self.cfg, self.pool, "entering training")  # a restarting engine cannot release
             await self.pool.pause()  # also stops health probes: a released engine holds generation
             await self.release(MEMORY_TAGS)
+            await self._release_shared()
             if self.cfg.megatron.offload:
                 await asyncio.to_thread(self.actors.onload)
 
@@ -61,6 +70,7 @@ class MemoryHandoff:
                 await asyncio.to_thread(self.actors.offload)
             await self.resume(MEMORY_TAGS)
             await self.pool.resume()
+            await self._resume_shared()
 
     @contextlib.asynccontextmanager
     async def actor_on_device(self) -> AsyncIterator[None]:
@@ -88,6 +98,27 @@ class MemoryHandoff:
         if todo:
             await self._each_engine(lambda c: c.resume_memory(todo))
             self.released.difference_update(todo)
+
+    async def _release_shared(self) -> None:
+        """The simulator's engines on these GPUs: pause (no generation probe of a released engine), then release
+        their KV cache and CUDA graphs; once until the next resume."""
+        if self.shared is None or self.shared_released:
+            return
+        shared = self.shared
+        try:
+            await shared.repair(self.cfg.rollout.engine_restart_timeout_s)  # a restarting engine cannot release
+        except Exception as e:
+            raise RunError(f"entering training: the user simulator's engines could not be brought back ({e})") from e
+        await shared.pause()
+        await asyncio.gather(*(c.release_memory(list(FROZEN_MEMORY_TAGS)) for c in shared.clients))
+        self.shared_released = True
+
+    async def _resume_shared(self) -> None:
+        if self.shared is None or not self.shared_released:
+            return
+        await asyncio.gather(*(c.resume_memory(list(FROZEN_MEMORY_TAGS)) for c in self.shared.clients))
+        self.shared_released = False
+        await self.shared.resume()
 
     async def _each_engine(self, call: Callable[[EngineClient], Awaitable[Any]]) -> None:
         await asyncio.gather(*(call(c) for c in self.pool.clients))

@@ -1,0 +1,184 @@
+"""The colocated hand-offs with the user simulator's engines on the policy engines' GPUs
+(`user_sim.engines.placement: policy_engines`): `MemoryHandoff` pauses both pools and releases both engines' memory
+while the actor trains, and gives both back before the rollout, the simulator keeping its weights. Fakes record
+every call in one list, so the order is checked exactly."""
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from userrl_megatron.config import RootConfig, load_config
+from userrl_megatron.trainer.components import Components
+from userrl_megatron.trainer.handoff import MemoryHandoff
+from userrl_megatron.trainer.seams import EngineClient
+
+COLOCATED = ["rollout.colocate=true", "megatron.offload=true", "rollout.num_engines=2", "rollout.backend=embedded"]
+SHARED = ["user_sim.engines.model=m", "user_sim.engines.num_engines=2", "user_sim.engines.placement=policy_engines"]
+
+
+class Client:
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name, self.calls = name, calls
+        self.base_url = f"http://{name}"
+
+    async def release_memory(self, tags: list[str]) -> None:
+        self.calls.append(f"{self.name} release {','.join(tags)}")
+
+    async def resume_memory(self, tags: list[str]) -> None:
+        self.calls.append(f"{self.name} resume {','.join(tags)}")
+
+    async def get_weights_by_name(self, name: str, truncate_size: int = 0) -> None:
+        return None
+
+    async def destroy_weights_update_group(self, name: str) -> None:
+        return None
+
+
+class Pool:
+    """An engine pool of two engines (`trainer.seams.EnginePool`), recording its pauses, resumes and repairs."""
+
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name, self.calls = name, calls
+        self._clients = [Client(f"{name}{e}", calls) for e in range(2)]
+        self.urls = [c.base_url for c in self._clients]
+        self.api_key, self.concurrency, self.exhausted, self.restarts_total, self.log_dir = "", 1, False, 0, None
+        self.on_restart = None
+
+    @property
+    def clients(self) -> Sequence[EngineClient]:
+        return self._clients
+
+    def session(self, episode_id: str = "") -> None:
+        return None
+
+    async def start(self) -> None:
+        self.calls.append(f"{self.name} start")
+
+    async def pause(self, mode: str = "abort") -> None:
+        self.calls.append(f"{self.name} pause")
+
+    async def resume(self) -> None:
+        self.calls.append(f"{self.name} resume")
+
+    async def flush_cache(self) -> None:
+        return None
+
+    async def repair(self, timeout_s: float) -> None:
+        self.calls.append(f"{self.name} repair")
+
+    async def restart(self, urls: list[str], timeout_s: float) -> list[Any]:
+        return []
+
+    async def kill_engine_server(self, index: int) -> int:
+        return -1
+
+
+class Actors:
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def offload(self, weights: bool = True) -> None:
+        self.calls.append("actor offload")
+
+    def onload(self, weights_only: bool = False) -> None:
+        self.calls.append("actor onload")
+
+
+def handoff(cfg: RootConfig, shared: bool = True) -> tuple[MemoryHandoff, list[str]]:
+    calls: list[str] = []
+    return MemoryHandoff(cfg, Actors(calls), Pool("policy", calls), Pool("sim", calls) if shared else None), calls  # type: ignore[arg-type]
+
+
+def test_both_pools_step_aside_while_the_actor_trains_and_come_back_before_the_rollout() -> None:
+    h, calls = handoff(load_config(overrides=[*COLOCATED, *SHARED]))
+
+    async def step() -> None:
+        await h.enter_training()
+        await h.enter_training()  # already released: nothing is released twice
+        await h.enter_rollout()
+        await h.enter_rollout()  # already resumed: nothing is resumed twice
+
+    asyncio.run(step())
+    assert calls == [
+        "policy repair",
+        "policy pause",
+        "policy0 release kv_cache,weights,cuda_graph",
+        "policy1 release kv_cache,weights,cuda_graph",
+        "sim repair",
+        "sim pause",
+        "sim0 release kv_cache,cuda_graph",  # a frozen model keeps its weights: no sync would restore them
+        "sim1 release kv_cache,cuda_graph",
+        "actor onload",
+        # the second enter_training: the policy's pool is repaired and paused again, its memory already released
+        "policy repair",
+        "policy pause",
+        "actor onload",
+        "actor offload",
+        "policy0 resume kv_cache,weights,cuda_graph",
+        "policy1 resume kv_cache,weights,cuda_graph",
+        "policy resume",
+        "sim0 resume kv_cache,cuda_graph",
+        "sim1 resume kv_cache,cuda_graph",
+        "sim resume",
+        "actor offload",  # the second enter_rollout: nothing of either pool was released
+        "policy resume",
+    ]
+    assert h.released == set() and not h.shared_released
+
+
+def test_checkpoint_saves_make_room_the_same_way() -> None:
+    h, calls = handoff(load_config(overrides=[*COLOCATED, *SHARED]))
+
+    async def save() -> None:
+        async with h.actor_on_device():
+            calls.append("save")
+
+    asyncio.run(save())
+    at = calls.index("save")
+    assert "sim0 release kv_cache,cuda_graph" in calls[:at] and calls[at + 1 :][-3:] == [
+        "sim0 resume kv_cache,cuda_graph",
+        "sim1 resume kv_cache,cuda_graph",
+        "sim resume",
+    ]
+
+
+def test_disaggregated_nothing_steps_aside() -> None:
+    h, calls = handoff(load_config(overrides=[*COLOCATED[1:], *SHARED]))
+    asyncio.run(h.enter_training())
+    asyncio.run(h.enter_rollout())
+    assert calls == []
+
+
+def test_components_hand_the_simulators_pool_over_only_when_it_shares_the_gpus() -> None:
+    calls: list[str] = []
+    sim = Pool("sim", calls)
+
+    def parts(*overrides: str) -> Components:
+        cfg = load_config(overrides=[*COLOCATED, *overrides])
+        return Components(cfg, Actors(calls), Pool("policy", calls), None, None, [], sim_pool=sim)  # type: ignore[arg-type]
+
+    assert parts(*SHARED).handoff.shared is sim
+    assert parts("user_sim.engines.model=m").handoff.shared is None  # GPUs of their own: never paused or released
+
+
+def test_each_side_is_launched_counting_the_share_the_other_holds() -> None:
+    """SGLang sizes its KV pool from what is free at its start less (1 - fraction) of the GPU: the policy's engines
+    (started after the simulator's) and a restarted simulator engine (the policy's engine beside it) are launched
+    with both shares; a simulator engine's first start with its own."""
+    from userrl_megatron.fleet.pool import RolloutPool
+    from userrl_megatron.fleet.simulator import policy_engine_rollout, simulator_restart_rollout, simulator_rollout
+
+    fractions = ["rollout.sglang.mem_fraction_static=0.45", "user_sim.engines.mem_fraction_static=0.35"]
+    cfg = load_config(overrides=["rollout.backend=sglang", "rollout.num_engines=2", *SHARED, *fractions])
+    restart = simulator_restart_rollout(cfg)
+    assert restart is not None and restart.sglang.mem_fraction_static == 0.8
+    assert simulator_rollout(cfg).sglang.mem_fraction_static == 0.35
+    assert policy_engine_rollout(cfg).sglang.mem_fraction_static == 0.8
+    pool = RolloutPool(simulator_rollout(cfg), "m", restart_cfg=restart)
+    assert pool._launch(1).sglang.mem_fraction_static == 0.35
+    assert pool._launch(1, restarted=True).sglang.mem_fraction_static == 0.8
+    assert pool._launch(1, restarted=True).port == pool._launch(1).port
+    own = load_config(overrides=["rollout.backend=sglang", "user_sim.engines.model=m", *fractions])
+    assert simulator_restart_rollout(own) is None and policy_engine_rollout(own) is own.rollout
+    embedded = load_config(overrides=["rollout.backend=embedded", "rollout.num_engines=2", *SHARED, *fractions])
+    assert simulator_restart_rollout(embedded) is None and policy_engine_rollout(embedded) is embedded.rollout
