@@ -248,7 +248,7 @@ def test_serve_sglang_reports_a_server_that_does_not_start(tmp_path: Path) -> No
     import subprocess
 
     command = [sys.executable, "-m", "userrl_megatron", "serve", "--backend", "sglang", "--model", str(tmp_path)]
-    out = subprocess.run([*command, "--sglang-python", "/bin/false"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([*command, "--sglang-python", "/bin/false"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 2
     assert out.stderr.startswith("userrl: error: SGLang did not start: engine server exited with code 1 before")
 
