@@ -206,7 +206,7 @@ def test_engine_threads_share_the_cores_unless_set() -> None:
 def test_a_server_that_exits_fails_fast_with_its_log(tmp_path: Path) -> None:
     command = [sys.executable, "-c", "import sys; print('bad flag --tp-size'); sys.exit(3)"]
     with pytest.raises(EngineError, match=r"exited with code 3 before becoming healthy(.|\n)*bad flag --tp-size"):
-        launch_server(command, "http://127.0.0.1:9", timeout_s=60, log_path=tmp_path / "log")
+        launch_server(command, "http://127.0.0.1:9", timeout_s=600, log_path=tmp_path / "log")
 
 
 def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -240,7 +240,7 @@ def test_watched_command_stops_when_its_launcher_is_gone() -> None:
     launcher = subprocess.Popen(["sleep", "1"])
     server = subprocess.Popen(watched(["sleep", "600"], launcher.pid), start_new_session=True)
     launcher.wait()  # gone (and reaped)
-    assert server.wait(timeout=60) == 128 + 15  # the server got SIGTERM from the watchdog, which reports it
+    assert server.wait(timeout=600) == 128 + 15  # the server got SIGTERM from the watchdog, which reports it
     assert watched(["x"], 7)[1:] == ["-m", "userrl_megatron.fleet.watchdog", "7", "--", "x"]
 
 
