@@ -4,7 +4,9 @@ One UserSimulator serves every episode: calls are bounded by a semaphore, each h
 connection errors, 408/409/429/5xx, empty replies and (for `json=True`) replies without a JSON object are retried
 with exponential backoff and jitter; a reply longer than `max_reply_chars` fails at once (kind "too_long"). A call
 that still fails raises UserSimError; gyms then answer with their fallback feedback and mark
-`StepResult.user_sim_error`, so nothing is silently scored. An optional on-disk cache
+`StepResult.user_sim_error`, so nothing is silently scored. A call that could not reach the endpoint waits, before
+its retry, for `reconnect` when whoever runs the endpoint set it (the run's own simulator engines: until the pool
+has restarted a dead one, however long that takes) instead of a backoff. An optional on-disk cache
 keyed by the request makes replays deterministic and debugging cheap. The API key comes from the environment
 variable the config names, never from the config itself.
 """
@@ -21,7 +23,7 @@ import os
 import random
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,6 +126,9 @@ class UserSimulator:
         self._latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self._in_flight = 0
         self._in_flight_max = 0
+        # Set by whoever runs the endpoint: returns once it can be reached again (e.g. its engine restarted), raises
+        # when it will not be; awaited before the retry of a call that could not reach it, instead of the backoff.
+        self.reconnect: Callable[[], Awaitable[None]] | None = None
 
     async def chat(
         self,
@@ -161,8 +166,17 @@ class UserSimulator:
                 if attempt > self.cfg.max_retries:
                     self._count("failures", e.kind)
                     raise UserSimError(f"user simulator failed after {attempt} attempts: {e}", e.kind, attempt) from e
-                self._count("retries", e.kind)
-                await asyncio.sleep(self._backoff(attempt))
+                if e.kind == "connection" and self.reconnect is not None:
+                    try:
+                        await self.reconnect()  # the endpoint's restart takes what it takes: no backoff outlasts it
+                    except Exception as down:
+                        self._count("failures", e.kind)
+                        message = f"user simulator failed after {attempt} attempts: {e}; it is not coming back: {down}"
+                        raise UserSimError(message, e.kind, attempt) from down
+                    self._count("retries", e.kind)
+                else:
+                    self._count("retries", e.kind)
+                    await asyncio.sleep(self._backoff(attempt))
             except UserSimError as e:
                 self._count("failures", e.kind)
                 raise
@@ -319,11 +333,16 @@ class UserSimulator:
         os.replace(tmp, path)  # atomic: concurrent writers of one key leave one whole file
 
 
+# Transport errors of an endpoint that cannot be reached or went away mid-request (httpx's, aiohttp's).
+UNREACHED = ("ConnectError", "ClientConnectorError", "ServerDisconnectedError")
+
+
 def _refused(error: BaseException) -> bool:
-    """Whether a connection error was a failure to connect (the aiohttp transport reports it as a timeout)."""
+    """Whether a connection error was a failure to connect, or a connection the server closed without a reply
+    (the aiohttp transport reports both as timeouts)."""
     cause = error.__cause__ or error.__context__
     while cause is not None:
-        if isinstance(cause, ConnectionError) or type(cause).__name__ in ("ConnectError", "ClientConnectorError"):
+        if isinstance(cause, ConnectionError) or type(cause).__name__ in UNREACHED:
             return True
         cause = cause.__cause__ or cause.__context__
     return type(error).__name__ == "APIConnectionError"  # not a timeout

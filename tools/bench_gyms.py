@@ -148,7 +148,7 @@ def bench_user_sim_concurrency(args: argparse.Namespace) -> dict[str, Any]:
     server = ctx.Process(target=serve_in_process, args=(answer, args.delay, port_queue, stop), daemon=True)
     server.start()
     try:
-        base_url = port_queue.get(timeout=60)
+        base_url = port_queue.get(timeout=600)  # a spawned interpreter starting its server: only a hang waits this long
         rows = []
         for backend, concurrency in [(b, c) for b in args.backends for c in args.concurrency]:
             cfg = UserSimConfig(

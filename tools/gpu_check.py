@@ -55,8 +55,6 @@ from gpu_smoke import GIB, SIZES, Phase, Record, Smoke  # noqa: E402
 
 __all__ = ["PHASE_NAMES", "SIZES", "SMOKE", "Phase", "Record", "Smoke", "main", "run_phase"]
 SCHEMA_VERSION = 1
-BETWEEN_PHASES_S = 120.0  # the smoke process's start (imports) and its clean-up after the last phase
-
 # ---------------------------------------------------------------------------------------------------------------
 # The driver: budgets, the smoke process, tests/gpu, the table and the JSON
 # ---------------------------------------------------------------------------------------------------------------
@@ -94,8 +92,8 @@ def run_smoke(device: str, work: Path, paths: dict[str, Path], clock: Clock, rep
         try:
             kind, name, payload = out.get(timeout=1.0)
         except queue.Empty:
-            if current is None and time.monotonic() - started > BETWEEN_PHASES_S:
-                stopped = f"the smoke process said nothing for {BETWEEN_PHASES_S:.0f} s between phases"
+            if current is None and time.monotonic() - started > sizes.between_phases_s:
+                stopped = f"the smoke process said nothing for {sizes.between_phases_s:.0f} s between phases"
             elif current is not None and time.monotonic() - started > sizes.budget_s[current]:
                 stopped = f"{current} ran past its {sizes.budget_s[current]:.0f} s budget"
             elif current is not None and clock.left() <= 0:

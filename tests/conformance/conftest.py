@@ -22,7 +22,8 @@ from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, launch_sglang
 from userrl_megatron.model_store import resolve_model
 
 # Start-up took 60-110 s on 2 cores at load 12-16 (docs/benchmarks.md): the bound is for a hung server only.
-SGLANG_CPU = SGLangConfig(max_total_tokens=16384, startup_timeout_s=1200)
+STARTUP_S = 1200.0
+SGLANG_CPU = SGLangConfig(max_total_tokens=16384, startup_timeout_s=STARTUP_S)
 CHANGED = ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_proj.weight", "model.norm.weight")
 
 
@@ -68,7 +69,7 @@ def engine(
 ) -> Iterator[Engine]:
     log = tmp_path_factory.mktemp("conformance") / f"{request.param}.log"
     if request.param == "embedded":
-        cfg = EmbeddedServerConfig(device="cpu", startup_timeout_s=300)
+        cfg = EmbeddedServerConfig(device="cpu", startup_timeout_s=STARTUP_S)
         server = launch_embedded(str(smol_dir), cfg, free_port(), "float32", log_path=log)
         tolerance = 1e-4
     else:

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from tests.conformance.conftest import SGLANG_CPU
+from tests.conformance.conftest import SGLANG_CPU, STARTUP_S
 from tests.support.servers import free_port, http_call
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
@@ -42,7 +42,7 @@ def keyed(request: pytest.FixtureRequest, smol_dir: Path, tmp_path_factory: pyte
     key = secrets.token_urlsafe(32)
     log = tmp_path_factory.mktemp("auth") / f"{request.param}.log"
     if request.param == "embedded":
-        cfg = EmbeddedServerConfig(device="cpu", startup_timeout_s=300)
+        cfg = EmbeddedServerConfig(device="cpu", startup_timeout_s=STARTUP_S)
         server = launch_embedded(str(smol_dir), cfg, free_port(), "float32", log_path=log, api_key=key)
     else:
         if not SGLANG_VENV_PYTHON.is_file():

@@ -131,8 +131,10 @@ def test_abort_request_returns_partial_output(engine: Engine, smol_dir: Any) -> 
 def test_pause_modes_then_continue(engine: Engine, smol_dir: Any) -> None:
     prompt = chat_ids(smol_dir, "Count to three.")
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
-    # The aborted request must still run when the pause lands: 64 tokens leave the client 63 decode steps for it.
-    long = {**params, "max_new_tokens": 64}
+    reference_params = {**params, "max_new_tokens": 64}
+    # The aborted request must still run when the pause lands: LONG tokens leave the client hundreds of decode steps
+    # for it (64 left it 63, a few seconds of a CPU server's decoding, which a busy machine can take from the client).
+    long = {**params, "max_new_tokens": LONG}
 
     async def paused(mode: str, sampling: dict) -> dict:
         async with aiohttp.ClientSession() as session, SGLangClient(engine.url) as client:
@@ -144,7 +146,9 @@ def test_pause_modes_then_continue(engine: Engine, smol_dir: Any) -> None:
             return await _rest_of_stream(response)
 
     async def go() -> tuple[list[int], dict[str, dict]]:
-        status, reference = await post(engine.url, "/generate", {"input_ids": prompt, "sampling_params": long})
+        status, reference = await post(
+            engine.url, "/generate", {"input_ids": prompt, "sampling_params": reference_params}
+        )
         assert status == 200, reference
         results = {"abort": await paused("abort", long)}
         results |= {mode: await paused(mode, params) for mode in ("retract", "in_place")}
@@ -152,8 +156,9 @@ def test_pause_modes_then_continue(engine: Engine, smol_dir: Any) -> None:
 
     reference, results = asyncio.run(go())
     aborted = results.pop("abort")
-    assert aborted["meta_info"]["finish_reason"]["type"] == "abort"
-    assert aborted["output_ids"] == reference[: len(aborted["output_ids"])]
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort" and len(aborted["output_ids"]) < LONG
+    head = aborted["output_ids"][: len(reference)]
+    assert head == reference[: len(head)]  # greedy: what it generated before the abort starts as the reference does
     for mode, result in results.items():  # retracted requests are recomputed, frozen ones continue
         assert result["output_ids"] == reference[:8], mode
         assert result["meta_info"]["finish_reason"] == {"type": "length", "length": 8}, mode

@@ -334,7 +334,8 @@ def test_server_exits_when_its_launcher_dies(models: tuple[Path, Path]) -> None:
         "import os\n"
         "from userrl_megatron.config.schema import EmbeddedServerConfig\n"
         "from userrl_megatron.fleet.launch import launch_embedded\n"
-        f"server = launch_embedded({str(models[0])!r}, EmbeddedServerConfig(device='cpu'), {port})\n"
+        f"cfg = EmbeddedServerConfig(device='cpu', startup_timeout_s={STARTUP_S})\n"
+        f"server = launch_embedded({str(models[0])!r}, cfg, {port})\n"
         "print(server.process.pid, flush=True)\n"
         "os._exit(0)\n"  # die without stopping the server
     )

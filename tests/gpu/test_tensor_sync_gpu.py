@@ -25,7 +25,7 @@ def test_cuda_ipc_buckets_load_bit_exact_and_are_freed(tmp_path: Path) -> None:
     path = make_tiny_model("qwen3", tmp_path / "tiny", tokenizer="char")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     state = [(n, (t.detach() * 0.5 + 0.125).to("cuda")) for n, t in hf.state_dict().items() if n != "lm_head.weight"]
-    cfg = EmbeddedServerConfig(device="cuda", startup_timeout_s=300)
+    cfg = EmbeddedServerConfig(device="cuda", startup_timeout_s=600)  # a bound on a hang only
     server = launch_embedded(str(path), cfg, free_port(), "float32", log_path=tmp_path / "engine.log")
     sender = TensorSender(SyncConfig(bucket_mb=1), [EngineEndpoint(server.url)], "gpu_tensor", "cuda:0")
     try:

@@ -34,6 +34,7 @@ if _why_not:
 CPU_NODE = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=2"]
 POLL_S = 0.2
 GONE_S = 600.0  # Ray's processes exit after their job: a bound on a hang, not on how fast they go
+UNREACHED = 10_000  # run.total_steps of a job that is cancelled: it cannot end by itself before the cancel
 
 
 @pytest.fixture(scope="module")
@@ -135,31 +136,31 @@ def test_train_job_trains_and_leaves_no_ray(trained: tuple[Job, Path]) -> None:
 
 def test_cancelled_job_stops_ray_and_resubmission_resumes(model: Path, work: Path, jobs: list[Job]) -> None:
     steps = 3
-    args = _train_args(model, work, "cancelled", steps)
     run = work / "runs" / "cancelled"
-    first = _submit_train(work, jobs, args)
+    first = _submit_train(work, jobs, _train_args(model, work, "cancelled", UNREACHED))
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while not logged_steps(run):
         assert time.monotonic() < deadline, f"no step logged within {RUN_TIMEOUT_S:.0f} s:\n{first.log()[-3000:]}"
         time.sleep(POLL_S)
-    # Freeze the driver inside step 2 so the cancel lands mid-run however fast the steps are; Slurm's
-    # cancel sends SIGCONT before SIGTERM.
+    # Freeze the driver (somewhere after step 1: it never reaches its total) so the steps read before the cancel
+    # are all it logs; Slurm's cancel sends SIGCONT before SIGTERM.
     pid = _driver_pid("cancelled")
     assert pid is not None, "the driver process was not found"
     os.kill(pid, signal.SIGSTOP)
     done_before = logged_steps(run)
     subprocess.run(["scancel", first.id])
     assert wait_ended(first) == "CANCELLED"
-    assert done_before == list(range(1, len(done_before) + 1)) and len(done_before) < steps, done_before
+    assert done_before == list(range(1, len(done_before) + 1)), done_before
     _assert_ray_gone(first, _ray_address(first))
     assert _driver_pid("cancelled") is None, "the driver outlived its job"
     saved = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
 
-    second = _submit_train(work, jobs, args)
+    total = max(steps, saved + 1)  # a step after the resume, however far the first job got
+    second = _submit_train(work, jobs, _train_args(model, work, "cancelled", total))
     assert wait_ended(second) == "COMPLETED", second.log()[-5000:]
     assert f"resumed from {run / 'checkpoints' / f'step_{saved}'} at step {saved}" in second.log()
-    assert _steps(run) == list(range(1, steps + 1))  # every step logged exactly once
-    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{steps}"
+    assert _steps(run) == list(range(1, total + 1))  # every step logged exactly once
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{total}"
     _assert_ray_gone(second, _ray_address(second))
 
 

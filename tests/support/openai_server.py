@@ -29,6 +29,7 @@ from aiohttp import web
 
 FOREVER = math.inf  # a delay_s: no reply until the server stops
 HOLD_LIMIT_S = 60.0  # `hold_until_in_flight` lets requests through after this long (a client that never gets there)
+START_STOP_S = 60.0  # the server thread starts and stops in well under a second: only a hang takes this long
 
 
 @dataclass
@@ -133,15 +134,15 @@ class OpenAIServer:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._serve, name="openai-test-server", daemon=True)
         self._thread.start()
-        if not self._ready.wait(timeout=30):
+        if not self._ready.wait(timeout=START_STOP_S):
             raise RuntimeError("test OpenAI server did not start")
 
     def stop(self) -> None:
         if self._loop is None or self._thread is None:
             return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=30)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=START_STOP_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=START_STOP_S)
         self._loop = None
 
     def _serve(self) -> None:

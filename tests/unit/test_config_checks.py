@@ -29,7 +29,7 @@ DEFAULT = ", the default; for another model put its configs/model/*.yaml first o
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
 def problems(overrides: list[str]) -> list[str]:
@@ -274,7 +274,7 @@ def test_train_refuses_before_starting_anything(tmp_path: Path) -> None:
         "'megatron.tensor_model_parallel_size=2', 'megatron.devices_per_node=2', 'rollout.temperature=-1'])\n"
         "print('RC', rc, 'RAY', 'ray' in sys.modules)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert "RC 2 RAY False" in result.stdout
     errors = result.stderr.splitlines()
     assert errors[0] == "userrl: error: rollout.temperature must be >= 0, got -1.0"

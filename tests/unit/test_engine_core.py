@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -207,9 +208,15 @@ def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module, monkeypatch: pyte
         task = asyncio.ensure_future(engine.generate(prompt, params))
         assert await asyncio.to_thread(decoding.wait, 60)
         await engine.pause(mode)
+        running, waiting = scheduler.counts()
         held = asyncio.ensure_future(engine.generate(prompt[:5], SamplingParams(max_new_tokens=2, temperature=0)))
-        await asyncio.sleep(0.05)
-        assert not held.done()  # new requests wait while paused
+        deadline = time.monotonic() + 60  # a bound on a hang, not a timing assertion
+        while sum(scheduler.counts()) != running + waiting + 1:  # the new request reached the scheduler
+            assert time.monotonic() < deadline, "the request never reached the scheduler"
+            await asyncio.sleep(0.01)
+        for _ in range(3):  # scheduler passes: each would admit and decode it (2 tokens) were the engine not paused
+            await asyncio.wrap_future(scheduler.call(lambda: None))
+        assert scheduler.counts() == (running, waiting + 1) and not held.done()  # new requests wait while paused
         await engine.resume()
         return await task, await held
 

@@ -3,8 +3,10 @@
 
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -211,14 +213,30 @@ def test_engine_threads_share_the_cores_unless_set() -> None:
 def test_a_server_that_exits_fails_fast_with_its_log(tmp_path: Path) -> None:
     command = [sys.executable, "-c", "import sys; print('bad flag --tp-size'); sys.exit(3)"]
     with pytest.raises(EngineError, match=r"exited with code 3 before becoming healthy(.|\n)*bad flag --tp-size"):
-        launch_server(command, "http://127.0.0.1:9", timeout_s=60, log_path=tmp_path / "log")
+        launch_server(command, "http://127.0.0.1:9", timeout_s=600, log_path=tmp_path / "log")
 
 
-def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path) -> None:
-    # A shell prints at once (a Python child could take over a second to start on a busy machine).
-    command = ["sh", "-c", "echo loading; exec sleep 60"]
+def test_a_server_that_never_answers_is_killed_at_the_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait runs on a fake clock that moves on only once the server has printed its first line: the deadline
+    passes with that line in the log however slowly the server starts (on the real clock a busy machine could
+    start the shell after the 5 s had passed, and the error would show an empty log)."""
+    from userrl_megatron.fleet import launch
+
+    log = tmp_path / "log"
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        started = time.monotonic()
+        while not (log.is_file() and log.read_text()):
+            assert time.monotonic() - started < 60, "the server printed nothing"  # a bound on a hang only
+            time.sleep(0.01)
+        now[0] += seconds
+
+    monkeypatch.setattr(launch, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
+    command = ["sh", "-c", "echo loading; exec sleep 600"]
     with pytest.raises(EngineError, match=r"not healthy after 5s; last log lines:\nloading"):
-        launch_server(command, "http://127.0.0.1:9", timeout_s=5, log_path=tmp_path / "log")
+        launch_server(command, "http://127.0.0.1:9", timeout_s=5, log_path=log)
+    assert now[0] == 5.0  # polled every 0.5 s until the deadline, then stopped
 
 
 def test_watched_command_stops_when_its_launcher_is_gone() -> None:
@@ -229,7 +247,7 @@ def test_watched_command_stops_when_its_launcher_is_gone() -> None:
     launcher = subprocess.Popen(["sleep", "1"])
     server = subprocess.Popen(watched(["sleep", "600"], launcher.pid), start_new_session=True)
     launcher.wait()  # gone (and reaped)
-    assert server.wait(timeout=60) == 128 + 15  # the server got SIGTERM from the watchdog, which reports it
+    assert server.wait(timeout=600) == 128 + 15  # the server got SIGTERM from the watchdog, which reports it
     assert watched(["x"], 7)[1:] == ["-m", "userrl_megatron.fleet.watchdog", "7", "--", "x"]
 
 
@@ -237,7 +255,7 @@ def test_serve_sglang_reports_a_server_that_does_not_start(tmp_path: Path) -> No
     import subprocess
 
     command = [sys.executable, "-m", "userrl_megatron", "serve", "--backend", "sglang", "--model", str(tmp_path)]
-    out = subprocess.run([*command, "--sglang-python", "/bin/false"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([*command, "--sglang-python", "/bin/false"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 2
     assert out.stderr.startswith("userrl: error: SGLang did not start: engine server exited with code 1 before")
 

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="TE installed: no such warnings")

@@ -28,7 +28,7 @@ def test_sglang_venv_imports_on_cpu() -> None:
         [str(SGLANG_VENV_PYTHON), "-c", CHECK],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env={"PATH": "/usr/bin:/bin", **sglang_env("cpu")},
     )
     assert out.returncode == 0, out.stderr

@@ -44,7 +44,7 @@ def our_segments() -> set[str]:
 def receive(payload: str, out: Path, load_format: str | None = "flattened_bucket") -> dict[str, torch.Tensor]:
     """Decode `payload` in a fresh interpreter (not a child sharing our state: a separate `python -c`)."""
     cmd = [sys.executable, "-c", RECEIVER, str(out)] + ([load_format] if load_format else [])
-    done = subprocess.run(cmd, input=payload, text=True, capture_output=True, timeout=120)
+    done = subprocess.run(cmd, input=payload, text=True, capture_output=True, timeout=600)  # a hang only
     assert done.returncode == 0, done.stderr
     return torch.load(out)
 

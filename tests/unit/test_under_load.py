@@ -23,7 +23,7 @@ def test_the_command_runs_beside_busy_workers_and_its_status_is_returned(tmp_pat
         [sys.executable, SCRIPT, "--workers", "2", "--", sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 3, done.stderr
     assert done.stdout.splitlines()[0].startswith("under_load: 2 busy processes on ")
@@ -34,6 +34,6 @@ def test_the_command_runs_beside_busy_workers_and_its_status_is_returned(tmp_pat
 
 
 def test_a_missing_command_is_refused() -> None:
-    done = subprocess.run([sys.executable, SCRIPT, "--workers", "1"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, SCRIPT, "--workers", "1"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 2
     assert "give the command to run after --" in done.stderr

@@ -202,6 +202,60 @@ def test_unreachable_endpoint_is_a_connection_failure() -> None:
     assert e.value.kind == "connection"
 
 
+@pytest.mark.parametrize("backend", ["aiohttp", "httpx"])
+def test_a_dropped_connection_is_a_connection_failure(server: OpenAIServer, backend: str) -> None:
+    """A server that dies mid-request closes the connection: not a timeout (the aiohttp transport reports it as
+    one), so a managed client waits for the engine's restart before retrying (`reconnect`)."""
+    server.rules = [reply(Fault(drop=True))]
+    with pytest.raises(UserSimError, match="cannot reach") as e:
+        chat(make_sim(server, max_retries=0, http_backend=backend))
+    assert e.value.kind == "connection"
+
+
+def test_a_call_that_cannot_reach_the_endpoint_waits_for_reconnect_not_a_backoff(server: OpenAIServer) -> None:
+    """The run's simulator engine restarted at a new address: the retry waits until `reconnect` returns (the
+    pool's restart, however long it takes) instead of a backoff, and goes to the new address. The backoff here is
+    an hour, so a retry that slept it would not finish."""
+    with OpenAIServer() as gone:
+        dead_url = gone.base_url
+    server.rules = [reply("back")]
+    sim = make_sim(server, base_url=dead_url, max_retries=1, backoff_s=3600.0, backoff_max_s=3600.0)
+    restarts: list[str] = []
+
+    async def reconnect() -> None:
+        restarts.append(sim.cfg.base_url)
+        await sim.retarget(server.base_url)  # what the pool's restart hook does for a new address
+
+    sim.reconnect = reconnect
+
+    async def run() -> Reply:
+        try:
+            async with asyncio.timeout(SIM_TIMEOUT_S):  # only a retry that slept its backoff reaches it
+                return await sim.chat(MESSAGES)
+        finally:
+            await sim.close()
+
+    assert asyncio.run(run()).text == "back" and restarts == [dead_url]
+    m = sim.metrics()
+    assert (m["requests"], m["retries/connection"], m["failures"], m["answered"]) == (2.0, 1.0, 0.0, 1.0)
+
+
+def test_a_call_whose_endpoint_is_not_coming_back_fails_at_once() -> None:
+    with OpenAIServer() as gone:
+        dead_url = gone.base_url
+    sim = UserSimulator(UserSimConfig(base_url=dead_url, api_key_env="none", max_retries=3, backoff_s=3600.0))
+
+    async def given_up() -> None:
+        raise RuntimeError("every engine of the rollout pool failed and was given up")
+
+    sim.reconnect = given_up
+    with pytest.raises(UserSimError, match="it is not coming back: every engine of the rollout pool") as e:
+        chat(sim)
+    assert (e.value.kind, e.value.attempts) == ("connection", 1)
+    m = sim.metrics()
+    assert (m["requests"], m["retries"], m["failures/connection"]) == (1.0, 0.0, 1.0)
+
+
 def test_concurrency_is_bounded(server: OpenAIServer) -> None:
     server.rules = [reply("ok")]
     server.hold_until_in_flight = 3  # replies wait until 3 are in flight together, however slowly they are sent

@@ -162,11 +162,18 @@ async def simulator_pool(
 
 def managed_client(cfg: "RootConfig", pool: "RolloutPool") -> "UserSimulator":
     """The gyms' simulator client for the engines of `pool`: their OpenAI route, their key, the served model's
-    name; it follows an engine restarted at a new address."""
+    name; it follows an engine restarted at a new address, and a call that could not reach the engines waits for
+    the pool to restart the dead ones (`pool.repair`, up to `rollout.engine_restart_timeout_s`) before its retry:
+    however long a restart takes, it costs the call time, not its result."""
     from gyms.user_sim import UserSimulator
 
     settings = dataclasses.replace(cfg.user_sim, base_url=_openai_url(pool), model=pool.model_path)
     sim = UserSimulator(settings, api_key=pool.api_key)
+
+    async def reconnect() -> None:
+        await pool.repair(pool.cfg.engine_restart_timeout_s)  # raises once every engine is given up
+
+    sim.reconnect = reconnect
 
     async def follow(index: int, client: "SGLangClient") -> None:
         if pool.router_client is None:  # behind the router the address stays the same
