@@ -34,7 +34,10 @@ def run_through_sglang(tmp_path: Path, name: str, overrides: list[str]) -> list[
     records = read_metrics(tmp_path / name / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["sync/verify_max_rel_diff"] <= 1e-6 for r in records)  # SGLang holds exactly the pushed weights
-    assert all(r["mismatch/abs_logprob_diff"] < 1e-2 for r in records)  # SGLang's CPU kernels vs Megatron's
+    # SGLang's CPU kernels against Megatron's, on the steps whose tokens all came from the weights being trained: a
+    # stale token (one-step-off) adds the last update's own change, as large as that update happened to be.
+    on_policy = [r for r in records if r["rollout/staleness_max"] == 0.0]
+    assert on_policy and all(r["mismatch/abs_logprob_diff"] < 1e-2 for r in on_policy)
     engine_log = tmp_path / name / "engines" / "engine_0.log"
     assert "SGLANG" in engine_log.read_text().upper()  # it was the real server, not the embedded one
     return records
