@@ -89,9 +89,18 @@ def run_local(
                 raise RankError(f"rank {rank} failed:\n{value}")
             results[rank] = value
     finally:
-        for p in procs:
-            p.join(timeout=30 if len(results) == world_size else 1)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+        _reap(procs, grace_s=30.0 if len(results) == world_size else 1.0)
     return [results[r] for r in range(world_size)]
+
+
+def _reap(procs: list[Any], grace_s: float) -> None:
+    """Wait up to `grace_s` for the ranks to exit, then terminate the rest. Polled by exit status, not by
+    `Process.join`: join waits on a pipe that a process the rank started can inherit and keep open after the rank
+    has exited (the tensor-handle sync's ranks did), so it would sit out the whole grace, rank after rank."""
+    deadline = time.monotonic() + grace_s
+    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+            p.join()
