@@ -7,7 +7,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from userrl_megatron.config import RootConfig, load_config
+from userrl_megatron.errors import RunError
 from userrl_megatron.trainer.components import Components
 from userrl_megatron.trainer.handoff import MemoryHandoff
 from userrl_megatron.trainer.seams import EngineClient
@@ -140,6 +143,20 @@ def test_checkpoint_saves_make_room_the_same_way() -> None:
         "sim1 resume kv_cache,cuda_graph",
         "sim resume",
     ]
+
+
+def test_a_simulator_pool_with_no_engine_left_stops_the_run_by_its_name() -> None:
+    h, calls = handoff(load_config(overrides=[*COLOCATED, *SHARED]))
+    assert h.shared is not None
+
+    async def gone(timeout_s: float) -> None:
+        raise RuntimeError("every engine was given up")
+
+    h.shared.repair = gone  # type: ignore[method-assign]
+    h.shared.exhausted = True  # type: ignore[misc]
+    with pytest.raises(RunError, match=r"^every user simulator engine failed and was given up after 3 restarts"):
+        asyncio.run(h.enter_training())
+    assert "sim pause" not in calls  # nothing released on a pool that is gone
 
 
 def test_disaggregated_nothing_steps_aside() -> None:

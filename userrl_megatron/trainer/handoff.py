@@ -23,22 +23,23 @@ MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # what colocated engines re
 FROZEN_MEMORY_TAGS = ("kv_cache", "cuda_graph")  # what the simulator's engines on those GPUs release: no state
 
 
-def check_engines(cfg: RootConfig, pool: EnginePool) -> None:
+def check_engines(cfg: RootConfig, pool: EnginePool, whose: str = "rollout") -> None:
     """No engine left (each given up after its restarts) stops the run."""
     if pool.exhausted:
         raise RunError(
-            f"every rollout engine failed and was given up after {cfg.rollout.engine_max_restarts} "
+            f"every {whose} engine failed and was given up after {cfg.rollout.engine_max_restarts} "
             f"restarts; engine logs: {pool.log_dir}"
         )
 
 
-async def repair_engines(cfg: RootConfig, pool: EnginePool, what: str) -> None:
-    """Restart the engines that died and wait until each is back (or given up)."""
+async def repair_engines(cfg: RootConfig, pool: EnginePool, what: str, whose: str = "rollout") -> None:
+    """Restart the engines that died and wait until each is back (or given up); `whose` names them in the error
+    ("rollout": the policy's)."""
     try:
         await pool.repair(cfg.rollout.engine_restart_timeout_s)
     except Exception as e:
-        check_engines(cfg, pool)
-        raise RunError(f"{what}: the rollout engines could not be brought back ({e})") from e
+        check_engines(cfg, pool, whose)
+        raise RunError(f"{what}: the {whose} engines could not be brought back ({e})") from e
 
 
 class MemoryHandoff:
@@ -104,13 +105,10 @@ class MemoryHandoff:
         their KV cache and CUDA graphs; once until the next resume."""
         if self.shared is None or self.shared_released:
             return
-        shared = self.shared
-        try:
-            await shared.repair(self.cfg.rollout.engine_restart_timeout_s)  # a restarting engine cannot release
-        except Exception as e:
-            raise RunError(f"entering training: the user simulator's engines could not be brought back ({e})") from e
-        await shared.pause()
-        await asyncio.gather(*(c.release_memory(list(FROZEN_MEMORY_TAGS)) for c in shared.clients))
+        # a restarting engine cannot release
+        await repair_engines(self.cfg, self.shared, "entering training", whose="user simulator")
+        await self.shared.pause()
+        await asyncio.gather(*(c.release_memory(list(FROZEN_MEMORY_TAGS)) for c in self.shared.clients))
         self.shared_released = True
 
     async def _resume_shared(self) -> None:
