@@ -15,15 +15,33 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 stub_missing_kernels()  # tests import Megatron's modules in this process: megatron.core importable without triton
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group each test for pytest-xdist's `--dist loadgroup` (one worker runs a whole group): by its file, so a
+    module fixture is set up once, and the conformance folder as one group, whose engines are package fixtures.
+    Without CUDA, skip the tests marked gpu."""
     import torch
 
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            folder = item.path.parent
+            group = folder.name if folder.name == "conformance" else str(item.path.relative_to(REPO))
+            item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread a pytest-xdist worker: the workers already use every core, and more threads than cores
+    spin and wait on each other (the unit and conformance folders took 40% more CPU with the default)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
