@@ -35,7 +35,10 @@ class IntentionGym(TurnGym):
         self.history: list[tuple[str, str]] = []
 
     def observation(self) -> str:
-        return f"Here's my request: {self.record['task']} Ask me questions to understand what exactly I need."
+        return (  # UserRL's text, byte for byte
+            f"Welcome to IntentionGym! Here's a vague task that needs clarification: '{self.record['task']}'. "
+            "Ask me questions to understand what exactly I need help with!"
+        )
 
     async def act(self, tag: str | None, payload: str) -> StepResult:
         total = len(self.record["missing_details"])
@@ -66,7 +69,7 @@ class IntentionGym(TurnGym):
         if isinstance(judgment, BaseException):
             raise judgment
         newly = self._covered_by(judgment)
-        response = str(answer["response"]).strip()
+        response = str(answer["response"])  # as UserRL shows it: not stripped
         self.history.append((payload, response))
         self.remaining = [d for d in self.remaining if not any(d is n for n in newly)]
         self.covered += newly

@@ -36,7 +36,10 @@ class PersuadeGym(TurnGym):
         self.history: list[tuple[str, str]] = []
 
     def observation(self) -> str:
-        return f"I hold this claim: {self.record['claim']}"
+        return (  # UserRL's text, byte for byte
+            f"Welcome to PersuadeGym! I currently strongly agree with this statement: '{self.record['claim']}'. "
+            f"Here's my reasoning: {self.record['argument']} Try to change my mind!"
+        )
 
     async def act(self, tag: str | None, payload: str) -> StepResult:
         if tag == "finish":
@@ -62,7 +65,7 @@ class PersuadeGym(TurnGym):
         baseline = self.best_stance if self.config.reward_baseline == "best" else self.stance
         gain = new - baseline
         reward = 0.0 if gain <= 0 else min(1.0, round(gain / 6, 6))
-        response = str(data["response"]).strip()
+        response = str(data["response"])  # as UserRL shows it: not stripped
         self.history.append((payload, response))
         self.stance, self.best_stance = new, max(self.best_stance, new)
         return StepResult(response, reward, done=new == len(STANCES) - 1, info={"stance": STANCES[new]})

@@ -1,11 +1,13 @@
 """IntentionGym over real HTTP: coverage rewards, the multi-detail penalty, termination, partial failures."""
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import gyms
 from tests.support.gym_play import play_new, sim_for
 from tests.support.openai_server import Fault, OpenAIServer, sequence, when
 from userrl_megatron.config.gyms import IntentionGymConfig
@@ -96,6 +98,21 @@ def test_one_failed_call_scores_nothing_and_loses_nothing(server: OpenAIServer) 
     )
     assert first.feedback == "Sorry, I'm not sure how to answer that right now. Could you ask again?"
     assert (second.reward, second.info["covered"]) == (1.0, ["Trip length"])  # detail 1 was still remaining
+
+
+def test_reset_text_is_userrls() -> None:
+    gym = gyms.make_gym("intention", RECORD, user_sim=object())
+    assert asyncio.run(gym.reset()) == (  # UserRL's reset feedback, byte for byte
+        "Welcome to IntentionGym! Here's a vague task that needs clarification: 'Plan a trip to Paris.'. "
+        "Ask me questions to understand what exactly I need help with!"
+    )
+
+
+def test_the_users_answer_is_shown_as_written(server: OpenAIServer) -> None:
+    answer = json.dumps({"thought": "", "response": "  About a week.\n"})
+    server.rules = [when("You play a person", answer), when("You judge", covers())]
+    (result,) = play_new("intention", RECORD, ["[action] How long?"], user_sim=sim_for(server))
+    assert result.feedback == "  About a week.\n"  # UserRL does not strip the user's response
 
 
 def test_finish_reports_coverage(server: OpenAIServer) -> None:

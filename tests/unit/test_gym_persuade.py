@@ -1,11 +1,13 @@
 """PersuadeGym over real HTTP: stance rewards under both baselines, termination, malformed stances."""
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import gyms
 from tests.support.gym_play import play_new, sim_for
 from tests.support.openai_server import OpenAIServer, sequence, when
 from userrl_megatron.config.gyms import PersuadeGymConfig
@@ -71,6 +73,20 @@ def test_a_stance_must_be_spelled_exactly_as_in_userrl(server: OpenAIServer, sta
     (result,) = play_new("persuade", RECORD, ["[answer] a"], user_sim=sim_for(server))
     assert (result.reward, result.done) == (0.0, False)
     assert result.user_sim_error == f"persona stance {stance!r} is not one of the 7 stances"
+
+
+def test_reset_text_is_userrls() -> None:
+    gym = gyms.make_gym("persuade", RECORD, user_sim=object())
+    assert asyncio.run(gym.reset()) == (  # UserRL's reset feedback, byte for byte
+        "Welcome to PersuadeGym! I currently strongly agree with this statement: 'Cats are better than dogs.'. "
+        "Here's my reasoning: Cats are independent. Try to change my mind!"
+    )
+
+
+def test_the_personas_reply_is_shown_as_written(server: OpenAIServer) -> None:
+    server.rules = [when("debate", said("Agree", " Hm, fair point.\n"))]
+    (result,) = play_new("persuade", RECORD, ["[answer] Dogs are loyal."], user_sim=sim_for(server))
+    assert (result.feedback, result.reward) == (" Hm, fair point.\n", 0.166667)  # UserRL does not strip it
 
 
 def test_finish_and_empty(server: OpenAIServer) -> None:
