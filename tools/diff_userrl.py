@@ -8,11 +8,16 @@ UserRL's environment classes are imported from the checkout (`<userrl>/gyms/<Nam
 InteractTool uses. Their LLM clients (`OpenAI` / `AsyncOpenAI` in each gym's prompt module) are replaced by a
 scripted client, and the Serper connection of SearchGym by a scripted one; this project's gyms get the same
 scripted replies through a stand-in for `gyms.user_sim.UserSimulator` (the `chat` coroutine) and a stand-in for the
-web search request. Every case plays one task with one random action sequence (valid and wrong answers, empty and
-invalid tags, case and whitespace variants of tags, `[finish]`, repeats, the step limit) and per step scripted
-simulator replies (valid, malformed, failing), the same on both sides. Per step it compares the observation text,
-the reward (to 1e-9) and the ending (done or truncated; the split between the two flags separately), and stops a
-case at the first step after which the two sides' states may differ (an ending difference).
+web search request. PersuadeGym's statements and TravelGym's scenario files are not public: UserRL's lookups of
+them are fed this project's record and generated scenario (in the task layout UserRL's loader builds). IntentionGym's
+scripted judge replies carry both sides' fields (UserRL's `covered_detail_indices` from 0, this project's
+`covered_detail_numbers` from 1). Every case plays one task with one random action sequence (valid and wrong
+answers, empty and invalid tags, case and whitespace variants of tags, `[finish]`, repeats, the step limit) and per
+step scripted simulator replies (valid, fenced, padded, Python-literal, wrapped in prose, malformed, failing; a
+failure fails every retry UserRL makes), the same on both sides. Per step it compares the observation text, the
+reward (to 1e-9) and the ending (done or truncated; the split between the two flags separately), and stops a case
+at the first step after which the two sides' states may differ (a difference, or in TravelGym a failed simulator
+call).
 
 Each difference is classified as documented (a row of gyms/README.md's difference table, by the predicates in
 `DOCUMENTED`) or undocumented, written as one JSON line to `--out`, and counted in the printed table. Exit status 1
@@ -24,6 +29,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import importlib
@@ -54,9 +60,11 @@ class Script:
         self.calls: dict[str, int] = {"userrl": 0, "ours": 0}
         self.unscripted: dict[str, int] = {"userrl": 0, "ours": 0}
 
-    def set(self, replies: list[str]) -> None:
+    def set(self, replies: list[str], userrl_attempts: int = 1) -> None:
+        """Queue `replies` on both sides; UserRL's side gets each failure `userrl_attempts` times (its retries)."""
         for side in self.queues:
-            self.queues[side] = collections.deque(replies)
+            attempts = userrl_attempts if side == "userrl" else 1
+            self.queues[side] = collections.deque(r for r in replies for _ in range(attempts if r == FAIL else 1))
             self.calls[side] = 0
             self.unscripted[side] = 0
 
@@ -146,6 +154,8 @@ def _patch_llm(module: Any) -> None:
     for name, fake in (("OpenAI", FakeOpenAI), ("AsyncOpenAI", FakeAsyncOpenAI)):
         if hasattr(module, name):
             setattr(module, name, fake)
+    if hasattr(module, "openai"):  # IntentionGym calls `openai.AsyncOpenAI(...)` through the module
+        module.openai = types.SimpleNamespace(OpenAI=FakeOpenAI, AsyncOpenAI=FakeAsyncOpenAI)
     if hasattr(module, "asyncio"):
         module.asyncio = _AsyncioProxy("asyncio")
     if hasattr(module, "time"):
@@ -232,6 +242,8 @@ class Outcome:
     done: bool
     truncated: bool
     error: str = ""  # an exception the side raised
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)  # our StepResult.info (empty for UserRL)
+    sim_error: bool = False  # our side: the step's simulator call failed for good (StepResult.user_sim_error)
 
     @property
     def ended(self) -> bool:
@@ -253,7 +265,7 @@ async def our_step(gym: Any, action: str) -> Outcome:
         r = await gym.step(action)
     except Exception as e:
         return Outcome("", 0.0, False, False, f"{type(e).__name__}: {e}")
-    return Outcome(r.feedback, float(r.reward), r.done, r.truncated)
+    return Outcome(r.feedback, float(r.reward), r.done, r.truncated, info=r.info, sim_error=bool(r.user_sim_error))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -472,6 +484,190 @@ def install_search_fakes() -> None:
     os.environ.setdefault("SERPER_API_KEY", "scripted")
 
 
+# ---- IntentionGym, PersuadeGym, TravelGym: the simulated user's replies
+
+
+def _user_reply(rng: random.Random, notes: set[str], **extra: Any) -> str:
+    """A simulated user's JSON reply `{thought, response, **extra}`: its response plain, padded or missing; the
+    object plain, fenced, Python-literal (which UserRL's `json.loads` refuses) or wrapped in prose; or no JSON, or a
+    failed call."""
+    if rng.random() < 0.05:
+        return _bad_json_reply(rng)
+    body: dict[str, Any] = {"thought": "scripted", "response": rng.choice(["Sure, about a week.", "Hm, maybe."])}
+    body.update(extra)
+    content = rng.random()
+    if content < 0.05:
+        body["response"] = "  padded reply \n"
+    elif content < 0.07:
+        del body["response"]
+        notes.add("missing_field")
+    form = rng.random()
+    if form < 0.03:
+        return repr(body)  # Python literal: single quotes
+    if form < 0.06:
+        return f"Here is my reply: {json.dumps(body)} Thanks."
+    if form < 0.12:
+        return "```json\n" + json.dumps(body, indent=2) + "\n```"
+    return json.dumps(body)
+
+
+def intention_step(rng: random.Random, case: Case) -> tuple[str, list[str], set[str]]:
+    remaining = len(case.ours.remaining)
+    roll = rng.random()
+    if roll < 0.06:
+        action, notes = tagged(rng, "finish", rng.choice(["", "thanks"]))
+        return action, [], notes
+    if roll < 0.8:
+        tag = rng.choice(["action", "action", "answer"])
+        action, notes = tagged(rng, tag, pick(rng, ["What is your budget?", "When?", "Which city do you prefer?"]))
+    elif roll < 0.86:
+        action, notes = tagged(rng, "search", pick(rng, ["budget", "dates"]))
+    else:
+        action, notes = untagged(rng)
+    answer = _user_reply(rng, notes)
+    # The judge: UserRL reads `covered_detail_indices` (from 0), this project `covered_detail_numbers` (from 1).
+    indices: list[Any] = rng.sample(range(remaining), k=min(remaining, rng.choice([0, 1, 1, 1, 2, 3])))
+    extra = rng.random()
+    if extra < 0.05 and indices:
+        indices.append(indices[0])
+        notes.add("duplicate_index")
+    elif extra < 0.1:
+        indices.append(rng.choice([remaining, remaining + 3]))  # out of range: ignored by both
+    numbers: list[Any] = [i + 1 for i in indices]
+    if rng.random() < 0.05 and indices:
+        indices, numbers = [str(i) for i in indices], [str(n) for n in numbers]
+    related = rng.choice([True, True, True, False, "false", 0, None])
+    verdict = {"analysis": "scripted", "is_task_related": related, "covered_detail_indices": indices,
+               "covered_detail_numbers": numbers}  # fmt: skip
+    if related is None:
+        del verdict["is_task_related"]
+    roll = rng.random()
+    if roll < 0.04:
+        judge = _bad_json_reply(rng)
+    elif roll < 0.06:
+        del verdict["covered_detail_numbers"], verdict["covered_detail_indices"]
+        judge, _ = json.dumps(verdict), notes.add("missing_field")
+    elif roll < 0.08:
+        judge = repr(verdict)
+    elif roll < 0.15:
+        judge = "```json\n" + json.dumps(verdict) + "\n```"
+    else:
+        judge = json.dumps(verdict)
+    return action, [answer, judge], notes
+
+
+STANCES = ("Strongly Agree", "Agree", "Partly Agree", "Neutral", "Partly Disagree", "Disagree", "Strongly Disagree")
+
+
+def persuade_step(rng: random.Random, case: Case) -> tuple[str, list[str], set[str]]:
+    roll = rng.random()
+    if roll < 0.06:
+        action, notes = tagged(rng, "finish", rng.choice(["", "bye"]))
+        return action, [], notes
+    if roll < 0.82:
+        tag = rng.choice(["action", "answer", "answer"])
+        action, notes = tagged(rng, tag, pick(rng, ["Dogs are loyal.", "Studies show otherwise.", "Think again."]))
+    elif roll < 0.87:
+        action, notes = tagged(rng, "search", pick(rng, ["evidence"]))
+    else:
+        action, notes = untagged(rng)
+    stance_roll = rng.random()
+    now = case.ours.stance
+    if stance_roll < 0.06:
+        stance = rng.choice(["strongly disagree", "Somewhat Agree", " Neutral"])
+        notes.add("unknown_stance")
+    else:
+        stance = STANCES[max(0, min(6, now + rng.choice([-2, -1, 0, 1, 1, 2, 3, 6])))]
+        new = STANCES.index(stance)
+        if max(0, new - now) != max(0, new - case.ours.best_stance):
+            notes.add("baseline")  # UserRL pays the gain over the previous stance, this project over the best
+    reply = _user_reply(rng, notes, stance=stance)
+    if rng.random() < 0.03:
+        reply = json.dumps({"thought": "", "response": "Fine.", "stance": stance, "final": True})  # JSON `true`
+    return action, [reply], notes
+
+
+def travel_step(rng: random.Random, case: Case) -> tuple[str, list[str], set[str]]:
+    scenario = case.ours.scenario
+    dims = scenario["dimensions"]
+    roll = rng.random()
+    if roll < 0.25:
+        action, notes = tagged(rng, "search", pick(rng, ["hotel in Paris for 3 nights", "flights please"]))
+        verdict: dict[str, Any] = {"alignment_judgement": rng.choice(["True", "True", "False", "N/A", "Maybe"])}
+        aspect_roll = rng.random()
+        if aspect_roll < 0.7:
+            verdict["alignment_aspect"] = rng.choice(dims)
+        elif aspect_roll < 0.8:
+            verdict["alignment_aspect"] = rng.choice(["Rental Car", "car rental", " Hotel ", "FLIGHT"])
+        elif aspect_roll < 0.9:
+            verdict["alignment_aspect"] = rng.choice([a for a in ("flight", "hotel", "apartment", "restaurant",
+                                                                  "rental_car") if a not in dims])  # fmt: skip
+        roll = rng.random()
+        if roll < 0.08:
+            return action, [_bad_json_reply(rng)], notes
+        if roll < 0.12:
+            return action, [repr(verdict)], notes
+        if roll < 0.2:
+            return action, ["```json\n" + json.dumps(verdict) + "\n```"], notes
+        return action, [json.dumps(verdict)], notes
+    if roll < 0.6:
+        action, notes = tagged(rng, "action", pick(rng, ["Which airline do you like?", "How about the hotel?", "Hi!"]))
+        remaining = [p["id"] for p in case.ours.remaining]
+        kind = rng.choice(["1", "2", "2", "2", "3", "4", 2, "5"])
+        judged: dict[str, Any] = {"type": kind}
+        if str(kind) == "2":
+            judged["preference_id"] = rng.choice(remaining) if remaining and rng.random() < 0.85 else "P99"
+        roll = rng.random()
+        if roll < 0.06:
+            judge = _bad_json_reply(rng)
+        elif roll < 0.09:
+            judge, _ = json.dumps({"preference_id": "P1"}), notes.add("missing_field")
+        elif roll < 0.12:
+            judge = repr(judged)
+        else:
+            judge = json.dumps(judged)
+        return action, [judge, _user_reply(rng, notes)], notes
+    if roll < 0.88:
+        ids: list[str] = []
+        for aspect in dims:
+            spec = scenario["aspects"][aspect]
+            ids += [spec["best_id"], spec["correct_ids"][0], spec["options"][-1]["id"]]
+        absent = [a for a in ("flight", "hotel", "apartment", "restaurant", "rental_car") if a not in dims]
+        initials = {"flight": "F", "hotel": "H", "apartment": "A", "restaurant": "R", "rental_car": "C"}
+        odd = ["", "h1", "X9", "Hotel", f"{ids[0]}, {ids[-1]}", f"{ids[0]},", f"{ids[0]} ", "F1 and H2"]
+        odd += [f"{initials[a]}{rng.randint(1, 17)}" for a in absent]
+        payload = rng.choice(ids) if rng.random() < 0.7 else rng.choice(odd)
+        action, notes = tagged(rng, "answer", payload)
+        return action, [], notes
+    if roll < 0.93:
+        action, notes = tagged(rng, "finish", rng.choice(["", "done"]))
+        return action, [], notes
+    action, notes = untagged(rng)
+    return action, [_user_reply(rng, notes), _user_reply(rng, notes)], notes
+
+
+def userrl_task_of_travel(scenario: dict[str, Any]) -> dict[str, Any]:
+    """A generated scenario in the task layout UserRL's `travelgym.env.task_data.load_tasks` builds from its data
+    files (which are not public), the options in the order this project shows them."""
+    data: dict[str, Any] = {"scenario": scenario["scenario"], "dimensions": list(scenario["dimensions"])}
+    for aspect in scenario["dimensions"]:
+        spec = scenario["aspects"][aspect]
+        prefs = [[p["aspect"], p["subcategory"], p["preference"], p["implicit_elicitation"]]
+                 for p in scenario["preferences"] if p["aspect"] == aspect]  # fmt: skip
+        data[aspect] = {"preferences": prefs, "correct_ids": list(spec["correct_ids"]), "best_id": spec["best_id"],
+                        "arguments": spec["arguments"]}  # fmt: skip
+    return {
+        "id": scenario["id"],
+        "scenario": scenario["scenario"],
+        "category": "travel_planning",
+        "dimensions": list(scenario["dimensions"]),
+        "initial_desc": scenario["initial_description"],
+        "preferences": data,
+        "all_options": {a: [dict(o) for o in scenario["aspects"][a]["options"]] for a in scenario["dimensions"]},
+        "arguments": {a: scenario["aspects"][a]["arguments"] for a in scenario["dimensions"]},
+    }
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Building both sides for one task
 
@@ -499,6 +695,24 @@ def build_case(gym: str, task: Any, max_steps: int, userrl: Any) -> Case:
         ucfg.data_source, ucfg.eval_method = rec["id"], "llm"
         env = userrl.SearchEnv(config=ucfg)
         cfg = dataclasses.replace(cfg, backend="web", judge="llm")
+    elif gym == "intention":
+        ucfg.data_source = rec["id"]
+        env = userrl.IntentionEnv(config=ucfg)
+    elif gym == "persuade":  # UserRL's statements file is not public: its lookup is fed this project's record
+        ucfg.data_source = rec["id"]
+        persuade_env = sys.modules["persuadegym.env.persuade_env"]
+        persuade_env.load_statements = lambda: [dict(rec)]
+        persuade_env.get_statement_by_id = lambda statement_id: dict(rec)
+        env = userrl.PersuadeEnv(config=ucfg)
+    elif gym == "travel":  # UserRL's scenario files are not public: its lookup is fed this project's scenario
+        ours = gyms.make_gym(gym, task, cfg, ScriptedSim())
+        ucfg.data_source, ucfg.one_choice_per_aspect = rec["id"], True  # env_manager's training settings
+        ucfg.search_correct_reward, ucfg.preference_correct_reward = 0.0, 0.8
+        travel_task = userrl_task_of_travel(ours.scenario)  # type: ignore[attr-defined]
+        travel_env = sys.modules["travelgym.env.travel_env"]
+        travel_env.get_task_by_id = lambda task_id: copy.deepcopy(travel_task)
+        env = userrl.TravelEnv(config=ucfg)
+        return Case(gym, task, env, ours, max_steps)
     else:
         raise ValueError(gym)
     ours = gyms.make_gym(gym, task, cfg, ScriptedSim())
@@ -511,7 +725,12 @@ STEPPERS: dict[str, Callable[[random.Random, Case], tuple[str, list[str], set[st
     "turtle": turtle_step,
     "telepathy": telepathy_step,
     "search": search_step,
+    "intention": intention_step,
+    "persuade": persuade_step,
+    "travel": travel_step,
 }
+# UserRL's attempts per LLM call where it retries a failed call (a scripted failure fails them all)
+USERRL_ATTEMPTS = {"persuade": 3, "travel": 3}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -545,10 +764,20 @@ def doc_flags(d: Diff, u: Outcome, o: Outcome) -> bool:
     return d.kind == "flags" and u.ended == o.ended
 
 
+def _userrl_tag(gym: str, action: str) -> str | None:
+    """The tag UserRL's `gym` reads in `action`: case-sensitive `startswith`, on the stripped action except in
+    Persuade, Telepathy and Turtle; Intention and Travel read `[finish]` in any case."""
+    text = action if gym in ("persuade", "telepathy", "turtle") else action.strip()
+    if gym in ("intention", "travel") and text.lower().startswith("[finish]"):
+        return "finish"
+    return _exact_tag(text, False)
+
+
 def doc_tag_parsing(d: Diff, u: Outcome, o: Outcome) -> bool:
-    return bool({"tag_case", "tag_space"} & set(d.notes)) or (
-        "untagged" in d.notes and re.match(r"^\s*\[(action|answer|search|finish)\]", d.action, re.I) is not None
-    )
+    from gyms.base import parse_action
+
+    varied = {"tag_case", "tag_space", "untagged"} & set(d.notes)
+    return bool(varied) and parse_action(d.action)[0] != _userrl_tag(d.gym, d.action)
 
 
 def doc_untagged_first8(d: Diff, u: Outcome, o: Outcome) -> bool:
@@ -557,12 +786,12 @@ def doc_untagged_first8(d: Diff, u: Outcome, o: Outcome) -> bool:
 
 def doc_empty_action(d: Diff, u: Outcome, o: Outcome) -> bool:
     tag = _exact_tag(d.action, True)
-    payload = d.action.strip()[8:].strip() if tag else None
-    return (
-        d.gym in ("telepathy", "turtle", "intention", "persuade", "travel")
-        and tag in ("action", "answer")
-        and (payload == "")
-    )
+    payload = d.action.strip()[8:].strip() if tag else d.action.strip()
+    if payload:
+        return False
+    if d.gym in ("intention", "persuade"):  # an empty question or argument, whatever its tag (or none)
+        return tag != "finish"
+    return (d.gym in ("telepathy", "turtle") and tag in ("action", "answer")) or (d.gym == "travel" and tag == "action")
 
 
 def doc_sim_failure(d: Diff, u: Outcome, o: Outcome) -> bool:
@@ -572,6 +801,76 @@ def doc_sim_failure(d: Diff, u: Outcome, o: Outcome) -> bool:
         return text == FAIL or extract_json_object(text) is None
 
     return any(broken(r) for r in d.replies) or "bad_grades" in d.notes or "missing_field" in d.notes
+
+
+def _userrl_parses(gym: str, text: str) -> bool:
+    """Whether UserRL's reply parser of `gym` reads a JSON object from `text`."""
+    import ast
+
+    text = text.strip()
+    try:
+        if gym == "persuade":  # literal_eval of the reply less a ```json fence
+            body = text[7:] if text.startswith("```json") else text
+            return isinstance(ast.literal_eval(body[:-3] if body.endswith("```") else body), dict)
+        if gym == "intention":  # json.loads of the greedy {...} match
+            match = re.search(r"\{.*\}", text, re.DOTALL)
+            return match is not None and isinstance(json.loads(match.group()), dict)
+        if gym == "travel":
+            return sys.modules["travelgym.env.utils"].parse_output_as_json(text) is not None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def doc_lenient_json(d: Diff, u: Outcome, o: Outcome) -> bool:
+    from gyms.reply_json import extract_json_object
+
+    return any(r != FAIL and extract_json_object(r) is not None and not _userrl_parses(d.gym, r) for r in d.replies)
+
+
+def doc_intention_duplicate(d: Diff, u: Outcome, o: Outcome) -> bool:
+    return d.gym == "intention" and d.kind == "reward" and "duplicate_index" in d.notes
+
+
+def doc_persuade_baseline(d: Diff, u: Outcome, o: Outcome) -> bool:
+    return d.gym == "persuade" and d.kind == "reward" and "baseline" in d.notes
+
+
+def doc_persuade_unknown_stance(d: Diff, u: Outcome, o: Outcome) -> bool:
+    return d.gym == "persuade" and "unknown_stance" in d.notes and o.sim_error
+
+
+TRAVEL_SEARCH_CORRECT = "You have provided the correct search request arguments.\n\n"
+TRAVEL_CANNOT_REPLY = "I'm sorry, I'm not sure how to respond to your latest utterance right now. Please try again."
+
+
+def doc_travel_schema(d: Diff, u: Outcome, o: Outcome) -> bool:
+    def options(text: str) -> str:
+        return text.split("\n\nHere are all the options for <", 1)[-1]
+
+    return (
+        d.gym == "travel"
+        and d.kind == "observation"
+        and u.feedback.startswith(TRAVEL_SEARCH_CORRECT)
+        and o.feedback.startswith(TRAVEL_SEARCH_CORRECT)
+        and options(u.feedback) == options(o.feedback)
+    )
+
+
+def doc_travel_multiple_ids(d: Diff, u: Outcome, o: Outcome) -> bool:
+    return d.gym == "travel" and o.feedback.startswith("You have chosen multiple options.") and "," in d.action
+
+
+def doc_travel_aspect_not_in_trip(d: Diff, u: Outcome, o: Outcome) -> bool:
+    return d.gym == "travel" and re.fullmatch(r"This trip has no [a-z ]+ to book\.", o.feedback) is not None
+
+
+def doc_travel_end_after_choices(d: Diff, u: Outcome, o: Outcome) -> bool:
+    return d.gym == "travel" and d.kind == "ending" and o.done and not u.ended and "choice" in o.info
+
+
+def doc_travel_proactive(d: Diff, u: Outcome, o: Outcome) -> bool:
+    return d.gym == "travel" and "volunteered" in o.info and u.feedback == TRAVEL_CANNOT_REPLY
 
 
 def doc_prose_answer(d: Diff, u: Outcome, o: Outcome) -> bool:
@@ -598,12 +897,21 @@ DOCUMENTED: dict[str, Callable[[Diff, Outcome, Outcome], bool]] = {
     "all | done vs truncated": doc_flags,
     "all | tag parsing": doc_tag_parsing,
     "Telepathy, Turtle | an untagged action": doc_untagged_first8,
-    "Intention, Persuade, Telepathy, Turtle, Travel | an empty [action] / [answer]": doc_empty_action,
+    "Intention, Persuade, Telepathy, Turtle, Travel | an empty action": doc_empty_action,
     "all | the simulator fails for good": doc_sim_failure,
     "Function | an answer written in prose": doc_prose_answer,
     "Search | a search that finds nothing": doc_search_no_results,
     "all | a step after the end": doc_after_end,
     "Turtle | the story score (rounded to 6 places)": doc_turtle_rounding,
+    "all | simulator retries and JSON (a reply only this project's parser reads)": doc_lenient_json,
+    "Intention | a detail named twice in one judge reply": doc_intention_duplicate,
+    "Persuade | reward baseline": doc_persuade_baseline,
+    "Persuade | an unknown stance string": doc_persuade_unknown_stance,
+    "Travel | the option schema before search results": doc_travel_schema,
+    "Travel | [answer] H1, F3": doc_travel_multiple_ids,
+    "Travel | an id of an aspect not in the trip": doc_travel_aspect_not_in_trip,
+    "Travel | the end after one choice per aspect": doc_travel_end_after_choices,
+    "Travel | proactive elicitation": doc_travel_proactive,
 }
 
 
@@ -646,7 +954,7 @@ async def run_case(gym: str, index: int, task: Any, userrl: Any, rng: random.Ran
         diffs.append(d)
     for step in range(1, max_steps + 2):
         action, replies, notes = STEPPERS[gym](rng, case)
-        SCRIPT.set(replies)
+        SCRIPT.set(replies, USERRL_ATTEMPTS.get(gym, 1))
         u = await userrl_step(case.userrl_env, action)
         SCRIPT.set(replies)
         o = await our_step(case.ours, action)
@@ -658,7 +966,10 @@ async def run_case(gym: str, index: int, task: Any, userrl: Any, rng: random.Ran
             d = Diff(gym, index, task.task_id, step, kind, action, uv, ov, sorted(notes), replies)
             d.documented = classify(d, u, o)
             diffs.append(d)
-        if found or u.ended or o.ended:  # after a difference the two states may differ: the case stops
+        # After a difference the two states may differ, and in TravelGym after a failed simulator call too (this
+        # project leaves its state as it was, UserRL counts the utterance toward its proactive elicitation): the
+        # case stops.
+        if found or u.ended or o.ended or (o.sim_error and gym == "travel"):
             break
 
 
