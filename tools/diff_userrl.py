@@ -546,7 +546,8 @@ def intention_step(rng: random.Random, case: Case) -> tuple[str, list[str], set[
         judge = _bad_json_reply(rng)
     elif roll < 0.06:
         del verdict["covered_detail_numbers"], verdict["covered_detail_indices"]
-        judge, _ = json.dumps(verdict), notes.add("missing_field")
+        judge = json.dumps(verdict)
+        notes.add("missing_field")
     elif roll < 0.08:
         judge = repr(verdict)
     elif roll < 0.15:
@@ -621,7 +622,8 @@ def travel_step(rng: random.Random, case: Case) -> tuple[str, list[str], set[str
         if roll < 0.06:
             judge = _bad_json_reply(rng)
         elif roll < 0.09:
-            judge, _ = json.dumps({"preference_id": "P1"}), notes.add("missing_field")
+            judge = json.dumps({"preference_id": "P1"})
+            notes.add("missing_field")
         elif roll < 0.12:
             judge = repr(judged)
         else:
@@ -700,7 +702,7 @@ def build_case(gym: str, task: Any, max_steps: int, userrl: Any) -> Case:
         env = userrl.IntentionEnv(config=ucfg)
     elif gym == "persuade":  # UserRL's statements file is not public: its lookup is fed this project's record
         ucfg.data_source = rec["id"]
-        persuade_env = sys.modules["persuadegym.env.persuade_env"]
+        persuade_env: Any = sys.modules["persuadegym.env.persuade_env"]
         persuade_env.load_statements = lambda: [dict(rec)]
         persuade_env.get_statement_by_id = lambda statement_id: dict(rec)
         env = userrl.PersuadeEnv(config=ucfg)
@@ -709,7 +711,7 @@ def build_case(gym: str, task: Any, max_steps: int, userrl: Any) -> Case:
         ucfg.data_source, ucfg.one_choice_per_aspect = rec["id"], True  # env_manager's training settings
         ucfg.search_correct_reward, ucfg.preference_correct_reward = 0.0, 0.8
         travel_task = userrl_task_of_travel(ours.scenario)  # type: ignore[attr-defined]
-        travel_env = sys.modules["travelgym.env.travel_env"]
+        travel_env: Any = sys.modules["travelgym.env.travel_env"]
         travel_env.get_task_by_id = lambda task_id: copy.deepcopy(travel_task)
         env = userrl.TravelEnv(config=ucfg)
         return Case(gym, task, env, ours, max_steps)
