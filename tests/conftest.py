@@ -19,14 +19,20 @@ stub_missing_kernels()  # tests import Megatron's modules in this process: megat
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group each test for pytest-xdist's `--dist loadgroup` (one worker runs a whole group): by its file, so a
     module fixture is set up once, and the conformance folder as one group, whose engines are package fixtures.
-    Without CUDA, skip the tests marked gpu."""
+    Groups holding a `slow` test go first, so that the last ones handed out are short and the workers end
+    together. Without CUDA, skip the tests marked gpu."""
     import torch
 
+    groups: dict[pytest.Item, str] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is None:
             folder = item.path.parent
             group = folder.name if folder.name == "conformance" else str(item.path.relative_to(REPO))
             item.add_marker(pytest.mark.xdist_group(group))
+        groups[item] = mark.args[0] if mark is not None else group
+    slow = {groups[item] for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: groups[item] not in slow)  # stable: each group keeps its order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -36,17 +42,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One torch thread a pytest-xdist worker: the workers already use every core, and more threads than cores
-    spin and wait on each other (the unit and conformance folders took 40% more CPU with the default)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
+    """A pytest-xdist worker keeps to its share of the cores (worker i of n: the i-th of n consecutive shares),
+    and so does everything it starts (servers, ranks, Ray), whose thread counts follow the cores they may use
+    (`userrl_megatron.cores`). Without shares, two workers' processes each ran a thread a core: twice as many
+    threads as cores, each torch operation waiting for a descheduled thread (up to 15x slower)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or not hasattr(os, "sched_setaffinity"):
+        return
+    import torch
 
-        torch.set_num_threads(1)
+    from userrl_megatron.cores import split_cores, usable_cores
 
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """The public gym data beside the checkout (../shared/data); tests needing it skip when it is absent."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"public data not found at {SHARED_DATA}")
-    return SHARED_DATA
+    cores = usable_cores()
+    if len(cores) >= count:
+        share = split_cores(cores, count)[int(worker.removeprefix("gw"))]
+        for thread in os.listdir("/proc/self/task"):  # every thread: a new one inherits its creator's cores
+            os.sched_setaffinity(int(thread), share)
+    torch.set_num_threads(max(1, len(cores) // count))

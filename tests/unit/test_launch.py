@@ -1,7 +1,6 @@
 """Engine launch: the SGLang and `userrl serve` command lines, and the shared wait-for-health failure paths
 (the healthy path runs with the embedded server in tests/e2e)."""
 
-import os
 import sys
 import time
 from dataclasses import replace
@@ -11,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
+from userrl_megatron.cores import core_count, cpu_list, usable_cores
 from userrl_megatron.fleet.engine import EngineError
 from userrl_megatron.fleet.launch import embedded_launch, embedded_server_command, launch_server
 from userrl_megatron.fleet.sglang import (
@@ -92,7 +92,8 @@ def test_an_engine_process_sees_exactly_its_own_gpus() -> None:
     assert follower.url == "" and follower.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
     with pytest.raises(ValueError, match=r"^an engine process of tp_size 4 on one node needs 4 GPUs, got \['0'\]$"):
         sglang_launch(cfg, "/m", 4, 30000, gpus=["0"])
-    assert sglang_launch(cfg, "/m", 1, 30000, device="cpu").env == {"SGLANG_USE_CPU_ENGINE": "1"}
+    cpu = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": cpu_list(usable_cores())}
+    assert sglang_launch(cfg, "/m", 1, 30000, device="cpu").env == cpu
 
 
 def test_sglang_command_tp_no_memory_saver_and_extra_args() -> None:
@@ -141,7 +142,9 @@ def test_sglang_command_on_cpu() -> None:
         "--max-total-tokens", "16384",
         "--enable-weights-cpu-backup",
     ]  # fmt: skip
-    assert sglang_env("cpu") == {"SGLANG_USE_CPU_ENGINE": "1"} and sglang_env("cuda") == {}
+    bind = cpu_list(usable_cores())
+    assert sglang_env("cpu") == {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": bind}
+    assert sglang_env("cuda") == {}
     assert resolve_device(SGLangConfig(), has_gpu=False) == "cpu"
     assert resolve_device(SGLangConfig(), has_gpu=True) == "cuda"
     with pytest.raises(ValueError, match=r"^rollout\.sglang\.device must be auto, cpu or cuda, got 'tpu'$"):
@@ -195,11 +198,11 @@ def test_embedded_server_command() -> None:
 
 def test_engine_threads_share_the_cores_unless_set() -> None:
     """Ray gives an actor holding one CPU OMP_NUM_THREADS=1, which the engine would inherit: the launch names
-    its threads, by default the machine's cores shared among the engines."""
+    its threads, by default the cores this process may use shared among the engines."""
     from userrl_megatron.config.schema import RolloutConfig
     from userrl_megatron.fleet.pool import engine_threads
 
-    cores = os.cpu_count() or 1
+    cores = core_count()
     assert engine_threads(RolloutConfig(num_engines=1)) == cores
     assert engine_threads(RolloutConfig(num_engines=2 * cores)) == 1
     # one_step_off: the trainer computes while the engines generate, so they take half the cores.

@@ -30,6 +30,7 @@ import ray
 from ray.exceptions import NodeDiedError, OutOfMemoryError, RayActorError, WorkerCrashedError
 
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, SGLangConfig
+from userrl_megatron.cores import core_count
 from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, run_api_key
 from userrl_megatron.fleet.engine import EngineError, Generation, SGLangClient
 from userrl_megatron.fleet.launch import ProcessLaunch
@@ -631,11 +632,11 @@ class EngineSession:
 
 
 def engine_threads(rollout: RolloutConfig) -> int:
-    """Torch threads of each embedded engine: `rollout.embedded.threads`, else this machine's cores shared among
-    the engines, in `one_step_off` mode half of them (the trainer computes alongside). Ray sets
-    OMP_NUM_THREADS=1 in an actor holding one CPU bundle, which the server would inherit: one core for the
-    rollout while the trainer, waiting for it in `sync` mode, leaves the others idle."""
-    cores = os.cpu_count() or 1
+    """Torch threads of each embedded engine: `rollout.embedded.threads`, else the cores this process may use
+    (`cores.core_count`) shared among the engines, in `one_step_off` mode half of them (the trainer computes
+    alongside). Ray sets OMP_NUM_THREADS=1 in an actor holding one CPU bundle, which the server would inherit: one
+    core for the rollout while the trainer, waiting for it in `sync` mode, leaves the others idle."""
+    cores = core_count()
     if rollout.mode == "one_step_off":
         cores //= 2
     return rollout.embedded.threads or max(1, cores // rollout.num_engines)

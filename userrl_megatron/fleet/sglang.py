@@ -10,12 +10,14 @@ process per node (`NodeSpan`: `--nnodes`, `--node-rank`, `--dist-init-addr` of n
 serves HTTP.
 """
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
+from userrl_megatron.cores import cpu_list, split_cores, usable_cores
 from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, key_handover
 from userrl_megatron.fleet.launch import ProcessLaunch, ServerProcess, connect_host, run_launch, start_process
 
@@ -23,6 +25,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VENV_PYTHON = PROJECT_ROOT / ".venv-sglang" / "bin" / "python"
 KEY_ENTRY = Path(__file__).with_name("key_entry.py")  # runs a module with `--api-key` taken from the environment
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+OMP_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"  # the cores of each TP rank on CPU, "0-3|4-7"
 
 
 @dataclass(frozen=True)
@@ -104,10 +107,16 @@ def sglang_command(
     return command + list(cfg.extra_args)
 
 
-def sglang_env(device: str, gpus: Sequence[str] = ()) -> dict[str, str]:
-    """Environment additions of the server process: on CUDA with `gpus` given, exactly those GPUs visible."""
+def sglang_env(device: str, gpus: Sequence[str] = (), tp_size: int = 1) -> dict[str, str]:
+    """Environment additions of the server process: on CUDA with `gpus` given, exactly those GPUs visible. On
+    CPU, SGLang binds each TP rank's threads to the cores of one NUMA node unless `SGLANG_CPU_OMP_THREADS_BIND`
+    names them; this names the cores this process may use (`cores.usable_cores`: a SLURM or container cpuset,
+    `taskset`), split among the ranks, unless the variable is already set."""
     if device == "cpu":
-        return dict(CPU_ENV)
+        env = dict(CPU_ENV)
+        if OMP_BIND_ENV not in os.environ:
+            env[OMP_BIND_ENV] = "|".join(cpu_list(share) for share in split_cores(usable_cores(), tp_size))
+        return env
     return {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
 
 
@@ -130,8 +139,8 @@ def sglang_launch(
     """What one engine process runs (under the watchdog: it stops with the process that started it), with
     `gpus` (its GPU ids on this node) visible and counted from 0, and the URL the driver reaches it at (none
     on node ranks after 0); requiring `api_key` (if given), which it gets in the variable `api_key_env`."""
+    per_node = tp_size // (span.nnodes if span else 1)
     if gpus:
-        per_node = tp_size // (span.nnodes if span else 1)
         if len(gpus) != per_node:
             raise ValueError(f"an engine process of tp_size {tp_size} on one node needs {per_node} GPUs, got {gpus}")
         base_gpu_id = 0  # the process sees its own GPUs only
@@ -142,7 +151,7 @@ def sglang_launch(
     )  # fmt: skip
     leader = span is None or span.node_rank == 0
     url = f"http://{connect_host(cfg.host, node_ip)}:{port}" if leader else ""
-    return ProcessLaunch(command, sglang_env(device, gpus), url, watch=True, secrets=secrets)
+    return ProcessLaunch(command, sglang_env(device, gpus, per_node), url, watch=True, secrets=secrets)
 
 
 def launch_sglang(

@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from userrl_megatron.cores import core_count
+
 if TYPE_CHECKING:
     from gyms.user_sim import UserSimulator
     from userrl_megatron.config.schema import RolloutConfig, RootConfig
@@ -131,9 +133,7 @@ async def simulator_pool(
     rollout = simulator_rollout(cfg)
     use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     # Started here when the simulator comes first (`userrl rollout`, `userrl eval`): room for the policy's engines.
-    start_ray(
-        cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, rollout.num_engines + cfg.rollout.num_engines)
-    )
+    start_ray(cfg.run, num_cpus=None if use_gpu else max(core_count(), rollout.num_engines + cfg.rollout.num_engines))
     shared = cfg.user_sim.engines.shares_policy_engines and policy is not None
     if cfg.user_sim.engines.shares_policy_engines and policy is None:
         log.warning(

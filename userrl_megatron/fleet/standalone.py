@@ -7,10 +7,11 @@ commands comes from `fleet/simulator.py`.
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from userrl_megatron.cores import core_count
 
 if TYPE_CHECKING:
     from userrl_megatron.config.schema import RootConfig
@@ -25,7 +26,7 @@ async def standalone_pool(cfg: "RootConfig", model_dir: str, log_dir: Path) -> A
     from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
     from userrl_megatron.fleet.pool import RolloutPool
 
-    start_ray(cfg.run, num_cpus=max(os.cpu_count() or 1, cfg.rollout.num_engines))
+    start_ray(cfg.run, num_cpus=max(core_count(), cfg.rollout.num_engines))
     engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
     placement = create_placement(plan_bundles(engines_only, cfg.rollout, use_gpu=torch.cuda.is_available()))
     try:

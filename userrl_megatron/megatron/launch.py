@@ -20,6 +20,8 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+from userrl_megatron.cores import core_count
+
 
 class RankError(RuntimeError):
     """A rank of `run_local` raised or died."""
@@ -58,7 +60,7 @@ def run_local(
     `fn` must be importable (a module-level function). Raises RankError with the first failure's traceback,
     or when `timeout_s` passes without every rank reporting.
     """
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+    threads = threads_per_rank or max(1, core_count() // world_size)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()

@@ -12,13 +12,13 @@ relaunching `userrl sft` resumes at the step after the newest checkpoint, on the
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from userrl_megatron.config import AlgoConfig, RootConfig, save_config
+from userrl_megatron.cores import core_count
 from userrl_megatron.errors import UserError
 from userrl_megatron.observability import Timers, Tracker
 from userrl_megatron.observability.progress import StepProgress
@@ -286,12 +286,12 @@ def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
         use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
         plan = plan_bundles(cfg.megatron, replace(cfg.rollout, num_engines=0, colocate=False), use_gpu)
         started_ray = not ray.is_initialized()
-        start_ray(cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, len(plan.bundles)))
+        start_ray(cfg.run, num_cpus=None if use_gpu else max(core_count(), len(plan.bundles)))
         placement = create_placement(plan)
         actors = None
         try:
             spec = WorkerSpec(cfg.model, sft_megatron(cfg, total), SFT_ALGO, cfg.sync, cfg.run.seed)
-            env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
+            env = {"OMP_NUM_THREADS": str(max(1, core_count() // max(1, len(plan.actor_bundles))))}
             actors = ActorGroup(placement, spec, env)
             SFTTrainer(cfg, run_dir, actors, train, val).fit(stop_after)
         finally:

@@ -9,13 +9,13 @@ weight-sync groups (one per pipeline stage, each with every engine). The colocat
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from userrl_megatron.config import RootConfig
+from userrl_megatron.cores import core_count
 from userrl_megatron.trainer.handoff import MemoryHandoff, check_engines
 from userrl_megatron.trainer.seams import Actors, EnginePool, Runner, Tasks
 from userrl_megatron.trainer.weight_sync import WeightSync
@@ -121,7 +121,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     plan = plan_bundles(cfg.megatron, cfg.rollout, use_gpu)
     started_ray = not ray.is_initialized()
     cpus = len(plan.bundles) + (cfg.user_sim.engines.num_engines if managed_sim else 0)
-    start_ray(cfg.run, num_cpus=None if use_gpu else max(os.cpu_count() or 1, cpus))
+    start_ray(cfg.run, num_cpus=None if use_gpu else max(core_count(), cpus))
     if use_gpu and managed_sim:  # the simulator's GPUs come on top of the policy's, in a group reserved after it
         check_run_gpus(run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines))
     placement = create_placement(plan)
@@ -135,7 +135,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
             sim_pool = await stack.enter_async_context(simulator_pool(cfg, run_dir / "engines", placement))
             user_sim = managed_client(cfg, sim_pool)
         spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed)
-        env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(plan.actor_bundles))))}
+        env = {"OMP_NUM_THREADS": str(max(1, core_count() // max(1, len(plan.actor_bundles))))}
         actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
         runner.routing_replay = cfg.algo.routing_replay == "rollout"
