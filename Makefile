@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist): two share the two cores of the reference machine better than one, whose tests
-# wait on servers and ranks for a third of the time. Each runs whole files (tests/conftest.py groups them).
-# TEST_WORKERS=0 runs everything in this process.
+# Test processes (pytest-xdist): two use the two cores of the reference machine better than one, whose tests wait
+# on servers and ranks for a third of the time. Each runs whole files on its own share of the cores, and so does
+# everything it starts (tests/conftest.py). TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 # Dotted overrides for `make quickstart`, e.g. ARGS="run.seed=1 run.name=quickstart-seed1".

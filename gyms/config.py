@@ -5,6 +5,8 @@ the rollout's max turns, as UserRL's env_manager does."""
 import dataclasses
 from typing import Any
 
+from userrl_megatron.config.gyms import settings_problems
+
 
 def config_for(name: str, gyms_cfg: Any, max_steps: int) -> Any:
     """Gym `name`'s typed config from the `gyms` section, with `max_steps` forced to the rollout's max turns."""
@@ -19,10 +21,14 @@ def config_for(name: str, gyms_cfg: Any, max_steps: int) -> Any:
 
 
 def plugin_config(config_type: type, where: str, values: dict[str, Any], max_steps: int) -> Any:
-    """A plug-in gym's typed config from its `gyms.plugins` entry; ValueError naming a setting it does not have."""
+    """A plug-in gym's typed config from its `gyms.plugins` entry; ValueError naming a setting it does not have, or
+    what its own `problems(where)` finds wrong with the settings together."""
     fields = {f.name for f in dataclasses.fields(config_type)}
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ValueError(f"{where}: unknown setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
     config = config_type(**values)
+    problems = settings_problems(config, where)
+    if problems:
+        raise ValueError("; ".join(problems))
     return dataclasses.replace(config, max_steps=max_steps) if "max_steps" in fields else config

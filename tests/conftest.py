@@ -59,3 +59,11 @@ def pytest_configure(config: pytest.Config) -> None:
         for thread in os.listdir("/proc/self/task"):  # every thread: a new one inherits its creator's cores
             os.sched_setaffinity(int(thread), share)
     torch.set_num_threads(max(1, len(cores) // count))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The public gym data beside the checkout (../shared/data); tests needing it skip when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"public data not found at {SHARED_DATA}")
+    return SHARED_DATA

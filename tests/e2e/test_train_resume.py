@@ -66,11 +66,13 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
     run = tmp_path / "runs" / "resume"
 
     killed = train_command([*overrides, f"run.total_steps={UNREACHED}"])
-    first = subprocess.Popen(killed, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "killed_run.log"
+    with log.open("wb") as out:
+        first = subprocess.Popen(killed, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + RUN_TIMEOUT_S
     # over-sampled: killed once its latest checkpoint holds carried groups, which the resumed run must start again
     while len(logged_steps(run)) < 3 or (mode == "over_sampled" and not _latest_carries_groups(run)):
-        assert first.poll() is None, "the run ended before it could be interrupted"
+        assert first.poll() is None, f"the run ended before it could be interrupted:\n{log.read_text()[-4000:]}"
         assert time.monotonic() < deadline, f"3 steps not done within {RUN_TIMEOUT_S:.0f} s"
         time.sleep(0.2)
     os.kill(first.pid, signal.SIGKILL)

@@ -66,6 +66,12 @@ def test_a_misspelt_setting_fails_when_the_tasks_load(coin: types.ModuleType) ->
         load_tasks(cfg.gyms.train, "train", cfg.gyms)
 
 
+def test_settings_that_do_not_fit_together_fail_when_the_tasks_load(coin: types.ModuleType) -> None:
+    cfg = load_config(overrides=["gyms.train=[coin]", "gyms.plugins.coin.sides=5"])
+    with pytest.raises(UserError, match=r"^gyms.plugins.coin.sides must be in 2..3, got 5$"):
+        load_tasks(cfg.gyms.train, "train", cfg.gyms)
+
+
 def test_built_in_gyms_are_found_without_a_list() -> None:
     folders = sorted(p.parent.name for p in (README.parent).glob("*/__init__.py"))
     assert set(folders) <= {spec.split("_")[0] for spec in base.list_gyms()}

@@ -1,6 +1,8 @@
 """Engine launch: the SGLang and `userrl serve` command lines, and the shared wait-for-health failure paths
 (the healthy path runs with the embedded server in tests/e2e)."""
 
+import os
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -270,3 +272,21 @@ def test_routed_experts_flags() -> None:
     embedded = embedded_server_command("/m", EmbeddedServerConfig(enable_return_routed_experts=True), 8000)
     assert "--enable-return-routed-experts" in embedded
     assert "--enable-return-routed-experts" not in embedded_server_command("/m", EmbeddedServerConfig(), 8000)
+
+
+@pytest.mark.parametrize("key", ["plain-key_0", "-starts-with-a-dash", "--looks-like-a-flag"])
+def test_key_entry_hands_over_any_key(tmp_path: Path, key: str) -> None:
+    """A generated key (URL-safe base64) starts with "-" once in 64: the module still reads it as the key's value,
+    never as a flag of its own, and the key never reaches the output."""
+    (tmp_path / "takes_key.py").write_text(
+        "import argparse, os\n"
+        "p = argparse.ArgumentParser()\n"
+        "p.add_argument('--port')\n"
+        "p.add_argument('--api-key')\n"
+        "args = p.parse_args()\n"
+        "print(args.port, args.api_key == os.environ['EXPECTED'], args.api_key)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "KEY_VAR": key, "EXPECTED": key}
+    command = [sys.executable, str(KEY_ENTRY), "KEY_VAR", "takes_key", "--port", "7"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "7 True <redacted>\n"), done.stderr

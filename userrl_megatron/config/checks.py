@@ -4,7 +4,7 @@ import functools
 import re
 
 from userrl_megatron.config.env_names import NO_KEY, env_field_problems
-from userrl_megatron.config.gyms import FUNCTION_OPERATORS
+from userrl_megatron.config.gyms import settings_problems
 from userrl_megatron.config.layout import layout_problems
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.model_fit import model_fit_problems
@@ -145,22 +145,8 @@ def _algo_problems(cfg: RootConfig) -> list[str]:
 
 
 def _gym_problems(cfg: RootConfig) -> list[str]:
-    gen, problems = cfg.gyms.function.generator, []
-    if not 1 <= gen.terms <= 4:
-        problems.append(f"gyms.function.generator.terms must be in 1..4 (inputs a, b, c, d), got {gen.terms}")
-    unknown = [op for op in gen.operators if op not in FUNCTION_OPERATORS]
-    if unknown:
-        allowed = " ".join(FUNCTION_OPERATORS)
-        problems.append(f"gyms.function.generator.operators: unknown {unknown}; choose from {allowed}")
-    if gen.terms > 1 and not [op for op in gen.operators if op != "**"]:
-        problems.append("gyms.function.generator.operators needs one of + - * / when terms > 1")
-    if gen.balanced and gen.max_input < 4:
-        problems.append(
-            f"gyms.function.generator.balanced needs four distinct inputs: max_input >= 4, got {gen.max_input}"
-        )
-    if gen.prompt_style not in ("userrl", "compact"):
-        problems.append(f"gyms.function.generator.prompt_style = {gen.prompt_style!r}; choose from userrl, compact")
-    return problems
+    """Each built-in gym's settings, checked by their own `problems` (config/gyms.py)."""
+    return settings_problems(cfg.gyms, "gyms")
 
 
 def _engine_problems(cfg: RootConfig) -> list[str]:

@@ -1,15 +1,29 @@
 """Typed settings of each built-in gym, one dataclass per gym (fields of `GymsConfig`, config section `gyms`), and
 of the user simulator they share (`UserSimConfig`, config section `user_sim`). The gyms read them; a gym added as
-one folder brings its own dataclass instead (`gyms/README.md`, "Adding a gym").
+one folder brings its own dataclass instead (`gyms/README.md`, "Adding a gym"). A settings dataclass checks its
+fields together in `problems(where) -> list[str]` (`settings_problems` finds them, nested ones too).
 
 Defaults are UserRL's training settings (its env_manager overrides, spec §3), with the UserRL bugs fixed (see
 gyms/README.md). `max_steps` is always replaced by the rollout's max turns: a gym's config comes from
 `gyms.config_for(name, gyms_cfg, max_steps)`. Every field carries a one-line comment (`userrl config show --explain`).
 """
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 FUNCTION_OPERATORS = ("+", "-", "*", "/", "**")
+
+
+def settings_problems(settings: Any, where: str) -> list[str]:
+    """The `problems(where)` of a settings dataclass and of every dataclass among its fields, recursively."""
+    if not dataclasses.is_dataclass(settings) or isinstance(settings, type):
+        return []
+    check = getattr(settings, "problems", None)
+    problems: list[str] = list(check(where)) if callable(check) else []
+    for f in dataclasses.fields(settings):
+        problems += settings_problems(getattr(settings, f.name), f"{where}.{f.name}")
+    return problems
 
 
 @dataclass
@@ -22,6 +36,22 @@ class FunctionGeneratorConfig:
     reveal_test_case: bool = True  # state the test case in the first user message (no [search] needed)
     prompt_style: str = "userrl"  # "userrl" (UserRL's tool prompt) or "compact" (rule shown, 2 solved examples)
     balanced: bool = False  # task i's rule starts with input i mod 4, inputs distinct: a fixed position scores chance
+
+    def problems(self, where: str) -> list[str]:
+        """What is wrong with these settings together, each message naming its key under `where`."""
+        problems = []
+        if not 1 <= self.terms <= 4:
+            problems.append(f"{where}.terms must be in 1..4 (inputs a, b, c, d), got {self.terms}")
+        unknown = [op for op in self.operators if op not in FUNCTION_OPERATORS]
+        if unknown:
+            problems.append(f"{where}.operators: unknown {unknown}; choose from {' '.join(FUNCTION_OPERATORS)}")
+        if self.terms > 1 and not [op for op in self.operators if op != "**"]:
+            problems.append(f"{where}.operators needs one of + - * / when terms > 1")
+        if self.balanced and self.max_input < 4:
+            problems.append(f"{where}.balanced needs four distinct inputs: max_input >= 4, got {self.max_input}")
+        if self.prompt_style not in ("userrl", "compact"):
+            problems.append(f"{where}.prompt_style = {self.prompt_style!r}; choose from userrl, compact")
+        return problems
 
 
 @dataclass

@@ -4,7 +4,7 @@
 
     python key_entry.py ENV_NAME MODULE [ARGS...]
 
-runs `python -m MODULE ARGS... --api-key <$ENV_NAME>` in this process: the flag is added to `sys.argv` after
+runs `python -m MODULE ARGS... --api-key=<$ENV_NAME>` in this process: the flag is added to `sys.argv` after
 start-up, the variable is removed from the environment (the module's own subprocesses do not inherit it), and
 this process's stdout and stderr (which its subprocesses inherit) pass through a filter that writes the key as
 `<redacted>` (SGLang logs its resolved arguments, the key among them, at start-up).
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> None:
     here = os.path.dirname(os.path.realpath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != here]
     redact_output(key.encode())
-    sys.argv = [module, *args, "--api-key", key]
+    sys.argv = [module, *args, f"--api-key={key}"]  # one token: a key may start with "-"
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import queue
 import shutil
 import time
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from megatron.core.dist_checkpointing.serialization import (
     get_default_load_sharded_strategy,
     get_default_save_sharded_strategy,
 )
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelLoadStrategyWrapper,
     FullyParallelSaveStrategyWrapper,
@@ -165,6 +167,15 @@ def _first_failure(error: CheckpointException) -> str:
     return f"rank {rank}: {type(inner).__name__}: {lines[0] if lines else ''}"
 
 
+def _write_results_in_process() -> None:
+    """Megatron's file writer returns its results through a queue that it creates on first use from a
+    `multiprocessing.Manager()`, meant for a forked writer process: a spawned server process on every rank (torch
+    imported: hundreds of MB and seconds of CPU) that outlives a rank killed by SIGKILL. The writes here run in the
+    rank's own process (`checkpoint_writer.CheckpointWriter`), so a plain queue carries the results."""
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def _plan(
     tmp: Path, chunks: list[torch.nn.Module], optimizer: Any, optimizer_format: str, rank: int
 ) -> tuple[Any, dict[str, Any]]:
@@ -181,6 +192,7 @@ def _plan(
     strategy = FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(), parallel_state.get_data_parallel_group(with_context_parallel=True)
     )
+    _write_results_in_process()
     request = dist_checkpointing.save(
         state, str(tmp), sharded_strategy=strategy, async_sharded_save=True, async_strategy="mcore"
     )
