@@ -1,4 +1,5 @@
-"""Shared test fixtures: where the public data lives, and GPU auto-skip."""
+"""Shared test fixtures and hooks: where the public data lives, GPU auto-skip, and how pytest-xdist workers split the
+tests (whole files, slow ones first) and the cores (a share each)."""
 
 import os
 from pathlib import Path
