@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # on servers and ranks for a third of the time. Each runs whole files on its own share of the cores, and so does
 # everything it starts (tests/conftest.py). TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist loadgroup
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 # Dotted overrides for `make quickstart`, e.g. ARGS="run.seed=1 run.name=quickstart-seed1".
 ARGS ?=
 # The real SGLang server's own interpreter (its wheel pins a CUDA-only torch, so it cannot share .venv).
