@@ -79,3 +79,30 @@ def test_a_run_never_attaches_to_a_cluster_it_was_not_given(tmp_path, monkeypatc
             os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops its processes on SIGTERM
             head.wait(timeout=600)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.distributed
+def test_engines_that_do_not_fit_beside_the_simulators_fail_at_once() -> None:
+    """`userrl rollout` and `userrl eval` place the user simulator's engines first: policy engines that need more
+    than those left free fail in one line, not after the reservation's wait (which only a hang may reach here)."""
+    import ray
+
+    from userrl_megatron.config import RunConfig
+    from userrl_megatron.fleet.placement import PlacementError, create_placement, start_ray
+
+    engines_only = MegatronConfig(nnodes=1, devices_per_node=0)
+    start_ray(RunConfig(), num_cpus=3)
+    try:
+        simulator = create_placement(plan_bundles(engines_only, RolloutConfig(num_engines=2), use_gpu=False))
+        policy = plan_bundles(engines_only, RolloutConfig(num_engines=2), use_gpu=False)
+        with pytest.raises(PlacementError) as failure:
+            create_placement(policy, timeout_s=600.0, beside="the user simulator's engines")
+        assert str(failure.value) == (
+            "the run needs 2 CPUs (2 bundles of CPU 1) and the Ray cluster has 1 free beside the user simulator's "
+            "engines"
+        )
+        ray.util.remove_placement_group(simulator.group)
+        one = create_placement(plan_bundles(engines_only, RolloutConfig(num_engines=1), use_gpu=False), beside="x")
+        assert len(one.slots) == 1  # what fits beside them is placed
+    finally:
+        ray.shutdown()

@@ -69,7 +69,8 @@ async def _collect(
 
     async with user_simulator(cfg, (t.gym for t in tasks), log_dir) as user_sim:
         runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
-        async with standalone_pool(cfg, model_dir, log_dir) as pool:
+        managed = user_sim is not None and bool(cfg.user_sim.engines.model)
+        async with standalone_pool(cfg, model_dir, log_dir, beside_simulator=managed) as pool:
             return await runner.run_groups(tasks, samples, pool.session, concurrency=pool.concurrency)
 
 

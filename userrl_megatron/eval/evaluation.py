@@ -196,7 +196,8 @@ async def open_policy(
         return
     from userrl_megatron.fleet.standalone import standalone_pool
 
-    async with standalone_pool(cfg, str(model_dir), log_dir) as pool:
+    managed = user_sim is not None and bool(cfg.user_sim.engines.model)
+    async with standalone_pool(cfg, str(model_dir), log_dir, beside_simulator=managed) as pool:
         yield TokenPolicy(runner, pool.session, identity, pool.concurrency)
 
 

@@ -263,13 +263,18 @@ def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
         )
 
 
-def create_placement(plan: BundlePlan, timeout_s: float = 300.0) -> Placement:
+def create_placement(plan: BundlePlan, timeout_s: float = 300.0, beside: str = "") -> Placement:
     """Reserve the bundles (PACK), probe each for its node and GPU, and reorder the plan's indices by (node,
-    device). A cluster too small for the plan fails at once, one that cannot reserve it in `timeout_s` then."""
+    device). A cluster too small for the plan fails at once, one that cannot reserve it in `timeout_s` then.
+    `beside` names what this process reserved before (the user simulator's engines of `userrl rollout` and `userrl
+    eval`): the plan must fit in what that left free, checked at once, as that reservation is never given back
+    during the wait."""
     import ray
     from ray.util.placement_group import placement_group
 
     _check_capacity(plan, ray.cluster_resources())
+    if beside:
+        _check_capacity(plan, ray.available_resources(), f" free beside {beside}")
     group = placement_group(plan.bundles, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
@@ -298,15 +303,16 @@ def create_placement(plan: BundlePlan, timeout_s: float = 300.0) -> Placement:
     )
 
 
-def _check_capacity(plan: BundlePlan, cluster: dict[str, float]) -> None:
-    """PlacementError when the cluster lacks the GPUs or CPUs the bundles need altogether."""
+def _check_capacity(plan: BundlePlan, cluster: dict[str, float], which: str = "") -> None:
+    """PlacementError when `cluster` (resource counts, `which` says of what: "" all) lacks the GPUs or CPUs the
+    bundles need altogether."""
     for resource in ("GPU", "CPU"):
         need = sum(b.get(resource, 0.0) for b in plan.bundles)
         have = cluster.get(resource, 0.0)
         if need > have:
             raise PlacementError(
                 f"the run needs {need:g} {resource}s ({len(plan.bundles)} bundles of {_resources(plan.bundles[0])}) "
-                f"and the Ray cluster has {have:g}"
+                f"and the Ray cluster has {have:g}{which}"
             )
 
 

@@ -19,8 +19,12 @@ if TYPE_CHECKING:
 
 
 @contextlib.asynccontextmanager
-async def standalone_pool(cfg: "RootConfig", model_dir: str, log_dir: Path) -> AsyncIterator["RolloutPool"]:
-    """The engine pool of `cfg.rollout` serving `model_dir`, started and, on exit, stopped."""
+async def standalone_pool(
+    cfg: "RootConfig", model_dir: str, log_dir: Path, beside_simulator: bool = False
+) -> AsyncIterator["RolloutPool"]:
+    """The engine pool of `cfg.rollout` serving `model_dir`, started and, on exit, stopped. `beside_simulator`: this
+    process placed the user simulator's engines first (`fleet.simulator.simulator_pool`), so a cluster without room
+    for both fails at once rather than after `create_placement`'s wait."""
     import torch
 
     from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
@@ -28,7 +32,8 @@ async def standalone_pool(cfg: "RootConfig", model_dir: str, log_dir: Path) -> A
 
     start_ray(cfg.run, num_cpus=max(core_count(), cfg.rollout.num_engines))
     engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
-    placement = create_placement(plan_bundles(engines_only, cfg.rollout, use_gpu=torch.cuda.is_available()))
+    plan = plan_bundles(engines_only, cfg.rollout, use_gpu=torch.cuda.is_available())
+    placement = create_placement(plan, beside="the user simulator's engines" if beside_simulator else "")
     try:
         async with RolloutPool(cfg.rollout, model_dir, cfg.model.dtype, placement, log_dir) as pool:
             yield pool
