@@ -10,11 +10,12 @@ command's.
 
 import argparse
 import multiprocessing
-import os
 import signal
 import subprocess
 import sys
 import time
+
+from userrl_megatron.cores import core_count
 
 
 def spin() -> None:
@@ -27,7 +28,9 @@ def spin() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="busy processes (default: one a core)")
+    parser.add_argument(
+        "--workers", type=int, default=core_count(), help="busy processes (default: one for each core this may use)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -38,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.workers)]
     for worker in workers:
         worker.start()
-    print(f"under_load: {len(workers)} busy processes on {os.cpu_count()} cores while running: {' '.join(command)}")
+    print(f"under_load: {len(workers)} busy processes on {core_count()} cores while running: {' '.join(command)}")
     start = time.monotonic()
     try:
         code = subprocess.call(command)
