@@ -40,4 +40,6 @@ activate_env() {
 # each srun step (Ray workers inherit them from the raylet).
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1 NCCL_CUMEM_ENABLE=0 TOKENIZERS_PARALLELISM=true
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+# Ray workers at the priority of `ray start`, not 15 nice levels below it (fleet/placement.py, RAY_ENVIRONMENT).
+export RAY_worker_niceness=${RAY_worker_niceness:-0}
 activate_env

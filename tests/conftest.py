@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from userrl_megatron.fleet.placement import ray_environment
 from userrl_megatron.megatron.cpu import stub_missing_kernels
 
 REPO = Path(__file__).resolve().parent.parent
@@ -16,7 +17,7 @@ DURATIONS = Path(__file__).with_name("durations.json")  # seconds per group, fro
 UNKNOWN_SLOW_S = 120.0  # a group not in DURATIONS holding a slow test: handed out among the long ones
 
 os.environ.setdefault("WANDB_SILENT", "true")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+ray_environment()  # the Ray instances tests start themselves get what the project's own do
 stub_missing_kernels()  # tests import Megatron's modules in this process: megatron.core importable without triton
 
 

@@ -19,7 +19,6 @@ the components; reported as `tensor` with `tensor_vs_distributed` = distributed 
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -127,7 +126,9 @@ def main() -> None:
     parser.add_argument("--method", choices=("distributed", "tensor", "both"), default="distributed")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from userrl_megatron.fleet.placement import ray_environment
+
+    ray_environment()
     methods = ["distributed", "tensor"] if args.method == "both" else [args.method]
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as scratch:

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from userrl_megatron.config import MegatronConfig, RolloutConfig
@@ -22,10 +24,15 @@ def test_ray_placement_pins_actors_to_their_bundles() -> None:
             def group(self) -> str | None:
                 return ray.get_runtime_context().get_placement_group_id()
 
+            def niceness(self) -> int:
+                return os.nice(0)
+
         actors = [Where.options(**placement.actor_options(r)).remote() for r in range(2)]
         engine = Where.options(**placement.engine_options(0)).remote()
         groups = ray.get([a.group.remote() for a in actors] + [engine.group.remote()])
         assert groups == [placement.group.id.hex()] * 3
+        # at the driver's priority, not Ray's default of 15 nice levels below it (RAY_ENVIRONMENT)
+        assert ray.get([a.niceness.remote() for a in [*actors, engine]]) == [os.nice(0)] * 3
         assert sorted(placement.plan.actor_bundles + placement.plan.engine_bundles) == [0, 1, 2]
     finally:
         ray.shutdown()

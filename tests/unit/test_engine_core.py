@@ -229,6 +229,40 @@ def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module, monkeypatch: pyte
     assert aborted.output_ids == expected[:4]  # the prefill's token and 3 decode steps
 
 
+def test_a_command_whose_caller_gave_up_is_skipped_and_the_running_requests_go_on(
+    engine: LocalEngine, hf: torch.nn.Module
+) -> None:
+    """A control call cancelled before the scheduler reaches it (its HTTP handler timed out or its client left) is
+    not run, and the requests decoding meanwhile finish as if nothing happened. Before, answering the cancelled
+    future raised inside the scheduler's step, which failed every running request (seen under load: a weight-name
+    check that timed out ended the rollout's requests)."""
+    scheduler, prompt = engine.core.scheduler, prompts(1, seed=5)[0]
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        release.wait(60)
+
+    async def scenario() -> tuple[object, list[int]]:
+        blocker = scheduler.call(hold)  # the scheduler thread waits in this command
+        assert await asyncio.to_thread(holding.wait, 60)
+        task = asyncio.ensure_future(engine.generate(prompt, GREEDY))
+        deadline = time.monotonic() + 60  # a bound on a hang, not a timing assertion
+        while scheduler.counts() != (0, 1):
+            assert time.monotonic() < deadline, "the request never reached the scheduler"
+            await asyncio.sleep(0.01)
+        ran: list[int] = []
+        given_up = scheduler.call(lambda: ran.append(1))
+        assert given_up.cancel()
+        release.set()  # next: the request is admitted and decoded, then the cancelled command comes up
+        await asyncio.wrap_future(blocker)
+        return await task, ran
+
+    done, ran = run(scenario())
+    assert ran == []
+    assert done.finish_reason == "length" and done.output_ids == hf_greedy(hf, prompt, GREEDY.max_new_tokens)
+
+
 def test_a_failing_forward_aborts_its_requests_and_the_engine_keeps_serving(
     engine: LocalEngine, hf: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -264,7 +264,7 @@ def test_the_name_check_tells_a_missing_weight_from_an_engine_that_did_not_answe
     from userrl_megatron.sync.sender import EngineEndpoint, UnknownWeightNameError, WeightNameCheckError
     from userrl_megatron.sync.tensor_sender import TensorSender
 
-    monkeypatch.setattr(sender_module, "CONTROL_TIMEOUT_S", 0.5)  # reached only by the engine that never answers
+    monkeypatch.setattr(sender_module, "NAME_CHECK_TIMEOUT_S", 0.5)  # reached only by the engine that never answers
     engine = _NameEngine({"a"}, hang=hang)
     sender = TensorSender(SyncConfig(), [EngineEndpoint("http://e:1")], client_factory=lambda url: engine)
     sender.connect()

@@ -20,6 +20,9 @@ from userrl_megatron.types import SamplingParams
 # How long one start-up health probe may wait: longer than a server's own health timeout (20 s, SGLang's and the
 # embedded server's default), so a server whose forward is slow on a busy machine still answers in time.
 HEALTH_PROBE_S = 60.0
+# One attempt at reading an engine's weights: a live engine answers, a busy one late (its scheduler first finishes the
+# step it is in, on a shared CPU at its share of a core); only a hang waits this long.
+READ_TIMEOUT_S = 600.0
 
 
 class EngineError(RuntimeError):
@@ -249,7 +252,7 @@ class SGLangClient:
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any]:
         payload = {"name": name, "truncate_size": truncate_size}
-        status, body = await self._request("POST", "/get_weights_by_name", payload, timeout_s=60)
+        status, body = await self._request("POST", "/get_weights_by_name", payload, timeout_s=READ_TIMEOUT_S)
         if status != 200:
             raise EngineError(f"/get_weights_by_name: {_message(body)} (HTTP {status})")
         return body

@@ -203,7 +203,8 @@ class Scheduler:
         with self._cond:
             commands, self._commands = list(self._commands), deque()
         for command in commands:
-            command.future.set_exception(RuntimeError("the engine has stopped"))
+            if command.future.set_running_or_notify_cancel():
+                command.future.set_exception(RuntimeError("the engine has stopped"))
 
     def _has_work(self) -> bool:
         if self._aborts or self._commands:
@@ -219,10 +220,14 @@ class Scheduler:
                 continue  # wait for the running requests to finish; new ones are not admitted meanwhile
             with self._cond:
                 self._commands.remove(command)
+            if not command.future.set_running_or_notify_cancel():
+                continue  # its caller gave up (a timeout, a closed connection): nothing to run or answer
             try:
-                command.future.set_result(command.fn())
+                result = command.fn()
             except Exception as e:
                 command.future.set_exception(e)
+            else:
+                command.future.set_result(result)
 
     def _fail_running(self, error: Exception) -> None:
         """End every running request with the engine error (500), keeping its partial output."""

@@ -43,7 +43,8 @@ T = TypeVar("T")
 READ_BACK_MAX_ELEMENTS = 2**24
 VOCAB_SIZED = ("embed_tokens", "lm_head", "word_embeddings", "output_layer")
 REFUSAL_GRACE_S = 30.0  # after a refusal, how long the other engines' replies to the same bucket are awaited
-CONTROL_TIMEOUT_S = 60.0  # deadline of the name checks and of the group teardown calls
+NAME_CHECK_TIMEOUT_S = 600.0  # a live engine answers a name check, a busy one late: only a hang waits this long
+CONTROL_TIMEOUT_S = 60.0  # deadline of the cleanup calls (session end, group teardown), whose failure is only logged
 _ABANDONED: list[Any] = []  # groups with a broadcast nobody will finish: destroying them would block on it
 
 
@@ -346,7 +347,7 @@ class WeightSender:
     def _check_name(self, name: str) -> None:
         """Every engine must know `name`: SGLang would accept an unknown one, bump its version and load nothing."""
         futures = [
-            self._loop.submit(asyncio.wait_for(c.get_weights_by_name(name, truncate_size=1), CONTROL_TIMEOUT_S))
+            self._loop.submit(asyncio.wait_for(c.get_weights_by_name(name, truncate_size=1), NAME_CHECK_TIMEOUT_S))
             for c in self._clients
         ]
         for engine, future in zip(self.engines, futures, strict=True):
@@ -354,7 +355,7 @@ class WeightSender:
                 future.result()
             except TimeoutError as e:  # a busy engine, not a missing weight
                 raise WeightNameCheckError(
-                    f"the engine at {engine.url} did not answer within {CONTROL_TIMEOUT_S:g}s whether it has a "
+                    f"the engine at {engine.url} did not answer within {NAME_CHECK_TIMEOUT_S:g}s whether it has a "
                     f"weight named {name!r}"
                 ) from e
             except Exception as e:

@@ -16,7 +16,6 @@ runs the driver; node k listens on 127.0.0.(k + 1), so every node has an address
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.fleet.launch import ProcessLaunch
-from userrl_megatron.fleet.placement import Placement, ip_key, plan_bundles, run_shape
+from userrl_megatron.fleet.placement import Placement, ip_key, plan_bundles, ray_environment, run_shape
 from userrl_megatron.fleet.pool import EngineProcess
 from userrl_megatron.trainer.workers import RankLaunch, SyncRole
 from userrl_megatron.types import EpisodeGroup, SamplingParams, Task
@@ -61,7 +60,7 @@ def simulated_cluster(nodes: int, gpus_per_node: int) -> Iterator[list[str]]:
     import ray
     from ray.cluster_utils import Cluster
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray_environment()
     node_args = {"num_cpus": gpus_per_node, "num_gpus": gpus_per_node, "object_store_memory": 80 * 2**20}
     # No idle workers started ahead of need: every process here is one the run asked for.
     system = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
