@@ -96,7 +96,7 @@ def test_a_killed_evaluation_resumes_from_its_cache(ray_cluster: object, chatty:
     command = [sys.executable, "-c", HELD_EVAL, "eval", "--model", str(chatty), "--out", str(out), *sampled]
     env = {**os.environ, "RAY_ADDRESS": ""}
     child = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0
     )
     cache = out / "cache.jsonl"
     deadline = time.monotonic() + DEADLINE_S

@@ -67,7 +67,7 @@ def test_a_run_never_attaches_to_a_cluster_it_was_not_given(tmp_path, monkeypatc
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     log = tmp_path / "head.log"
     with log.open("w") as out:
-        head = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        head = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
     try:
         deadline = time.monotonic() + 600  # a bound on the head's start-up, not a timing assertion
         while "Ray runtime started" not in log.read_text():  # poll the head's log

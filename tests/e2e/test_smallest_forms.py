@@ -65,7 +65,7 @@ def test_serve_with_only_the_model(tmp_path: Path) -> None:
             [sys.executable, "-m", "userrl_megatron", "serve", "--model", MODEL, "--port", "0"],
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            process_group=0,
         )
     try:
         deadline = time.monotonic() + 600  # a bound on waiting for start-up, not a timing assertion

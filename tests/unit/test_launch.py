@@ -14,7 +14,13 @@ import pytest
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
 from userrl_megatron.cores import core_count, cpu_list, usable_cores
 from userrl_megatron.fleet.engine import EngineError
-from userrl_megatron.fleet.launch import embedded_launch, embedded_server_command, launch_server
+from userrl_megatron.fleet.launch import (
+    ProcessLaunch,
+    embedded_launch,
+    embedded_server_command,
+    launch_server,
+    start_process,
+)
 from userrl_megatron.fleet.sglang import (
     KEY_ENTRY,
     SGLANG_VENV_PYTHON,
@@ -250,7 +256,7 @@ def test_watched_command_stops_when_its_launcher_is_gone() -> None:
     from userrl_megatron.fleet.launch import watched
 
     launcher = subprocess.Popen(["sleep", "1"])
-    server = subprocess.Popen(watched(["sleep", "600"], launcher.pid), start_new_session=True)
+    server = subprocess.Popen(watched(["sleep", "600"], launcher.pid), process_group=0)
     launcher.wait()  # gone (and reaped)
     assert server.wait(timeout=600) == 128 + 15  # the server got SIGTERM from the watchdog, which reports it
     assert watched(["x"], 7)[1:] == ["-m", "userrl_megatron.fleet.watchdog", "7", "--", "x"]
@@ -290,3 +296,13 @@ def test_key_entry_hands_over_any_key(tmp_path: Path, key: str) -> None:
     command = [sys.executable, str(KEY_ENTRY), "KEY_VAR", "takes_key", "--port", "7"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "7 True <redacted>\n"), done.stderr
+
+
+def test_a_server_has_a_process_group_of_its_own_in_the_launchers_session(tmp_path: Path) -> None:
+    """Stopped as one group, scheduled as part of the launcher's session (not an autogroup of its own)."""
+    server = start_process(ProcessLaunch(["sleep", "600"], {}, "http://127.0.0.1:9"), tmp_path / "server.log")
+    try:
+        assert os.getpgid(server.process.pid) == server.process.pid != os.getpgid(0)
+        assert os.getsid(server.process.pid) == os.getsid(0)
+    finally:
+        assert server.stop(timeout_s=60) == -15

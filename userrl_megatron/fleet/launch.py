@@ -117,7 +117,10 @@ def run_launch(launch: ProcessLaunch, timeout_s: float, log_path: Path | None = 
 
 
 def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> ServerProcess:
-    """Start `launch.command` in its own process group (stdout and stderr to `log_path`), without waiting."""
+    """Start `launch.command` in its own process group (stdout and stderr to `log_path`), without waiting. The group
+    is stopped as one (`ServerProcess.stop`); it stays in the launcher's session: Linux shares the CPU between
+    sessions first (autogroups), and a server in a session of its own got 0.2% of a core beside a busy process of
+    the launcher's (an engine then did not start within 300 s)."""
     if log_path is None:
         log_path = Path(tempfile.mkstemp(prefix="engine-", suffix=".log")[1])
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +133,7 @@ def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> Server
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **launch.env, **launch.secrets},
-            start_new_session=True,
+            process_group=0,
         )
     return ServerProcess(process, launch.url.rstrip("/"), log_path)
 
