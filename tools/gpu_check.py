@@ -145,9 +145,7 @@ def run_tests_gpu(device: str, paths: dict[str, Path], clock: Clock) -> Record:
         env["CUDA_VISIBLE_DEVICES"] = ""
     start = time.perf_counter()
     with open(paths["pytest_log"], "w") as sink:
-        process = subprocess.Popen(
-            command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env, process_group=0
-        )
+        process = subprocess.Popen(command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env, process_group=0)
         try:
             code = process.wait(timeout=budget)
         except subprocess.TimeoutExpired:

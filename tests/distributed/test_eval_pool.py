@@ -95,9 +95,7 @@ def test_a_killed_evaluation_resumes_from_its_cache(ray_cluster: object, chatty:
     sampled = [*SETTINGS, "--samples", "4", "--temperature", "1.0"]
     command = [sys.executable, "-c", HELD_EVAL, "eval", "--model", str(chatty), "--out", str(out), *sampled]
     env = {**os.environ, "RAY_ADDRESS": ""}
-    child = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0
-    )
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
     cache = out / "cache.jsonl"
     deadline = time.monotonic() + DEADLINE_S
     try:
