@@ -244,7 +244,7 @@ def check_run_gpus(shape: RunShape) -> None:
 # Ray runs its workers 15 nice levels below the process that started it, so that its raylet stays responsive when
 # workers saturate a node. A run's workers are the run (actor ranks, engine servers and the servers they launch, which
 # inherit it): at nice 15 they get about 3% of a core beside any process at normal priority (a build, a browser, another
-# job), and on a busy machine an engine took over 300 s to start. They run at the priority of the process that
+# job), and on a busy machine an actor rank took 3 minutes to start. They run at the priority of the process that
 # started Ray instead. The environment's own setting wins.
 RAY_ENVIRONMENT = {"RAY_AUTH_MODE": "disabled", "RAY_worker_niceness": "0"}
 
