@@ -272,7 +272,7 @@ def phase_offload(smoke: Smoke, r: Record) -> None:
 def phase_engine_start(smoke: Smoke, r: Record) -> None:
     from userrl_megatron.config.schema import EmbeddedServerConfig
     from userrl_megatron.fleet.launch import launch_embedded
-    from userrl_megatron.megatron.launch import free_port
+    from userrl_megatron.ports import free_port
 
     cfg = EmbeddedServerConfig(
         device=smoke.device,

@@ -292,7 +292,7 @@ def build_actor(model: Any, smoke: Smoke) -> Any:
     `parallel.initialize` (NCCL on CUDA, gloo and the CPU support on CPU; again: a new layout, same group)."""
     from userrl_megatron.config.schema import AlgoConfig
     from userrl_megatron.megatron import cpu, parallel
-    from userrl_megatron.megatron.launch import free_port
+    from userrl_megatron.ports import free_port
 
     cpu.stub_missing_kernels()  # megatron.core, imported with the actor, needs it without triton
     from userrl_megatron.megatron.actor import MegatronActor

@@ -14,12 +14,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.support.servers import free_port, push_weights
+from tests.support.servers import push_weights
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
 from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, launch_sglang
 from userrl_megatron.model_store import resolve_model
+from userrl_megatron.ports import free_port
 
 # Start-up took 60-110 s on 2 cores at load 12-16 (docs/benchmarks.md): the bound is for a hung server only.
 STARTUP_S = 1200.0

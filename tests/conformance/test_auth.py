@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from tests.conformance.conftest import SGLANG_CPU, STARTUP_S
-from tests.support.servers import free_port, http_call
+from tests.support.servers import http_call
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import EngineError, SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, launch_sglang
+from userrl_megatron.ports import free_port
 from userrl_megatron.server.core import EngineCore
 from userrl_megatron.server.http import build_app
 from userrl_megatron.types import SamplingParams

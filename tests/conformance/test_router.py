@@ -6,9 +6,9 @@ from typing import Any
 
 from tests.conformance.conftest import SGLANG_CPU, Engine
 from tests.conformance.test_generate import chat_ids, get, post
-from tests.support.servers import free_port
 from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.router import launch_router, list_workers
+from userrl_megatron.ports import free_port
 from userrl_megatron.types import SamplingParams
 
 

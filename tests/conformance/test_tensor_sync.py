@@ -17,10 +17,10 @@ import torch
 from tests.conformance.conftest import Engine, read_back, run
 from tests.conformance.test_generate import chat_ids
 from tests.support.engine_ref import hf_greedy
-from tests.support.servers import free_port
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.fleet.engine import EngineError, SGLangClient
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON
+from userrl_megatron.ports import free_port
 from userrl_megatron.sync.handles import decode_payload
 from userrl_megatron.sync.sender import EngineEndpoint, UnknownWeightNameError
 from userrl_megatron.sync.tensor_sender import TensorSender

@@ -12,9 +12,10 @@ import torch
 from tests.conformance.conftest import Engine, read_back, run
 from tests.conformance.test_generate import chat_ids
 from tests.support.engine_ref import hf_greedy
-from tests.support.servers import free_port, push_weights
+from tests.support.servers import push_weights
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.ports import free_port
 from userrl_megatron.sync.sender import EngineEndpoint, UnknownWeightNameError, WeightSender, WeightUpdateRefusedError
 from userrl_megatron.types import SamplingParams
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.distributed import hf_logprobs, max_abs_diff, random_batch
-from tests.support.servers import free_port
 from tests.support.tiny_models import make_tiny_model
+from userrl_megatron.ports import free_port
 from userrl_megatron.types import TrainBatch
 
 pytestmark = pytest.mark.distributed

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.support.chatty import make_chatty_model
-from tests.support.servers import free_port
 from userrl_megatron.cli import main
+from userrl_megatron.ports import free_port
 
 pytestmark = pytest.mark.distributed
 

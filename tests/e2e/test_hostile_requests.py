@@ -29,11 +29,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.support.engine_ref import hf_greedy
-from tests.support.servers import free_port, http_call, push_weights
+from tests.support.servers import http_call, push_weights
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
+from userrl_megatron.ports import free_port
 from userrl_megatron.server.core import EngineCore
 from userrl_megatron.server.http import serve
 

@@ -21,11 +21,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.support.engine_ref import hf_greedy, hf_logprobs
 from tests.support.payloads import plain_pickle
-from tests.support.servers import free_port, http_call, push_weights
+from tests.support.servers import http_call, push_weights
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import EngineError, SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
+from userrl_megatron.ports import free_port
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed

@@ -19,10 +19,10 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.engine_ref import hf_greedy
 from tests.support.payloads import plain_pickle
-from tests.support.servers import free_port
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
+from userrl_megatron.ports import free_port
 from userrl_megatron.server.core import EngineCore
 
 pytestmark = pytest.mark.distributed

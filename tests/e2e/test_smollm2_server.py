@@ -9,10 +9,10 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.support.engine_ref import hf_greedy, hf_logprobs
-from tests.support.servers import free_port
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.model_store import resolve_model
+from userrl_megatron.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

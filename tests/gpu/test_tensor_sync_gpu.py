@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.support.servers import free_port
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig, SyncConfig
 from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.launch import launch_embedded
+from userrl_megatron.ports import free_port
 from userrl_megatron.sync.sender import EngineEndpoint
 from userrl_megatron.sync.tensor_sender import TensorSender
 

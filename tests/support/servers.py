@@ -2,8 +2,6 @@
 
 import asyncio
 import json
-import random
-import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -12,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from userrl_megatron.fleet.engine import SGLangClient
+from userrl_megatron.ports import free_port
 from userrl_megatron.sync.bucket import dtype_name, pack_bucket
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 
@@ -37,26 +36,6 @@ def http_call(
         return status, json.loads(raw)
     except json.JSONDecodeError:
         return status, raw.decode(errors="replace")
-
-
-# Ports a test server may take: below the kernel's ephemeral range (32768-60999 by default), from which every
-# outgoing connection gets its local port, and above Ray's worker ports (10002-19999). A port from bind(0) is an
-# ephemeral one: a connection of the other pytest-xdist worker took one before its server bound it.
-TEST_PORTS = range(20000, 30000)
-_pick = random.SystemRandom()  # unaffected by tests that seed `random`
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago, drawn from `TEST_PORTS`."""
-    for _ in range(1000):
-        port = _pick.choice(TEST_PORTS)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {TEST_PORTS}")
 
 
 async def push_weights(

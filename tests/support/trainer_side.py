@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from tests.support.servers import free_port
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.fleet.engine import SGLangClient
+from userrl_megatron.ports import free_port
 from userrl_megatron.sync.sender import EngineEndpoint, WeightSender
 from userrl_megatron.sync.tensor_sender import TensorSender
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.support.servers import free_port
 from tests.support.tiny_models import MOE_FAMILY, make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import EngineError
 from userrl_megatron.fleet.launch import launch_embedded
+from userrl_megatron.ports import free_port
 from userrl_megatron.server.core import EngineCore
 from userrl_megatron.server.model import EngineModel
 from userrl_megatron.server.protocol import generate_response, parse_generate

@@ -19,7 +19,6 @@ import functools
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, run_api_key
 from userrl_megatron.fleet.engine import EngineError, Generation, SGLangClient
 from userrl_megatron.fleet.launch import ProcessLaunch
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
+from userrl_megatron.ports import free_port
 from userrl_megatron.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -97,12 +97,12 @@ class EngineServer:
 
         spec = self.launch
         if spec.nnodes > 1 and spec.node_rank == 0:
-            dist_init_addr = f"{ray.util.get_node_ip_address()}:{_free_port()}"
+            dist_init_addr = f"{ray.util.get_node_ip_address()}:{free_port()}"
             if not self.followers:
                 actor = _engine_server_actor()
                 self.followers = [actor.options(**options).remote(f) for options, f in spec.followers]
             ray.get([f.start.remote(dist_init_addr) for f in self.followers])
-        launch = self._process(spec.port or _free_port(), dist_init_addr)
+        launch = self._process(spec.port or free_port(), dist_init_addr)
         if spec.dry:
             here = EngineProcess(spec.index, spec.node_rank, ray.util.get_node_ip_address(), launch)
             followers = ray.get([f.records.remote() for f in self.followers])
@@ -295,11 +295,11 @@ class RolloutPool:
         key, key_env = self.api_key, self.cfg.api_key_env
         if self.dry:
             self.router_launch = router_launch(
-                self.cfg.sglang, urls, _free_port(), _free_port(), self.cfg.router_policy, key, key_env
+                self.cfg.sglang, urls, free_port(), free_port(), self.cfg.router_policy, key, key_env
             )
             return
         self.router = await asyncio.to_thread(
-            launch_router, self.cfg.sglang, urls, _free_port(), _free_port(), self.cfg.router_policy, log_path,
+            launch_router, self.cfg.sglang, urls, free_port(), free_port(), self.cfg.router_policy, log_path,
             api_key=key, api_key_env=key_env,
         )  # fmt: skip
         self.router_client = self._client(self.router.url)
@@ -645,9 +645,3 @@ def engine_threads(rollout: RolloutConfig) -> int:
 @functools.cache
 def _engine_server_actor() -> Any:
     return ray.remote(EngineServer)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

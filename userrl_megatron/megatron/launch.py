@@ -12,7 +12,6 @@ support, to unpickle).
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -21,17 +20,11 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from userrl_megatron.cores import core_count
+from userrl_megatron.ports import free_port
 
 
 class RankError(RuntimeError):
     """A rank of `run_local` raised or died."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(call: bytes, rank: int, world_size: int, port: int, threads: int, out: Any) -> None:

@@ -12,12 +12,12 @@ the same way up to `torch.distributed` and CUDA, and records what it would do th
 
 import logging
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from userrl_megatron.config.schema import AlgoConfig, CheckpointConfig, MegatronConfig, ModelConfig, SyncConfig
+from userrl_megatron.ports import free_port
 from userrl_megatron.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class MegatronWorker:
         """This node's IP and a free port on it (rank 0's become the master address)."""
         import ray
 
-        return ray.util.get_node_ip_address(), _free_port()
+        return ray.util.get_node_ip_address(), free_port("")
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, int]:
         """Join torch.distributed, build the model and optimizer, load the HF weights; returns the layout.
@@ -449,9 +449,3 @@ def _sync_device() -> str:
     import torch
 
     return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
