@@ -1,4 +1,4 @@
-"""Asynchronous rollout modes against `sync` on heavy-tailed multi-turn episodes, on CPU, in one run.
+"""Asynchronous rollout modes against `sync` on heavy-tailed multi-turn episodes, on CPU, over several seeds.
 
 A tiny Qwen3 policy (character tokenizer, warmed up to answer with a random letter of "abcd") learns EchoGym
 (alphabet "a", 3 turns, graded per-turn rewards) through the real `userrl train`: Ray, the Megatron actor, the
@@ -11,19 +11,36 @@ seeds and settings:
     one_step_off_os    one_step_off + partial rollouts + over-sampling (train on the first groups to finish
                        with signal; unfinished groups carry over and may lag 2 versions: max_staleness 2)
 
-Reported per mode: steps per hour (from the steps' wall time, `timing/step`), the reward curve
-(`rollout/reward_mean` per step), its final mean (last 3 steps); top level: `speedup` (best asynchronous
-mode's steps/hour over sync's) and `reward_gap` (that mode's final reward minus sync's).
+Every mode runs once per seed (seed-major order, so a drift in the machine's load touches all modes alike), from
+one warmed-up policy. A seed sets `run.seed` (task order, Megatron's RNG), `rollout.embedded.random_seed` (the
+engine's token sampling) and `gyms.echo.seed` (the user's reply delays). 24 steps by default: 12-step sync curves
+still rose at step 12 (~0.6 to ~1.9); `late_rise` in the report says whether they flattened by the end.
 
-    python tools/bench_async.py --quick --out bench_async.json    # a few minutes on 2 cores
-    python tools/bench_async.py --steps 20 --median 0.2 --p99 5
+Kept per mode and seed: the reward curve (`rollout/reward_mean` per step), each step's wall seconds
+(`timing/step`) and their running sum (the curve's wall clock, start-up excluded), steps/hour, the final reward
+(mean of the last 3 steps), the group counters. Reported from those (`compare`): a reward level, 0.9 x sync's
+mean final reward; per mode, the wall time at which each seed's smoothed reward (trailing mean of 3 steps) first
+reaches it, the smoothed reward at an equal wall time (the shortest run's total, which every run has reached),
+and summaries (mean, sample std, min, max) of these, of the final reward, of steps/hour and of `late_rise`. Top
+level: the fastest asynchronous mode by mean steps/hour, its `speedup` over sync, and the issue's two checks:
+`reaches_level_faster` (its median time to the level is below sync's; a seed that never reaches it counts as
+slower than any that does) and `final_reward_within_sync_spread` (its mean final reward lies within sync's
+[min, max] over seeds). A table of these ends the output.
+
+    python tools/bench_async.py --out bench_async.json            # 5 seeds x 3 modes x 24 steps: about an hour
+    python tools/bench_async.py --quick --out bench_async.json    # 2 seeds x 12 steps, a smoke run: ~15 min
+    python tools/bench_async.py --seed-list 1,2,3,4,5,6,7 --steps 30 --median 0.2 --p99 5
 """
 
 import argparse
+import itertools
 import json
+import math
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,79 +57,255 @@ MODES: dict[str, list[str]] = {
     ],
 }
 FINAL_STEPS = 3  # the final reward: the mean over this many last steps
+WINDOW = FINAL_STEPS  # smoothing window: the smoothed reward at the last step is the final reward
+LEVEL_FRACTION = 0.9  # the reward level: this share of sync's mean final reward
+LATE_STEPS = 6  # late_rise: the smoothed reward gained over this many last steps
+GROUP_COUNTERS = ("groups_started", "groups_used", "groups_carried", "groups_dropped")
 
 
-def run_mode(name: str, policy: Path, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One `userrl train` run of the mode; its figures from metrics.jsonl."""
-    from tests.support.tiny_run import LEARNING_SETTINGS, tiny_run, train
+def seed_overrides(seed: int) -> list[str]:
+    """What a seed changes: task order and Megatron's RNG, the engine's sampling, the user's delays."""
+    return [f"run.seed={seed}", f"rollout.embedded.random_seed={seed}", f"gyms.echo.seed={seed}"]
 
-    delay = [f"gyms.echo.reply_delay_median_s={args.median}", f"gyms.echo.reply_delay_p99_s={args.p99}"]
-    started = time.perf_counter()
-    overrides = [*tiny_run(policy, scratch, name, args.steps), *LEARNING_SETTINGS, *delay, *MODES[name]]
-    records = train(overrides, timeout_s=1800)
-    wall = time.perf_counter() - started
-    step_seconds = sum(r["timing/step"] for r in records)
-    rewards = [round(r["rollout/reward_mean"], 4) for r in records]
+
+def run_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One run's figures from its metrics.jsonl records (one per step, in order)."""
+    rewards = [r["rollout/reward_mean"] for r in records]
+    step_seconds = [r["timing/step"] for r in records]
+    elapsed = list(itertools.accumulate(step_seconds))
     out: dict[str, Any] = {
-        "overrides": MODES[name],
         "steps": len(records),
-        "step_seconds": round(step_seconds, 3),
-        "steps_per_hour": round(3600 * len(records) / step_seconds, 1),
-        "run_seconds": round(wall, 1),  # start-up included
-        "rollout_seconds_mean": round(sum(r["timing/rollout"] for r in records) / len(records), 3),
-        "train_seconds_mean": round(sum(r.get("timing/train", 0.0) for r in records) / len(records), 3),
         "reward_curve": rewards,
-        "final_reward": round(sum(rewards[-FINAL_STEPS:]) / len(rewards[-FINAL_STEPS:]), 4),
+        "step_seconds": step_seconds,
+        "elapsed_seconds": elapsed,
+        "steps_per_hour": 3600 * len(records) / elapsed[-1],
+        "final_reward": statistics.fmean(rewards[-FINAL_STEPS:]),
+        "rollout_seconds_mean": statistics.fmean(r["timing/rollout"] for r in records),
+        "train_seconds_mean": statistics.fmean(r.get("timing/train", 0.0) for r in records),
     }
     stale = [r["rollout/staleness_max"] for r in records if "rollout/staleness_max" in r]
     if stale:
         out["staleness_max"] = max(stale)
-    for key in ("groups_started", "groups_used", "groups_carried", "groups_dropped"):
+    for key in GROUP_COUNTERS:
         values = [r[f"rollout/{key}"] for r in records if f"rollout/{key}" in r]
-        if values:
-            out[key] = sum(values) if key != "groups_carried" else values[-1]
+        if values:  # groups_carried is a level (what is in flight), the others count per step
+            out[key] = values[-1] if key == "groups_carried" else sum(values)
     out["stale_groups_dropped"] = sum(r.get("batch/stale_groups", 0.0) for r in records)
     return out
 
 
+def smoothed(curve: Sequence[float], window: int = WINDOW) -> list[float]:
+    """Trailing moving average (the first steps average what there is), so one lucky step reaches no level."""
+    return [statistics.fmean(curve[max(0, i + 1 - window) : i + 1]) for i in range(len(curve))]
+
+
+def time_to_level(curve: Sequence[float], elapsed: Sequence[float], level: float, window: int = WINDOW) -> float | None:
+    """Wall seconds at the first step whose smoothed reward is >= level; None if none is."""
+    return next((t for t, r in zip(elapsed, smoothed(curve, window), strict=True) if r >= level), None)
+
+
+def reward_at(curve: Sequence[float], elapsed: Sequence[float], t: float, window: int = WINDOW) -> float | None:
+    """The smoothed reward at the last step finished by wall time t; None if no step was."""
+    done = [r for e, r in zip(elapsed, smoothed(curve, window), strict=True) if e <= t]
+    return done[-1] if done else None
+
+
+def late_rise(curve: Sequence[float], steps: int = LATE_STEPS, window: int = WINDOW) -> float | None:
+    """Smoothed reward gained over the last `steps` steps (near 0: flattened); None if the curve is too short."""
+    if len(curve) <= steps:
+        return None
+    s = smoothed(curve, window)
+    return s[-1] - s[-1 - steps]
+
+
+def summary(values: Sequence[float | None]) -> dict[str, Any]:
+    """Mean, sample std (None below 2 values), min, max and count of the values that are not None; `missing`
+    counts the Nones (e.g. seeds that never reached a level)."""
+    known = [v for v in values if v is not None]
+    return {
+        "mean": statistics.fmean(known) if known else None,
+        "std": statistics.stdev(known) if len(known) > 1 else None,
+        "min": min(known, default=None),
+        "max": max(known, default=None),
+        "n": len(known),
+        "missing": len(values) - len(known),
+    }
+
+
+def median_time(times: Sequence[float | None]) -> float | None:
+    """Median over seeds, a None (never reached) counting as slower than any time; None if the median is one."""
+    median = statistics.median([math.inf if t is None else t for t in times])
+    return None if math.isinf(median) else median
+
+
+def faster(median: float | None, than: float | None) -> bool:
+    """Whether a median time to the level beats another; never reaching it (None) beats nothing."""
+    return median is not None and (than is None or median < than)
+
+
+def mode_report(runs: Sequence[dict[str, Any]], level: float, equal_time: float, window: int) -> dict[str, Any]:
+    """One mode's figures over its seeds: per seed, then summarised."""
+    times = [time_to_level(r["reward_curve"], r["elapsed_seconds"], level, window) for r in runs]
+    at_equal_time = [reward_at(r["reward_curve"], r["elapsed_seconds"], equal_time, window) for r in runs]
+    return {
+        "seeds": [r["seed"] for r in runs],
+        "time_to_level_s": times,
+        "time_to_level": summary(times),
+        "time_to_level_median_s": median_time(times),
+        "reached_level": sum(t is not None for t in times),
+        "reward_at_equal_time": at_equal_time,
+        "reward_at_equal_time_summary": summary(at_equal_time),
+        "final_reward": summary([r["final_reward"] for r in runs]),
+        "steps_per_hour": summary([r["steps_per_hour"] for r in runs]),
+        "late_rise": summary([late_rise(r["reward_curve"], window=window) for r in runs]),
+    }
+
+
+def compare(
+    runs: dict[str, list[dict[str, Any]]], level_fraction: float = LEVEL_FRACTION, window: int = WINDOW
+) -> dict[str, Any]:
+    """The comparison of the modes' runs (mode -> one run_figures dict per seed, with its `seed`; sync included).
+
+    The equal wall time is the smallest total over all runs: every run has a curve up to it, so none is judged
+    past its end."""
+    level = level_fraction * statistics.fmean(r["final_reward"] for r in runs["sync"])
+    equal_time = min(r["elapsed_seconds"][-1] for mode_runs in runs.values() for r in mode_runs)
+    modes = {name: mode_report(mode_runs, level, equal_time, window) for name, mode_runs in runs.items()}
+    out: dict[str, Any] = {
+        "level_fraction": level_fraction,
+        "level": level,
+        "window": window,
+        "equal_time_s": equal_time,
+        "modes": modes,
+    }
+    asynchronous = [name for name in runs if name != "sync"]
+    if not asynchronous:
+        return out
+    best = max(asynchronous, key=lambda name: modes[name]["steps_per_hour"]["mean"])
+    base, fast = modes["sync"], modes[best]
+    return out | {
+        "best_async_mode": best,
+        "speedup": fast["steps_per_hour"]["mean"] / base["steps_per_hour"]["mean"],
+        "reward_gap": fast["final_reward"]["mean"] - base["final_reward"]["mean"],
+        "reaches_level_faster": faster(fast["time_to_level_median_s"], base["time_to_level_median_s"]),
+        "final_reward_within_sync_spread": (
+            base["final_reward"]["min"] <= fast["final_reward"]["mean"] <= base["final_reward"]["max"]
+        ),
+    }
+
+
+def rounded(value: Any, digits: int = 4) -> Any:
+    """The value with every float rounded, for a readable JSON."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
+def _spread(s: dict[str, Any], form: str) -> str:
+    """`mean ± std` of a summary ("-" for what is undefined)."""
+    mean = "-" if s["mean"] is None else format(s["mean"], form)
+    return mean if s["std"] is None else f"{mean} ± {s['std']:{form}}"
+
+
+def table(comparison: dict[str, Any]) -> str:
+    """The comparison as a few lines of text."""
+    c = comparison
+    columns = ("mode", "steps/h", "final reward", "[min, max]", "s to level", "reached", "reward at t", "late rise")
+    widths = (14, 16, 16, 12, 9, 16, 16)  # of the columns after the mode's
+    rows = [columns]
+    for name, m in c["modes"].items():
+        final, median = m["final_reward"], m["time_to_level_median_s"]
+        rows.append(
+            (
+                name,
+                _spread(m["steps_per_hour"], ".0f"),
+                _spread(final, ".3f"),
+                f"[{final['min']:.3f}, {final['max']:.3f}]",
+                "-" if median is None else f"{median:.0f}",
+                f"{m['reached_level']}/{len(m['seeds'])}",
+                _spread(m["reward_at_equal_time_summary"], ".3f"),
+                _spread(m["late_rise"], ".3f"),
+            )
+        )
+    lines = [
+        f"level {c['level']:.3f} ({c['level_fraction']} x sync's mean final reward), smoothed over "
+        f"{c['window']} steps; equal wall time t = {c['equal_time_s']:.1f} s; s to level: median over seeds",
+        *(f"{row[0]:<17}" + "".join(f"{cell:>{w}}" for cell, w in zip(row[1:], widths, strict=True)) for row in rows),
+    ]
+    if "best_async_mode" in c:
+        lines.append(
+            f"fastest async mode {c['best_async_mode']}: {c['speedup']:.2f}x sync's steps/h; reaches the level "
+            f"faster (median): {c['reaches_level_faster']}; mean final reward within sync's [min, max]: "
+            f"{c['final_reward_within_sync_spread']}"
+        )
+    return "\n".join(lines)
+
+
+def run_mode(name: str, seed: int, policy: Path, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One `userrl train` run of the mode with this seed; its figures from metrics.jsonl."""
+    from tests.support.tiny_run import LEARNING_SETTINGS, tiny_run, train
+
+    delay = [f"gyms.echo.reply_delay_median_s={args.median}", f"gyms.echo.reply_delay_p99_s={args.p99}"]
+    run = tiny_run(policy, scratch, f"{name}-seed{seed}", args.steps)
+    # LEARNING_SETTINGS pins run.seed: the seed's overrides come after it (later overrides win).
+    overrides = [*run, *LEARNING_SETTINGS, *delay, *MODES[name], *seed_overrides(seed)]
+    started = time.perf_counter()
+    records = train(overrides, timeout_s=max(1800, 120 * args.steps))
+    return {"seed": seed, **run_figures(records), "run_seconds": time.perf_counter() - started}  # start-up included
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=20, help="RL steps per mode")
+    p.add_argument("--steps", type=int, default=24, help="RL steps per run")
+    p.add_argument("--seeds", type=int, default=0, help="runs per mode, seeds 1..N (default 5, --quick 2)")
+    p.add_argument("--seed-list", default="", help="comma-separated seeds (instead of --seeds)")
     p.add_argument("--median", type=float, default=0.2, help="median user reply delay, seconds")
     p.add_argument("--p99", type=float, default=5.0, help="99th percentile of the user reply delay, seconds")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
-    p.add_argument("--quick", action="store_true", help="12 steps per mode (a few minutes on 2 cores)")
+    p.add_argument("--level-fraction", type=float, default=LEVEL_FRACTION, help="the level: x sync's final reward")
+    p.add_argument("--quick", action="store_true", help="12 steps, 2 seeds unless --seeds: a smoke run, not a verdict")
     p.add_argument("--out", default="", help="write the JSON here too")
     args = p.parse_args()
     if args.quick:
         args.steps = 12
+    count = args.seeds or (2 if args.quick else 5)
+    seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(1, count + 1))
+    if not seeds or len(set(seeds)) < len(seeds):
+        raise SystemExit(f"--seed-list: distinct seeds, got {seeds} (a run's name carries its seed)")
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
     if unknown or "sync" not in modes:
         raise SystemExit(f"--modes: {unknown or 'sync is missing'}; choose from {', '.join(MODES)} (sync included)")
+    if args.steps < FINAL_STEPS:
+        raise SystemExit(f"--steps: at least {FINAL_STEPS} (the final reward is the mean of the last {FINAL_STEPS})")
     from tests.support.tiny_run import learning_policy
 
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         policy = learning_policy(scratch)
-        results = {}
-        for name in modes:
-            results[name] = run_mode(name, policy, scratch, args)
-            print(f"{name}: {json.dumps(results[name])}", flush=True)
-    base = results["sync"]
-    best = max((m for m in modes if m != "sync"), key=lambda m: results[m]["steps_per_hour"], default=None)
-    report: dict[str, Any] = {
-        "settings": {"steps": args.steps, "reply_delay_median_s": args.median, "reply_delay_p99_s": args.p99},
-        "modes": results,
+        for seed in seeds:
+            for name in modes:
+                runs[name].append(run_mode(name, seed, policy, scratch, args))
+                print(f"{name} seed {seed}: {json.dumps(rounded(runs[name][-1]))}", flush=True)
+    settings = {
+        "steps": args.steps,
+        "seeds": seeds,
+        "reply_delay_median_s": args.median,
+        "reply_delay_p99_s": args.p99,
+        "overrides": {name: MODES[name] for name in modes},
     }
-    if best is not None:
-        report["best_async_mode"] = best
-        report["speedup"] = round(results[best]["steps_per_hour"] / base["steps_per_hour"], 3)
-        report["reward_gap"] = round(results[best]["final_reward"] - base["final_reward"], 4)
+    comparison = compare(runs, args.level_fraction)
+    report = rounded({"settings": settings, "runs": runs, **comparison})
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+    print(table(comparison))
 
 
 if __name__ == "__main__":
