@@ -24,8 +24,8 @@ reaches it, the smoothed reward at an equal wall time (the shortest run's total,
 and summaries (mean, sample std, min, max) of these, of the final reward, of steps/hour and of `late_rise`. Top
 level: the fastest asynchronous mode by mean steps/hour, its `speedup` over sync, and the issue's two checks:
 `reaches_level_faster` (its median time to the level is below sync's; a seed that never reaches it counts as
-slower than any that does) and `final_reward_within_sync_spread` (its mean final reward lies within sync's
-[min, max] over seeds). A table of these ends the output.
+slower than any that does) and `final_reward_within_sync_spread` (its mean final reward is not below sync's
+worst seed: within sync's spread, or above it). A table of these ends the output.
 
     python tools/bench_async.py --out bench_async.json            # 5 seeds x 3 modes x 24 steps: about an hour
     python tools/bench_async.py --quick --out bench_async.json    # 2 seeds x 12 steps, a smoke run: ~15 min
@@ -188,9 +188,7 @@ def compare(
         "speedup": fast["steps_per_hour"]["mean"] / base["steps_per_hour"]["mean"],
         "reward_gap": fast["final_reward"]["mean"] - base["final_reward"]["mean"],
         "reaches_level_faster": faster(fast["time_to_level_median_s"], base["time_to_level_median_s"]),
-        "final_reward_within_sync_spread": (
-            base["final_reward"]["min"] <= fast["final_reward"]["mean"] <= base["final_reward"]["max"]
-        ),
+        "final_reward_within_sync_spread": fast["final_reward"]["mean"] >= base["final_reward"]["min"],
     }
 
 
@@ -239,7 +237,7 @@ def table(comparison: dict[str, Any]) -> str:
     if "best_async_mode" in c:
         lines.append(
             f"fastest async mode {c['best_async_mode']}: {c['speedup']:.2f}x sync's steps/h; reaches the level "
-            f"faster (median): {c['reaches_level_faster']}; mean final reward within sync's [min, max]: "
+            f"faster (median): {c['reaches_level_faster']}; mean final reward not below sync's worst seed: "
             f"{c['final_reward_within_sync_spread']}"
         )
     return "\n".join(lines)

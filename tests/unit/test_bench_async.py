@@ -135,6 +135,8 @@ def test_the_report_when_the_fast_mode_is_done() -> None:
     assert report["speedup"] == 2.5 and report["reward_gap"] == -0.5
     assert report["reaches_level_faster"] is True
     assert report["final_reward_within_sync_spread"] is True  # sync's min included
+    better = [run(1, [3.0] * 4, [4.0] * 4), run(2, [4.0] * 4, [4.0] * 4)]  # above sync's best seed: not worse
+    assert bench.compare({"sync": SYNC, "fast": better})["final_reward_within_sync_spread"] is True
     text = bench.table(report)
     assert "fastest async mode fast: 2.50x" in text and all(m in text for m in ("sync", "fast", "slow"))
 
