@@ -1,16 +1,16 @@
-"""`userrl train` killed mid-run (SIGKILL) and started again resumes from its latest checkpoint: it loses at
-most the step in flight, continues the task stream where it stopped (with the tasks of the groups over-sampling
-carried), and ends with the full set of steps."""
+"""`userrl train` killed mid-run (SIGKILL to it and every process it started) and started again resumes from
+its latest checkpoint: it loses at most the step in flight, continues the task stream where it stopped (with the
+tasks of the groups over-sampling carried), and ends with the full set of steps."""
 
+import contextlib
 import json
-import os
-import signal
 import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.support.tiny_models import make_tiny_model
@@ -75,8 +75,7 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
         assert first.poll() is None, f"the run ended before it could be interrupted:\n{log.read_text()[-4000:]}"
         assert time.monotonic() < deadline, f"3 steps not done within {RUN_TIMEOUT_S:.0f} s"
         time.sleep(0.2)
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
+    _kill_tree(first)
     done_before = logged_steps(run)
     saved = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert saved >= done_before[-1]  # a step is logged only after its checkpoint
@@ -102,6 +101,20 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
         assert sorted({r["task_id"] for r in dump}) == sorted(set(expected)), step
         # one record an episode: a step the killed run had begun holds the resumed run's episodes only
         assert len(dump) == cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt, step
+
+
+def _kill_tree(command: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `command` and every process it started (Ray's, the actor rank, the engine server) at once, as a lost
+    node would, and wait until all are gone. Killing the command alone left its actor rank alive long enough to
+    finish the checkpoint it was writing and move `latest` after the test had read it."""
+    root = psutil.Process(command.pid)
+    processes = [*root.children(recursive=True), root]
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    command.wait()
+    _, alive = psutil.wait_procs(processes, timeout=RUN_TIMEOUT_S)
+    assert not alive, f"still running after SIGKILL: {alive}"
 
 
 def _tasks_state(run: Path, step: int) -> dict[str, Any]:
