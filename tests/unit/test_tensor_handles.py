@@ -18,6 +18,7 @@ import torch.multiprocessing.reductions as reductions
 
 from tests.support.payloads import plain_pickle
 from userrl_megatron.config.schema import SyncConfig
+from userrl_megatron.sync import handles
 from userrl_megatron.sync.handles import decode_payload, flattened_bucket, serialize
 from userrl_megatron.sync.sender import _Packer
 from userrl_megatron.sync.tensor_sender import SharedBuffer, bucket_entries
@@ -281,3 +282,54 @@ def test_the_name_check_tells_a_missing_weight_from_an_engine_that_did_not_answe
     else:
         assert str(raised.value).startswith("the engine at http://e:1 has no weight named 'b' (/get_weights_by_name: ")
     assert engine.ended == 1  # the failed push closed the engine's weight-update session
+
+
+LATE = RuntimeError("Shared memory manager connection has timed out\nException raised from recv at socket.h:67")
+
+
+def test_a_late_shared_memory_manager_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libshm gives torch's shared-memory manager 1 s to answer; a busy machine misses it (a colocated run failed
+    its push under load): the bucket is taken again, and the engine side maps it again, until the manager answers."""
+    real = torch.UntypedStorage._new_using_filename_cpu
+    answers = iter([LATE, LATE])
+
+    def late_then_real(nbytes: int) -> torch.UntypedStorage:
+        failure = next(answers, None)
+        if failure is not None:
+            raise failure
+        return real(nbytes)
+
+    monkeypatch.setattr(torch.UntypedStorage, "_new_using_filename_cpu", late_then_real)
+    bucket = SharedBuffer().take(64)
+    assert bucket.numel() == 64 and next(answers, "used") == "used"
+    bucket[:] = 7
+    payload = serialize([("w", bucket)])
+
+    rebuild = reductions.rebuild_storage_filename
+    tries = iter([LATE])
+
+    def late_rebuild(*args: object) -> object:
+        failure = next(tries, None)
+        if failure is not None:
+            raise failure
+        return rebuild(*args)
+
+    monkeypatch.setattr(reductions, "rebuild_storage_filename", late_rebuild)
+    [(name, mapped)] = decode_payload([payload], None)
+    assert name == "w" and torch.equal(mapped, bucket) and next(tries, "used") == "used"
+
+
+def test_other_failures_and_a_hung_manager_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def fail(error: Exception) -> None:
+        calls.append(1)
+        raise error
+
+    with pytest.raises(RuntimeError, match=r"^unable to open shared memory object$"):
+        handles.through_shm_manager(lambda: fail(RuntimeError("unable to open shared memory object")))
+    assert len(calls) == 1
+    monkeypatch.setattr(handles, "SHM_MANAGER_WAIT_S", 0.0)
+    with pytest.raises(RuntimeError, match=r"^Shared memory manager connection has timed out"):
+        handles.through_shm_manager(lambda: fail(LATE))
+    assert len(calls) == 2

@@ -30,19 +30,24 @@ import collections
 import copyreg
 import functools
 import io
+import logging
 import math
 import pickle
 import re
+import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.multiprocessing.reductions as reductions
 
 from userrl_megatron.sync.bucket import BucketEntry
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LOAD_FORMATS = (None, "direct", "flattened_bucket")
 CUDA_DEVICE_ARG = 6  # position of the device index in the arguments of torch's `rebuild_cuda_tensor`
@@ -242,7 +247,26 @@ def _rebuild_storage_filename(
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise pickle.UnpicklingError(f"not a dtype: {dtype!r}")
     budget.storage(size if dtype is None or type(size) is not int else size * dtype.itemsize)
-    return reductions.rebuild_storage_filename(cls, manager, handle, size, dtype)
+    return through_shm_manager(lambda: reductions.rebuild_storage_filename(cls, manager, handle, size, dtype))
+
+
+SHM_MANAGER_LATE = "Shared memory manager connection has timed out"
+SHM_MANAGER_WAIT_S = 600.0  # only a hang makes torch's shared-memory manager this late
+
+
+def through_shm_manager(call: Callable[[], T]) -> T:
+    """`call()`, which creates or maps a shared-memory file registered with torch's shared-memory manager, tried
+    again while the manager answers late. libshm waits 1 s for the manager's answer (hard-coded), which a busy
+    machine misses; the registration still lands (the manager reads its socket in order), and nothing was
+    created or mapped when it raises, so the call can be repeated."""
+    deadline = time.monotonic() + SHM_MANAGER_WAIT_S
+    while True:
+        try:
+            return call()
+        except RuntimeError as e:
+            if SHM_MANAGER_LATE not in str(e) or time.monotonic() >= deadline:
+                raise
+            log.warning("torch's shared-memory manager answered after its 1 s timeout: trying again")
 
 
 def _rebuild_storage_empty(cls: Any) -> torch.UntypedStorage | torch.TypedStorage:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync.bucket import BucketEntry
-from userrl_megatron.sync.handles import flattened_bucket, serialize
+from userrl_megatron.sync.handles import flattened_bucket, serialize, through_shm_manager
 from userrl_megatron.sync.roles import payload_holders
 from userrl_megatron.sync.sender import (
     REFUSAL_GRACE_S,
@@ -62,7 +62,7 @@ class SharedBuffer:
     def take(self, nbytes: int) -> torch.Tensor:
         """A new uint8 tensor of `nbytes` bytes (contents undefined)."""
         if self.device.type == "cpu":
-            storage = torch.UntypedStorage._new_using_filename_cpu(nbytes)
+            storage = through_shm_manager(lambda: torch.UntypedStorage._new_using_filename_cpu(nbytes))
             return torch.empty(0, dtype=torch.uint8).set_(storage)
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
