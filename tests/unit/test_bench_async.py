@@ -184,3 +184,26 @@ def test_main_runs_every_mode_per_seed_and_keeps_every_curve(
     assert len(report["runs"]["one_step_off_os"][1]["reward_curve"]) == 12
     assert report["best_async_mode"] == "one_step_off_os" and report["speedup"] == 2.5
     assert capsys.readouterr().out.splitlines()[-1].startswith("fastest async mode one_step_off_os: 2.50x")
+
+
+def test_a_step_without_rollout_statistics_has_no_reward_and_every_figure_skips_it() -> None:
+    """A step trained entirely on groups carried from earlier steps logs no rollout/reward_mean."""
+    records: list[dict[str, Any]] = [{"timing/step": 10.0, "timing/rollout": 1.0} for _ in range(5)]
+    for record, reward in zip(records, [1.0, None, 3.0, None, 5.0], strict=True):
+        if reward is not None:
+            record["rollout/reward_mean"] = reward
+    figures = bench.run_figures(records)
+    curve, elapsed = figures["reward_curve"], figures["elapsed_seconds"]
+    assert curve == [1.0, None, 3.0, None, 5.0]
+    assert figures["final_reward"] == 4.0  # the known rewards of the last 3 steps
+    assert bench.smoothed(curve, window=3) == [1.0, 1.0, 2.0, 3.0, 4.0]
+    assert bench.smoothed([None, None, 2.0], window=2) == [None, None, 2.0]
+    assert bench.time_to_level(curve, elapsed, 3.0, window=3) == 40.0
+    assert bench.time_to_level([None, None], [1.0, 2.0], 0.0, window=1) is None
+    assert bench.reward_at([2.0, None], [10.0, 20.0], 25.0, window=1) == 2.0  # the last step that has one
+    assert bench.reward_at([None, 2.0], [10.0, 20.0], 15.0, window=1) is None
+    assert bench.late_rise([0.0, 1.0, None, 3.0], steps=3, window=1) == 3.0
+    assert bench.late_rise([None, 1.0, 2.0, 3.0], steps=3, window=1) is None
+    report = bench.compare({"sync": SYNC, "gappy": [{"seed": 1, **figures}]}, level_fraction=0.5, window=3)
+    assert report["modes"]["gappy"]["time_to_level_s"] == [30.0]  # smoothed 2.0 at step 3 reaches 1.25
+    assert report["modes"]["gappy"]["final_reward"]["mean"] == 4.0 and "gappy" in bench.table(report)
