@@ -28,15 +28,23 @@ two checks: `reaches_level_faster` (its median time to the level is below sync's
 counts as slower than any that does) and `final_reward_within_sync_spread` (its mean final reward is not below
 sync's worst seed: within sync's spread, or above it). A table of these ends the output.
 
+`--keep DIR` keeps every run's directory, DIR/<mode>-seed<N>/, to diagnose a run afterwards: config.yaml, run.log,
+metrics.jsonl (every metric of every step, not only the figures above), the engines' logs and a rollout dump of
+every step with every episode that finished in it (rollouts/step_N.jsonl: its group, and per turn its tokens,
+reward and weight version). The final checkpoint is removed once a run finishes (it adds nothing to a
+diagnosis; a run that fails keeps it). Writing the dumps adds a little to each step's time.
+
     python tools/bench_async.py --out bench_async.json            # 5 seeds x 3 modes x 24 steps: about an hour
     python tools/bench_async.py --quick --out bench_async.json    # 2 seeds x 12 steps, a smoke run: ~15 min
     python tools/bench_async.py --seed-list 1,2,3,4,5,6,7 --steps 30 --median 0.2 --p99 5
+    python tools/bench_async.py --seed-list 3 --modes sync,one_step_off_os --keep runs/bench_async
 """
 
 import argparse
 import itertools
 import json
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -62,11 +70,17 @@ WINDOW = FINAL_STEPS  # smoothing window: the smoothed reward at the last step i
 LEVEL_FRACTION = 0.9  # the reward level: this share of sync's mean final reward
 LATE_STEPS = 6  # late_rise: the smoothed reward gained over this many last steps
 GROUP_COUNTERS = ("groups_started", "groups_used", "groups_carried", "groups_dropped")
+DUMP_ALL = 1_000_000  # logging.rollout_dump_count with --keep: more episodes than a step ever finishes
 
 
 def seed_overrides(seed: int) -> list[str]:
     """What a seed changes: task order and Megatron's RNG, the engine's sampling, the user's delays."""
     return [f"run.seed={seed}", f"rollout.embedded.random_seed={seed}", f"gyms.echo.seed={seed}"]
+
+
+def run_name(mode: str, seed: int) -> str:
+    """A run's `run.name`, and its folder under --keep."""
+    return f"{mode}-seed{seed}"
 
 
 def run_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -258,16 +272,23 @@ def table(comparison: dict[str, Any]) -> str:
 
 
 def run_mode(name: str, seed: int, policy: Path, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One `userrl train` run of the mode with this seed; its figures from metrics.jsonl."""
+    """One `userrl train` run of the mode with this seed (in --keep's folder, with every step's rollout dump, or
+    in `scratch`); its figures from metrics.jsonl."""
     from tests.support.tiny_run import LEARNING_SETTINGS, tiny_run, train
 
     delay = [f"gyms.echo.reply_delay_median_s={args.median}", f"gyms.echo.reply_delay_p99_s={args.p99}"]
-    run = tiny_run(policy, scratch, f"{name}-seed{seed}", args.steps)
-    # LEARNING_SETTINGS pins run.seed: the seed's overrides come after it (later overrides win).
-    overrides = [*run, *LEARNING_SETTINGS, *delay, *MODES[name], *seed_overrides(seed)]
+    out = Path(args.keep) if args.keep else scratch
+    run = tiny_run(policy, out, run_name(name, seed), args.steps)
+    dumps = ["logging.rollout_dump_every=1", f"logging.rollout_dump_count={DUMP_ALL}"] if args.keep else []
+    # LEARNING_SETTINGS pins run.seed and turns the dumps off: the seed's and --keep's overrides come after it
+    # (later overrides win).
+    overrides = [*run, *LEARNING_SETTINGS, *delay, *MODES[name], *seed_overrides(seed), *dumps]
     started = time.perf_counter()
     records = train(overrides, timeout_s=max(1800, 120 * args.steps))
-    return {"seed": seed, **run_figures(records), "run_seconds": time.perf_counter() - started}  # start-up included
+    seconds = time.perf_counter() - started  # start-up included
+    if args.keep:
+        shutil.rmtree(out / run_name(name, seed) / "checkpoints", ignore_errors=True)
+    return {"seed": seed, **run_figures(records), "run_seconds": seconds}
 
 
 def main() -> None:
@@ -281,6 +302,7 @@ def main() -> None:
     p.add_argument("--level-fraction", type=float, default=LEVEL_FRACTION, help="the level: x sync's final reward")
     p.add_argument("--quick", action="store_true", help="12 steps, 2 seeds unless --seeds: a smoke run, not a verdict")
     p.add_argument("--out", default="", help="write the JSON here too")
+    p.add_argument("--keep", default="", help="keep every run's directory (with a rollout dump of every step) here")
     args = p.parse_args()
     if args.quick:
         args.steps = 12
@@ -294,6 +316,10 @@ def main() -> None:
         raise SystemExit(f"--modes: {unknown or 'sync is missing'}; choose from {', '.join(MODES)} (sync included)")
     if args.steps < FINAL_STEPS:
         raise SystemExit(f"--steps: at least {FINAL_STEPS} (the final reward is the mean of the last {FINAL_STEPS})")
+    if args.keep:
+        taken = [run_name(m, s) for s in seeds for m in modes if (Path(args.keep) / run_name(m, s)).exists()]
+        if taken:
+            raise SystemExit(f"--keep: {args.keep} already holds {', '.join(taken)} (a run there would add to it)")
     from tests.support.tiny_run import learning_policy
 
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}

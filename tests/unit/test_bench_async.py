@@ -1,5 +1,6 @@
 """tools/bench_async.py's analysis: smoothing, time to a reward level, reward at equal wall time, the report."""
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -207,3 +208,43 @@ def test_a_step_without_rollout_statistics_has_no_reward_and_every_figure_skips_
     report = bench.compare({"sync": SYNC, "gappy": [{"seed": 1, **figures}]}, level_fraction=0.5, window=3)
     assert report["modes"]["gappy"]["time_to_level_s"] == [30.0]  # smoothed 2.0 at step 3 reaches 1.25
     assert report["modes"]["gappy"]["final_reward"]["mean"] == 4.0 and "gappy" in bench.table(report)
+
+
+def test_keep_runs_in_its_folder_with_every_step_dumped_and_drops_the_checkpoints(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import tests.support.tiny_run as tiny_run
+
+    seen: dict[str, str] = {}
+
+    def fake_train(overrides: list[str], timeout_s: float) -> list[dict[str, Any]]:
+        for override in overrides:  # later overrides win, as in `userrl train`
+            key, value = override.split("=", 1)
+            seen[key] = value
+        run_dir = Path(seen["run.output_dir"]) / seen["run.name"]
+        (run_dir / "checkpoints" / "step_3").mkdir(parents=True)
+        (run_dir / "rollouts").mkdir()
+        (run_dir / "metrics.jsonl").write_text("{}\n")
+        return [{"rollout/reward_mean": 1.0, "timing/step": 1.0, "timing/rollout": 1.0}] * 3
+
+    monkeypatch.setattr(tiny_run, "train", fake_train)
+    keep = tmp_path / "kept"
+    args = argparse.Namespace(median=0.2, p99=5.0, steps=3, keep=str(keep))
+    figures = bench.run_mode("one_step_off_os", 7, tmp_path / "policy", tmp_path / "scratch", args)
+    assert figures["seed"] == 7 and figures["reward_curve"] == [1.0] * 3
+    assert (seen["run.output_dir"], seen["run.name"]) == (str(keep), "one_step_off_os-seed7")
+    assert seen["logging.rollout_dump_every"] == "1" and int(seen["logging.rollout_dump_count"]) >= 96
+    run_dir = keep / "one_step_off_os-seed7"
+    assert (run_dir / "metrics.jsonl").exists() and (run_dir / "rollouts").is_dir()
+    assert not (run_dir / "checkpoints").exists()
+    seen.clear()
+    args.keep = ""
+    bench.run_mode("sync", 7, tmp_path / "policy", tmp_path / "scratch", args)
+    assert seen["run.output_dir"] == str(tmp_path / "scratch") and seen["logging.rollout_dump_every"] == "0"
+
+
+def test_keep_refuses_a_folder_that_holds_one_of_its_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "sync-seed2").mkdir()
+    monkeypatch.setattr(sys, "argv", ["bench_async.py", "--quick", "--keep", str(tmp_path)])
+    with pytest.raises(SystemExit, match="already holds sync-seed2"):
+        bench.main()
