@@ -16,31 +16,40 @@ one warmed-up policy. A seed sets `run.seed` (task order, Megatron's RNG), `roll
 engine's token sampling) and `gyms.echo.seed` (the user's reply delays). 24 steps by default: 12-step sync curves
 still rose at step 12 (~0.6 to ~1.9); `late_rise` in the report says whether they flattened by the end.
 
-Kept per mode and seed: the reward curve (`rollout/reward_mean` per step), each step's wall seconds
-(`timing/step`) and their running sum (the curve's wall clock, start-up excluded), steps/hour, the final reward
-(mean of the last 3 steps), the group counters. Reported from those (`compare`): a reward level, 0.9 x sync's
-mean final reward; per mode, the wall time at which each seed's smoothed reward (trailing mean of 3 steps) first
-reaches it, the smoothed reward at an equal wall time (the shortest run's total, which every run has reached),
-and summaries (mean, sample std, min, max) of these, of the final reward, of steps/hour and of `late_rise`. Top
-level: the fastest asynchronous mode by mean steps/hour, its `speedup` over sync, and the issue's two checks:
-`reaches_level_faster` (its median time to the level is below sync's; a seed that never reaches it counts as
-slower than any that does) and `final_reward_within_sync_spread` (its mean final reward is not below sync's
-worst seed: within sync's spread, or above it). A table of these ends the output.
+Kept per mode and seed: the reward curve (`rollout/reward_mean` per step; None for a step served entirely from
+groups carried from earlier steps, which logs no rollout statistics: every figure below skips it), each step's wall
+seconds (`timing/step`) and their running sum (the curve's wall clock, start-up excluded), steps/hour, the final
+reward (mean of the last 3 steps), the group counters. Reported from those (`compare`): a reward level, 0.9 x
+sync's mean final reward; per mode, the wall time at which each seed's smoothed reward (trailing mean of 3 steps)
+first reaches it, the smoothed reward at an equal wall time (the shortest run's total, which every run has
+reached), and summaries (mean, sample std, min, max) of these, of the final reward, of steps/hour and of
+`late_rise`. Top level: the fastest asynchronous mode by mean steps/hour, its `speedup` over sync, and the issue's
+two checks: `reaches_level_faster` (its median time to the level is below sync's; a seed that never reaches it
+counts as slower than any that does) and `final_reward_within_sync_spread` (its mean final reward is not below
+sync's worst seed: within sync's spread, or above it). A table of these ends the output.
+
+`--keep DIR` keeps every run's directory, DIR/<mode>-seed<N>/, to diagnose a run afterwards: config.yaml, run.log,
+metrics.jsonl (every metric of every step, not only the figures above), the engines' logs and a rollout dump of
+every step with every episode that finished in it (rollouts/step_N.jsonl: its group, and per turn its tokens,
+reward and weight version). The final checkpoint is removed once a run finishes (it adds nothing to a
+diagnosis; a run that fails keeps it). Writing the dumps adds a little to each step's time.
 
     python tools/bench_async.py --out bench_async.json            # 5 seeds x 3 modes x 24 steps: about an hour
     python tools/bench_async.py --quick --out bench_async.json    # 2 seeds x 12 steps, a smoke run: ~15 min
     python tools/bench_async.py --seed-list 1,2,3,4,5,6,7 --steps 30 --median 0.2 --p99 5
+    python tools/bench_async.py --seed-list 3 --modes sync,one_step_off_os --keep runs/bench_async
 """
 
 import argparse
 import itertools
 import json
 import math
+import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +70,7 @@ WINDOW = FINAL_STEPS  # smoothing window: the smoothed reward at the last step i
 LEVEL_FRACTION = 0.9  # the reward level: this share of sync's mean final reward
 LATE_STEPS = 6  # late_rise: the smoothed reward gained over this many last steps
 GROUP_COUNTERS = ("groups_started", "groups_used", "groups_carried", "groups_dropped")
+DUMP_ALL = 1_000_000  # logging.rollout_dump_count with --keep: more episodes than a step ever finishes
 
 
 def seed_overrides(seed: int) -> list[str]:
@@ -68,9 +78,15 @@ def seed_overrides(seed: int) -> list[str]:
     return [f"run.seed={seed}", f"rollout.embedded.random_seed={seed}", f"gyms.echo.seed={seed}"]
 
 
+def run_name(mode: str, seed: int) -> str:
+    """A run's `run.name`, and its folder under --keep."""
+    return f"{mode}-seed{seed}"
+
+
 def run_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One run's figures from its metrics.jsonl records (one per step, in order)."""
-    rewards = [r["rollout/reward_mean"] for r in records]
+    """One run's figures from its metrics.jsonl records (one per step, in order). A step whose groups all came from
+    earlier steps (over-sampling) logs no rollout statistics: its reward is None."""
+    rewards: list[float | None] = [r.get("rollout/reward_mean") for r in records]
     step_seconds = [r["timing/step"] for r in records]
     elapsed = list(itertools.accumulate(step_seconds))
     out: dict[str, Any] = {
@@ -79,7 +95,7 @@ def run_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "step_seconds": step_seconds,
         "elapsed_seconds": elapsed,
         "steps_per_hour": 3600 * len(records) / elapsed[-1],
-        "final_reward": statistics.fmean(rewards[-FINAL_STEPS:]),
+        "final_reward": known_mean(rewards[-FINAL_STEPS:]),
         "rollout_seconds_mean": statistics.fmean(r["timing/rollout"] for r in records),
         "train_seconds_mean": statistics.fmean(r.get("timing/train", 0.0) for r in records),
     }
@@ -94,28 +110,40 @@ def run_figures(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def smoothed(curve: Sequence[float], window: int = WINDOW) -> list[float]:
-    """Trailing moving average (the first steps average what there is), so one lucky step reaches no level."""
-    return [statistics.fmean(curve[max(0, i + 1 - window) : i + 1]) for i in range(len(curve))]
+def known_mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not None; None if every one is."""
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
 
 
-def time_to_level(curve: Sequence[float], elapsed: Sequence[float], level: float, window: int = WINDOW) -> float | None:
+def smoothed(curve: Sequence[float | None], window: int = WINDOW) -> list[float | None]:
+    """Trailing moving average of the known rewards (the first steps average what there is), so one lucky step
+    reaches no level; None where the window holds no reward."""
+    return [known_mean(curve[max(0, i + 1 - window) : i + 1]) for i in range(len(curve))]
+
+
+def time_to_level(
+    curve: Sequence[float | None], elapsed: Sequence[float], level: float, window: int = WINDOW
+) -> float | None:
     """Wall seconds at the first step whose smoothed reward is >= level; None if none is."""
-    return next((t for t, r in zip(elapsed, smoothed(curve, window), strict=True) if r >= level), None)
+    pairs = zip(elapsed, smoothed(curve, window), strict=True)
+    return next((t for t, r in pairs if r is not None and r >= level), None)
 
 
-def reward_at(curve: Sequence[float], elapsed: Sequence[float], t: float, window: int = WINDOW) -> float | None:
-    """The smoothed reward at the last step finished by wall time t; None if no step was."""
-    done = [r for e, r in zip(elapsed, smoothed(curve, window), strict=True) if e <= t]
+def reward_at(curve: Sequence[float | None], elapsed: Sequence[float], t: float, window: int = WINDOW) -> float | None:
+    """The smoothed reward at the last step finished by wall time t that has one; None if no step has."""
+    done = [r for e, r in zip(elapsed, smoothed(curve, window), strict=True) if e <= t and r is not None]
     return done[-1] if done else None
 
 
-def late_rise(curve: Sequence[float], steps: int = LATE_STEPS, window: int = WINDOW) -> float | None:
-    """Smoothed reward gained over the last `steps` steps (near 0: flattened); None if the curve is too short."""
+def late_rise(curve: Sequence[float | None], steps: int = LATE_STEPS, window: int = WINDOW) -> float | None:
+    """Smoothed reward gained over the last `steps` steps (near 0: flattened); None if the curve is too short or
+    either end has no smoothed reward."""
     if len(curve) <= steps:
         return None
     s = smoothed(curve, window)
-    return s[-1] - s[-1 - steps]
+    first, last = s[-1 - steps], s[-1]
+    return None if first is None or last is None else last - first
 
 
 def summary(values: Sequence[float | None]) -> dict[str, Any]:
@@ -244,16 +272,23 @@ def table(comparison: dict[str, Any]) -> str:
 
 
 def run_mode(name: str, seed: int, policy: Path, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One `userrl train` run of the mode with this seed; its figures from metrics.jsonl."""
+    """One `userrl train` run of the mode with this seed (in --keep's folder, with every step's rollout dump, or
+    in `scratch`); its figures from metrics.jsonl."""
     from tests.support.tiny_run import LEARNING_SETTINGS, tiny_run, train
 
     delay = [f"gyms.echo.reply_delay_median_s={args.median}", f"gyms.echo.reply_delay_p99_s={args.p99}"]
-    run = tiny_run(policy, scratch, f"{name}-seed{seed}", args.steps)
-    # LEARNING_SETTINGS pins run.seed: the seed's overrides come after it (later overrides win).
-    overrides = [*run, *LEARNING_SETTINGS, *delay, *MODES[name], *seed_overrides(seed)]
+    out = Path(args.keep) if args.keep else scratch
+    run = tiny_run(policy, out, run_name(name, seed), args.steps)
+    dumps = ["logging.rollout_dump_every=1", f"logging.rollout_dump_count={DUMP_ALL}"] if args.keep else []
+    # LEARNING_SETTINGS pins run.seed and turns the dumps off: the seed's and --keep's overrides come after it
+    # (later overrides win).
+    overrides = [*run, *LEARNING_SETTINGS, *delay, *MODES[name], *seed_overrides(seed), *dumps]
     started = time.perf_counter()
     records = train(overrides, timeout_s=max(1800, 120 * args.steps))
-    return {"seed": seed, **run_figures(records), "run_seconds": time.perf_counter() - started}  # start-up included
+    seconds = time.perf_counter() - started  # start-up included
+    if args.keep:
+        shutil.rmtree(out / run_name(name, seed) / "checkpoints", ignore_errors=True)
+    return {"seed": seed, **run_figures(records), "run_seconds": seconds}
 
 
 def main() -> None:
@@ -267,6 +302,7 @@ def main() -> None:
     p.add_argument("--level-fraction", type=float, default=LEVEL_FRACTION, help="the level: x sync's final reward")
     p.add_argument("--quick", action="store_true", help="12 steps, 2 seeds unless --seeds: a smoke run, not a verdict")
     p.add_argument("--out", default="", help="write the JSON here too")
+    p.add_argument("--keep", default="", help="keep every run's directory (with a rollout dump of every step) here")
     args = p.parse_args()
     if args.quick:
         args.steps = 12
@@ -280,6 +316,10 @@ def main() -> None:
         raise SystemExit(f"--modes: {unknown or 'sync is missing'}; choose from {', '.join(MODES)} (sync included)")
     if args.steps < FINAL_STEPS:
         raise SystemExit(f"--steps: at least {FINAL_STEPS} (the final reward is the mean of the last {FINAL_STEPS})")
+    if args.keep:
+        taken = [run_name(m, s) for s in seeds for m in modes if (Path(args.keep) / run_name(m, s)).exists()]
+        if taken:
+            raise SystemExit(f"--keep: {args.keep} already holds {', '.join(taken)} (a run there would add to it)")
     from tests.support.tiny_run import learning_policy
 
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}

@@ -1,5 +1,6 @@
 """tools/bench_async.py's analysis: smoothing, time to a reward level, reward at equal wall time, the report."""
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -184,3 +185,66 @@ def test_main_runs_every_mode_per_seed_and_keeps_every_curve(
     assert len(report["runs"]["one_step_off_os"][1]["reward_curve"]) == 12
     assert report["best_async_mode"] == "one_step_off_os" and report["speedup"] == 2.5
     assert capsys.readouterr().out.splitlines()[-1].startswith("fastest async mode one_step_off_os: 2.50x")
+
+
+def test_a_step_without_rollout_statistics_has_no_reward_and_every_figure_skips_it() -> None:
+    """A step trained entirely on groups carried from earlier steps logs no rollout/reward_mean."""
+    records: list[dict[str, Any]] = [{"timing/step": 10.0, "timing/rollout": 1.0} for _ in range(5)]
+    for record, reward in zip(records, [1.0, None, 3.0, None, 5.0], strict=True):
+        if reward is not None:
+            record["rollout/reward_mean"] = reward
+    figures = bench.run_figures(records)
+    curve, elapsed = figures["reward_curve"], figures["elapsed_seconds"]
+    assert curve == [1.0, None, 3.0, None, 5.0]
+    assert figures["final_reward"] == 4.0  # the known rewards of the last 3 steps
+    assert bench.smoothed(curve, window=3) == [1.0, 1.0, 2.0, 3.0, 4.0]
+    assert bench.smoothed([None, None, 2.0], window=2) == [None, None, 2.0]
+    assert bench.time_to_level(curve, elapsed, 3.0, window=3) == 40.0
+    assert bench.time_to_level([None, None], [1.0, 2.0], 0.0, window=1) is None
+    assert bench.reward_at([2.0, None], [10.0, 20.0], 25.0, window=1) == 2.0  # the last step that has one
+    assert bench.reward_at([None, 2.0], [10.0, 20.0], 15.0, window=1) is None
+    assert bench.late_rise([0.0, 1.0, None, 3.0], steps=3, window=1) == 3.0
+    assert bench.late_rise([None, 1.0, 2.0, 3.0], steps=3, window=1) is None
+    report = bench.compare({"sync": SYNC, "gappy": [{"seed": 1, **figures}]}, level_fraction=0.5, window=3)
+    assert report["modes"]["gappy"]["time_to_level_s"] == [30.0]  # smoothed 2.0 at step 3 reaches 1.25
+    assert report["modes"]["gappy"]["final_reward"]["mean"] == 4.0 and "gappy" in bench.table(report)
+
+
+def test_keep_runs_in_its_folder_with_every_step_dumped_and_drops_the_checkpoints(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import tests.support.tiny_run as tiny_run
+
+    seen: dict[str, str] = {}
+
+    def fake_train(overrides: list[str], timeout_s: float) -> list[dict[str, Any]]:
+        for override in overrides:  # later overrides win, as in `userrl train`
+            key, value = override.split("=", 1)
+            seen[key] = value
+        run_dir = Path(seen["run.output_dir"]) / seen["run.name"]
+        (run_dir / "checkpoints" / "step_3").mkdir(parents=True)
+        (run_dir / "rollouts").mkdir()
+        (run_dir / "metrics.jsonl").write_text("{}\n")
+        return [{"rollout/reward_mean": 1.0, "timing/step": 1.0, "timing/rollout": 1.0}] * 3
+
+    monkeypatch.setattr(tiny_run, "train", fake_train)
+    keep = tmp_path / "kept"
+    args = argparse.Namespace(median=0.2, p99=5.0, steps=3, keep=str(keep))
+    figures = bench.run_mode("one_step_off_os", 7, tmp_path / "policy", tmp_path / "scratch", args)
+    assert figures["seed"] == 7 and figures["reward_curve"] == [1.0] * 3
+    assert (seen["run.output_dir"], seen["run.name"]) == (str(keep), "one_step_off_os-seed7")
+    assert seen["logging.rollout_dump_every"] == "1" and int(seen["logging.rollout_dump_count"]) >= 96
+    run_dir = keep / "one_step_off_os-seed7"
+    assert (run_dir / "metrics.jsonl").exists() and (run_dir / "rollouts").is_dir()
+    assert not (run_dir / "checkpoints").exists()
+    seen.clear()
+    args.keep = ""
+    bench.run_mode("sync", 7, tmp_path / "policy", tmp_path / "scratch", args)
+    assert seen["run.output_dir"] == str(tmp_path / "scratch") and seen["logging.rollout_dump_every"] == "0"
+
+
+def test_keep_refuses_a_folder_that_holds_one_of_its_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "sync-seed2").mkdir()
+    monkeypatch.setattr(sys, "argv", ["bench_async.py", "--quick", "--keep", str(tmp_path)])
+    with pytest.raises(SystemExit, match="already holds sync-seed2"):
+        bench.main()

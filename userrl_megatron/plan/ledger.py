@@ -9,7 +9,6 @@ phase's peak over the run). The actor ranks' pinned host memory is booked as the
 (offload, saves), and kept: torch keeps it. They meet the protocols of `trainer/seams.py`, as the real parts do.
 """
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from userrl_megatron.config.schema import CheckpointConfig
 from userrl_megatron.megatron.offload import GRADS, NEEDS, STATE, WEIGHTS
 from userrl_megatron.plan.memory import ActorMemory, EngineMemory, HostMemory, sglang_kv_pool
+from userrl_megatron.rollout.admission import GroupGate
 from userrl_megatron.types import Episode, EpisodeGroup, SamplingParams, Task, TrainBatch, Turn
 
 ACTOR_STATE = ("actor weights", "actor grads", "actor optimizer")
@@ -311,7 +311,7 @@ class LedgerRunner:
         concurrency: int | None = None,
         /,
         *,
-        gate: asyncio.Semaphore | None = None,
+        gate: GroupGate | None = None,
     ) -> list[EpisodeGroup]:
         self.ledger.record("rollout" if sampling is None else "evaluation")
         if sampling is not None:

@@ -10,21 +10,23 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gyms.base import Gym
 from gyms.tools import ToolCallError, text_to_action
 from userrl_megatron.config.schema import GymsConfig, RolloutConfig
 from userrl_megatron.fleet.engine import Generation
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
+from userrl_megatron.rollout.admission import Admission, GroupGate
 from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 from userrl_megatron.types import Episode, EpisodeGroup, FinishReason, Message, Role, SamplingParams, Task, Turn
 
 log = logging.getLogger(__name__)
 
 GymFactory = Callable[[Task], Gym]
+T = TypeVar("T")
 
 
 class TurnEngine(Protocol):
@@ -81,17 +83,18 @@ class EpisodeRunner:
         engine_for: EngineFor,
         sampling: SamplingParams | None = None,
         concurrency: int | None = None,
-        gate: asyncio.Semaphore | None = None,
+        gate: GroupGate | None = None,
     ) -> list[EpisodeGroup]:
-        """`n_samples` episodes of every task, at most `concurrency` in flight (default: the config's); `gate`
-        instead shares one limit with other calls running at the same time."""
-        gate = gate or asyncio.Semaphore(concurrency or self.cfg.max_concurrent_episodes)
+        """`n_samples` episodes of every task, at most `concurrency` in flight (default: the config's), admitted a
+        whole group at a time so that a group's episodes start on the same weights (`GroupGate`); `gate` instead
+        shares one gate with other calls running at the same time."""
+        gate = gate or GroupGate(concurrency or self.cfg.max_concurrent_episodes)
         groups = [EpisodeGroup(uuid.uuid4().hex[:16], task) for task in tasks]
         done = [0]
 
-        async def one(group: EpisodeGroup, sample: int) -> Episode:
+        async def one(group: EpisodeGroup, sample: int, admission: Admission) -> Episode:
             episode_id = f"{group.group_id}-{sample}"
-            async with gate:
+            async with admission.slot():
                 try:
                     episode = await self.run(group.task, engine_for(episode_id), group.group_id, sampling, episode_id)
                 except ChatTemplateError:
@@ -103,11 +106,13 @@ class EpisodeRunner:
                 done[0] += 1
                 return episode
 
-        jobs = [one(group, i) for group in groups for i in range(n_samples)]
-        async with heartbeat(lambda: f"rollout: {done[0]}/{len(jobs)} episodes done", self.heartbeat_s):
-            episodes = await asyncio.gather(*jobs)
-        for i, group in enumerate(groups):
-            group.episodes = list(episodes[i * n_samples : (i + 1) * n_samples])
+        async def whole(group: EpisodeGroup) -> None:
+            async with gate.admit(n_samples) as admission:
+                group.episodes = await _every([one(group, i, admission) for i in range(n_samples)])
+
+        total = len(groups) * n_samples
+        async with heartbeat(lambda: f"rollout: {done[0]}/{total} episodes done", self.heartbeat_s):
+            await _every([whole(group) for group in groups])
         return groups
 
     async def run(
@@ -272,6 +277,19 @@ def gym_factory(gyms_cfg: GymsConfig, max_steps: int, user_sim: Any = None) -> G
     from gyms import config_for, make_gym
 
     return lambda task: make_gym(task.gym, task, config_for(task.gym, gyms_cfg, max_steps), user_sim)
+
+
+async def _every(jobs: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """The results of all `jobs`, in order. On the first failure or a cancellation the others are cancelled and
+    awaited, so none keeps running (and holding a slot of a shared gate) after the call."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _close(gym: Gym, episode: Episode) -> None:

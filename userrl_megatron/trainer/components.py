@@ -16,6 +16,7 @@ from typing import Any
 
 from userrl_megatron.config import RootConfig
 from userrl_megatron.cores import core_count
+from userrl_megatron.rollout.admission import GroupGate
 from userrl_megatron.trainer.handoff import MemoryHandoff, check_engines
 from userrl_megatron.trainer.seams import Actors, EnginePool, Runner, Tasks
 from userrl_megatron.trainer.weight_sync import WeightSync
@@ -37,7 +38,7 @@ class Components:
     sim_pool: EnginePool | None = None  # the simulator's engines, when the run serves them (user_sim.engines)
     handoff: MemoryHandoff = field(init=False)
     weights: WeightSync = field(init=False)
-    _gate: asyncio.Semaphore | None = None  # episodes in flight over every group of `rollout_group`
+    _gate: GroupGate | None = None  # admits every group of `rollout_group`, whole, under the pool's limit
 
     def __post_init__(self) -> None:
         # The simulator's engines on the policy engines' GPUs take the same turns (user_sim.engines.placement).
@@ -52,9 +53,10 @@ class Components:
         return groups
 
     async def rollout_group(self, task: Task, n: int) -> EpisodeGroup:
-        """One training group; every group in flight at once shares the pool's concurrency limit."""
+        """One training group; every group in flight at once shares the pool's concurrency limit, and a group's
+        episodes start together (on the same weights: GRPO compares them with each other)."""
         if self._gate is None:
-            self._gate = asyncio.Semaphore(self.pool.concurrency)
+            self._gate = GroupGate(self.pool.concurrency)
         sampling = self.runner.sampling()
         [group] = await self.runner.run_groups([task], n, self.pool.session, sampling, gate=self._gate)
         check_engines(self.cfg, self.pool)

@@ -25,6 +25,7 @@ from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.fleet.launch import ProcessLaunch
 from userrl_megatron.fleet.placement import Placement, ip_key, plan_bundles, ray_environment, run_shape
 from userrl_megatron.fleet.pool import EngineProcess
+from userrl_megatron.rollout.admission import GroupGate
 from userrl_megatron.trainer.workers import RankLaunch, SyncRole
 from userrl_megatron.types import EpisodeGroup, SamplingParams, Task
 
@@ -88,7 +89,7 @@ class NoRollouts:
     def sampling(self, temperature: float | None = None) -> SamplingParams | None:
         raise RuntimeError("a dry start runs no episode")
 
-    async def run_groups(self, *args: Any, gate: asyncio.Semaphore | None = None) -> list[EpisodeGroup]:
+    async def run_groups(self, *args: Any, gate: GroupGate | None = None) -> list[EpisodeGroup]:
         raise RuntimeError("a dry start runs no episode")
 
     def next(self, count: int) -> list[Task]:

@@ -7,12 +7,12 @@ in `userrl plan`, so the same choreography (`trainer.components`, `trainer.drive
 checker holds both sides to these signatures.
 """
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from userrl_megatron.config.schema import CheckpointConfig
+from userrl_megatron.rollout.admission import GroupGate
 from userrl_megatron.types import EpisodeGroup, SamplingParams, Task, TrainBatch
 
 
@@ -153,7 +153,7 @@ class Runner(Protocol):
         concurrency: int | None = None,
         /,
         *,
-        gate: asyncio.Semaphore | None = None,
+        gate: GroupGate | None = None,
     ) -> list[EpisodeGroup]: ...
 
 
