@@ -253,9 +253,8 @@ def render_markdown(document: dict[str, Any]) -> str:
     """A report's section for docs/gpu.md ("Reports"): device, date, versions, the table, then every figure."""
     env, phases = document["environment"], document["phases"]
     passed = sum(p["status"] == "passed" for p in phases.values())
-    commit = (env.get("git_commit") or "")[:10] or "unknown commit"
-    lines = [
-        f"### {document['date'][:10]}, {env.get('device_name', document['device'])} ({commit})",
+    lines = [  # the JSON keeps the commit; docs name no commits
+        f"### {document['date'][:10]}, {env.get('device_name', document['device'])}",
         "",
         f"torch {env.get('torch')} (CUDA {env.get('cuda')}), transformers {env.get('transformers')}, megatron-core "
         f"{env.get('megatron_core')}, Python {env.get('python')}, driver {env.get('driver', '-')}; {passed} of "
