@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.distributed import build_actor, init_world, megatron_config, spawn
 from tests.support.tiny_models import make_tiny_model
+from userrl_megatron.config.schema import AlgoConfig, ModelConfig
 from userrl_megatron.convert.hf_io import INDEX_FILE, HFWeights
 
 pytestmark = pytest.mark.distributed
@@ -44,3 +45,30 @@ def test_each_stage_writes_its_shards_and_no_rank_holds_the_model(tmp_path: Path
         b = AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits
     assert torch.equal(a, b)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".export")]  # no staging directory left
+
+
+def _bf16_export(rank: int, world: int, port: int, model_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Every parameter's dtype, and how each exported tensor differs from the checkpoint rounded to bf16."""
+    from userrl_megatron.megatron.actor import MegatronActor
+
+    cfg = megatron_config()
+    init_world(rank, world, port, cfg)
+    actor = MegatronActor(ModelConfig(path=str(model_dir), dtype="bfloat16"), cfg, AlgoConfig(), 0)
+    dtypes = {n: str(p.dtype) for c in actor.chunks for n, p in c.module.named_parameters()}
+    original = HFWeights(model_dir)
+    verdicts = {}
+    for name, tensor in actor.export_hf_weights():
+        same = tensor.dtype == torch.bfloat16 and torch.equal(tensor, original[name].to(torch.bfloat16))
+        verdicts[name] = "equal" if same else f"{tensor.dtype}, not the checkpoint in bf16"
+    return dtypes, verdicts
+
+
+def test_a_bf16_actor_holds_and_exports_every_tensor_in_bf16(tmp_path: Path) -> None:
+    """Megatron's local spec makes its torch norms in fp32; the actor casts them, so the engine (which loads the
+    checkpoint in bf16) receives exactly the numbers the actor trains."""
+    model_dir = make_tiny_model("qwen3", tmp_path / "qwen3", seed=4)
+    [(dtypes, verdicts)] = spawn(_bf16_export, 1, model_dir)
+    assert set(dtypes.values()) == {"torch.bfloat16"}, dtypes
+    assert any("layernorm" in n for n in dtypes)
+    assert set(verdicts) == set(HFWeights(model_dir).keys())
+    assert {n: v for n, v in verdicts.items() if v != "equal"} == {}

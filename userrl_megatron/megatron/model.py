@@ -221,10 +221,23 @@ def build_chunks(
             rotary_base=arch.rope_theta,
             vp_stage=vp_stage,
         )
+        if not use_te:
+            hold_norms_in(model, dtype)
         if torch.cuda.is_available():
             model.cuda(torch.cuda.current_device())
         chunks.append(model)
     return chunks
+
+
+def hold_norms_in(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast the local spec's norms to the model dtype.
+
+    Megatron's `WrappedTorchNorm` builds `torch.nn.RMSNorm` in torch's default dtype (fp32) whatever
+    `params_dtype` says, while Transformer Engine's norms, the HF checkpoint and the engine all hold them in the
+    model dtype: left in fp32, a bf16 actor trains and exports norm weights the engine can only round."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.RMSNorm | torch.nn.LayerNorm):
+            module.to(dtype)
 
 
 SEQUENTIAL_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.")
