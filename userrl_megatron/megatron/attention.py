@@ -18,6 +18,9 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
+from torch.nn.attention import sdpa_kernel
+
+from userrl_megatron.attention_backends import SDPA_BACKENDS
 
 
 class SDPAttention(MegatronModule):
@@ -65,7 +68,8 @@ class SDPAttention(MegatronModule):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, n, s, d]
         causal = self.causal and attention_mask is None
         mask = None if attention_mask is None else ~attention_mask
-        context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=self.groups != self.heads
-        )
+        with sdpa_kernel(SDPA_BACKENDS):  # no cuDNN: a graph build per sequence length
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=self.groups != self.heads
+            )
         return context.permute(2, 0, 1, 3).reshape(s, b, -1)

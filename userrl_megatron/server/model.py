@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.attention import sdpa_kernel
+
+from userrl_megatron.attention_backends import SDPA_BACKENDS
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +107,15 @@ class EngineModel:
             raise ValueError("routed experts need a mixture-of-experts model")
         self._routing = [] if routing else None
         try:
-            out = self.model(
-                input_ids=input_ids.to(self.device),
-                position_ids=position_ids.to(self.device),
-                attention_mask=None if attention_mask is None else attention_mask.to(self.device),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=0 if all_logits else 1,
-            )
+            with sdpa_kernel(SDPA_BACKENDS):  # no cuDNN: a graph build per key length
+                out = self.model(
+                    input_ids=input_ids.to(self.device),
+                    position_ids=position_ids.to(self.device),
+                    attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=0 if all_logits else 1,
+                )
             chosen = self._routing
         finally:
             self._routing = None
