@@ -39,33 +39,35 @@ def test_layer_and_shard_sizes_by_hand() -> None:
     tiny = Architecture.from_hf_config({**_tiny_config(), "model_type": "llama"})  # no q/k/v bias
     # attention 8 x (2x4 + 2x1x4) + 2x4 x 8 = 192, MLP 3 x 8 x 16 = 384, two norms 16
     assert layer_parameters(tiny) == 592
-    m = actor_memory(tiny, MegatronConfig(tensor_model_parallel_size=2, micro_batch_tokens=64), "bfloat16", world=4)
+    te = MegatronConfig(tensor_model_parallel_size=2, micro_batch_tokens=64, transformer_impl="transformer_engine")
+    m = actor_memory(tiny, te, "bfloat16", world=4)
     # per TP rank: 4 layers x (576 / 2 + 16 norm) + embedding 32 x 8 / 2 + final norm 8 + output layer 128 = 1480
     assert m.weights == 1480 * 2 and m.grads == 1480 * 4
     assert m.optimizer == 1480 * 12 // 2  # Adam moments + fp32 master, over DP = 4 / TP2 = 2
     # 64 tokens x (4h + 2q + 2kv + 3f = 104 values; the 4h = 32 norm values unsharded without SP) x 2 bytes
     assert m.train_activations == 4 * 64 * ((104 - 32) // 2 + 32) * 2
     assert m.forward_activations == 2 * 64 * 68 * 2
+    # the local spec (also "auto") adds the rotated q and k (q + kv) and two more SwiGLU values (2f): 148 values
+    local = dataclasses.replace(te, transformer_impl="auto")
+    assert actor_memory(tiny, local, "bfloat16", world=4).train_activations == 4 * 64 * ((148 - 32) // 2 + 32) * 2
     # the logits (64 tokens x 16 local columns x 2 bytes), in training their gradient too, and one fp32 chunk
     assert m.train_logits == 2 * 64 * 16 * 2 + LOGIT_CHUNK_BYTES and m.forward_logits == 64 * 16 * 2 + LOGIT_CHUNK_BYTES
     assert LOGIT_CHUNK_BYTES == 3 * 4 * CHUNK_ELEMENTS  # the chunk megatron/logits.py works in
-    sp_full = MegatronConfig(
-        tensor_model_parallel_size=2, micro_batch_tokens=64, sequence_parallel=True, recompute="full"
-    )
+    sp_full = dataclasses.replace(te, sequence_parallel=True, recompute="full")
     # full recompute keeps each layer's input (64 x 8 / 2 values) and one layer's set (64 x 52 values)
     assert actor_memory(tiny, sp_full, "bfloat16", world=4).train_activations == (4 * 64 * 4 + 64 * 52) * 2
-    selective = MegatronConfig(
-        tensor_model_parallel_size=2,
-        micro_batch_tokens=64,
-        recompute="selective",
-        recompute_modules=["mlp", "layernorm"],
-    )
+    selective = dataclasses.replace(te, recompute="selective", recompute_modules=["mlp", "layernorm"])
     # "mlp" and "layernorm" recomputed: 2h norm inputs (unsharded) + 2q + 2kv = 40 values, 24 of them over TP2
     assert actor_memory(tiny, selective, "bfloat16", world=4).train_activations == 4 * 64 * (24 // 2 + 16) * 2
     block = dataclasses.replace(sp_full, recompute_num_layers=1)
     # the first layer of the stage keeps only its input, the other three everything, plus the recomputed one
     assert actor_memory(tiny, block, "bfloat16", world=4).train_activations == (64 * 4 + 3 * 64 * 52 + 64 * 52) * 2
-    pp2 = MegatronConfig(pipeline_model_parallel_size=2, use_distributed_optimizer=False, micro_batch_tokens=64)
+    pp2 = MegatronConfig(
+        pipeline_model_parallel_size=2,
+        use_distributed_optimizer=False,
+        micro_batch_tokens=64,
+        transformer_impl="transformer_engine",
+    )
     # the last stage (2 layers, final norm, output layer) is the larger; 2 micro-batches in flight under 1F1B
     assert actor_memory(tiny, pp2, "bfloat16", world=2).weights == (2 * 592 + 8 + 256) * 2
     assert actor_memory(tiny, pp2, "bfloat16", world=2).train_activations == 2 * 2 * 64 * 104 * 2
@@ -133,7 +135,8 @@ def test_engines_starting_beside_a_resident_actor_get_no_kv_cache(monkeypatch: p
 def test_sync_frees_grads_and_optimizer_before_engine_weights_return(monkeypatch: pytest.MonkeyPatch) -> None:
     # TP2 engines (the layout's first version) on 70 GiB: the old order needed their 30.5 GiB of weights back
     # beside the actor's grads and optimizer state (78.8 GiB when the plan counted one 512 MiB sync bucket; the
-    # two live buckets hold the embedding and the LM head, 1.45 GiB each: 81.2 GiB).
+    # two live buckets hold the embedding and the LM head, 1.45 GiB each: 81.2 GiB; the export's TP gather of the
+    # embedding beside them: 84.3 GiB).
     cfg = _layout(H100_32B, "plan.device_memory_gb=70", "rollout.engine_tp=2", "rollout.num_engines=8")
     assert plan_problems(plan_run(cfg)) == []
     offload = LedgerActors.offload
@@ -144,7 +147,7 @@ def test_sync_frees_grads_and_optimizer_before_engine_weights_return(monkeypatch
 
     monkeypatch.setattr(LedgerActors, "offload", weights_only)
     problems = plan_problems(plan_run(cfg))
-    assert problems and problems[0].startswith("weight sync: GPU 0 needs 81.2 GiB, 11.2 GiB more than"), problems
+    assert problems and problems[0].startswith("weight sync: GPU 0 needs 84.3 GiB, 14.3 GiB more than"), problems
 
 
 def test_saves_and_exports_onload_the_actor(monkeypatch: pytest.MonkeyPatch) -> None:

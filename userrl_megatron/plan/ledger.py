@@ -68,7 +68,8 @@ class LedgerActors:
     """The actor group (`trainer.workers.ActorGroup`): rank r on device `devices[r]`, every rank alike.
 
     `sync_bytes`: the two live buckets of a weight sync; `kept_buckets`: they stay on the device between syncs
-    (the broadcast's two flat buffers are reused, so they are never freed). `host`: the pinned host memory of a
+    (the broadcast's two flat buffers are reused, so they are never freed); `export_bytes`: the HF export's
+    working set beside them (`memory.export_working_set`). `host`: the pinned host memory of a
     rank, booked in `host_held` as each part is first allocated (the KL reference at start-up)."""
 
     def __init__(
@@ -79,11 +80,12 @@ class LedgerActors:
         bucket_bytes: int,
         sync_bytes: int | None = None,
         kept_buckets: bool = False,
+        export_bytes: int = 0,
         host: HostMemory | None = None,
     ) -> None:
         self.ledger, self.memory, self.devices, self.bucket_bytes = ledger, memory, devices, bucket_bytes
         self.sync_bytes = 2 * bucket_bytes if sync_bytes is None else sync_bytes
-        self.kept_buckets = kept_buckets
+        self.kept_buckets, self.export_bytes = kept_buckets, export_bytes
         self.host = host or HostMemory(0, 0, 0, 0, 0)
         self.host_held: dict[str, int] = {"KL reference": self.host.reference} if self.host.reference else {}
         self.held_on_host: set[str] = set()  # labels in host memory now
@@ -166,13 +168,14 @@ class LedgerActors:
 
     def push_weights(self, group_names: list[str], version: int) -> dict[str, float]:
         self._need("a weight export")
+        export = {"export working set": self.export_bytes} if self.export_bytes else {}
         if not self.kept_buckets:
-            self._temporary("weight sync", {"sync buckets (2)": self.sync_bytes})
+            self._temporary("weight sync", {"sync buckets (2)": self.sync_bytes, **export})
             return {}
         for device in self.devices:
             if "sync buckets (2)" not in self.ledger.held[device]:
                 self.ledger.book(device, "sync buckets (2)", self.sync_bytes)
-        self.ledger.record("weight sync")
+        self._temporary("weight sync", export)
         return {}
 
     def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str, method: str) -> list[str]:

@@ -84,7 +84,7 @@ def actor_memory(arch: Architecture, cfg: MegatronConfig, dtype: str, world: int
     tokens = -(-cfg.micro_batch_tokens // cp)
 
     def layer_bytes(recomputed: tuple[str, ...]) -> int:
-        per_token, replicated = _layer_activation_widths(arch, recomputed)
+        per_token, replicated = _layer_activation_widths(arch, recomputed, cfg.transformer_impl == "transformer_engine")
         sharded = (per_token - replicated) // tp + (replicated // tp if cfg.sequence_parallel else replicated)
         return tokens * sharded * width
 
@@ -111,22 +111,29 @@ def actor_memory(arch: Architecture, cfg: MegatronConfig, dtype: str, world: int
     )
 
 
-def _layer_activation_widths(arch: Architecture, recomputed: tuple[str, ...] = ()) -> tuple[int, int]:
+def _layer_activation_widths(
+    arch: Architecture, recomputed: tuple[str, ...] = (), transformer_engine: bool = False
+) -> tuple[int, int]:
     """Values per token one layer stores for its backward, and how many of them only sequence parallelism shards.
 
-    Attention: norm input and output (2h), q (heads x d), k and v (2 x kv heads x d), the attention output
-    (heads x d). MLP: norm input and output (2h), gate and up (2f), the SwiGLU product (f); for a mixture of experts
-    those three per routed expert plus the token's dispatched copy and the expert's output (top-k x (3 x expert
-    width + 2h)). The h-wide norm
-    tensors are replicated across TP ranks unless sequence parallelism splits them along the sequence.
-    Selective recompute of "mlp" drops gate, up and product; of "layernorm" the two norm outputs; "core_attn"
+    With Transformer Engine's layer spec: attention keeps the norm inputs and outputs (2h), q (heads x d), k and
+    v (2 x kv heads x d) and the attention output (heads x d); the MLP its norm's input and output (2h), gate and
+    up (2f) and the SwiGLU product (f). The local spec (any other `megatron.transformer_impl`: "auto" may run
+    without TE) also keeps the rotated copies of q and k (q + kv) and, in its unfused SwiGLU, the SiLU and the
+    product beside the fc1 output (5f): on an H200 its 10-layer Qwen3 held 4.51 GiB beside the logits at 8,192
+    tokens, these widths give 4.38 GiB (docs/gpu.md). For a mixture of experts the MLP's values are per routed
+    expert plus the token's dispatched copy and the expert's output (top-k x (expert widths + 2h)). The h-wide
+    norm tensors are replicated across TP ranks unless sequence parallelism splits them along the sequence.
+    Selective recompute of "mlp" drops the MLP's own values; of "layernorm" the two norm outputs; "core_attn"
     drops nothing, since flash attention never stores the attention scores."""
     h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-    mlp = 0 if "mlp" in recomputed else 3 * arch.ffn_hidden_size
+    swiglu = 3 if transformer_engine else 5  # values per FFN column
+    attention = 2 * q + 2 * kv if transformer_engine else 3 * q + 3 * kv
+    mlp = 0 if "mlp" in recomputed else swiglu * arch.ffn_hidden_size
     if arch.is_moe and "mlp" not in recomputed:  # each token visits top-k experts
-        mlp = arch.moe_top_k * (3 * arch.moe_ffn_hidden_size + 2 * h)
+        mlp = arch.moe_top_k * (swiglu * arch.moe_ffn_hidden_size + 2 * h)
     norms = 2 * h if "layernorm" in recomputed else 4 * h
-    return norms + 2 * q + 2 * kv + mlp, norms
+    return norms + attention + mlp, norms
 
 
 @dataclass(frozen=True)
@@ -245,6 +252,28 @@ def host_memory(arch: Architecture, cfg: MegatronConfig, dtype: str, world: int,
         staging=staging_bytes(arch, cfg, dtype, world, optimizer=True),
         staging_model_only=staging_bytes(arch, cfg, dtype, world, optimizer=False),
     )
+
+
+# megatron/export.py gathers tensor-parallel shards in flat batches of about this size (GATHER_BATCH_BYTES).
+EXPORT_GATHER_BYTES = 16 * 2**20
+
+
+def export_working_set(arch: Architecture, tp: int, dtype: str) -> int:
+    """Device bytes the HF export (`megatron/export.py`) holds beside the buckets it fills.
+
+    TP 1: the contiguous q, k and v copies of one layer's fused QKV (Megatron interleaves them per key/value
+    group, so HF's tensors are copies): (q + 2 kv) x hidden. TP > 1 adds one gather: the rank's flat batch of
+    shards and the TP shards gathered from the group (a batch is `EXPORT_GATHER_BYTES`, or one shard when that is
+    larger), and the largest unsharded tensor (the embedding, fc1, or QKV beside its q, k, v copies)."""
+    width = DTYPE_BYTES[dtype]
+    h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    qkv = (q + 2 * kv) * h * width
+    if tp == 1:
+        return qkv
+    ffn = arch.moe_ffn_hidden_size if arch.is_moe else arch.ffn_hidden_size
+    largest = max(arch.vocab_size * h * width, qkv, 2 * ffn * h * width)  # one whole Megatron tensor
+    batch = max(EXPORT_GATHER_BYTES, -(-largest // tp))
+    return (1 + tp) * batch + max(largest, 2 * qkv)
 
 
 def sync_buckets(arch: Architecture, bucket_bytes: int, dtype: str) -> int:

@@ -20,7 +20,14 @@ from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.errors import UserError
 from userrl_megatron.plan.ledger import SIMULATOR_TAGS, Ledger, LedgerActors, LedgerPool, LedgerRunner
-from userrl_megatron.plan.memory import GIB, actor_memory, engine_memory, host_memory, sync_buckets
+from userrl_megatron.plan.memory import (
+    GIB,
+    actor_memory,
+    engine_memory,
+    export_working_set,
+    host_memory,
+    sync_buckets,
+)
 from userrl_megatron.types import Task
 
 STEPS = 2  # the first step, and one in the steady state (offloads and releases already paired)
@@ -114,6 +121,7 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
         bucket,
         sync_bytes=sync_buckets(arch, bucket, dtype),
         kept_buckets=method == "distributed",  # the broadcast's flat buffers (sync/sender.py), reused per sync
+        export_bytes=export_working_set(arch, cfg.megatron.tensor_model_parallel_size, dtype),
         host=host_memory(arch, cfg.megatron, dtype, world, kl=cfg.algo.kl_coef > 0),
     )
     rollout = policy_engine_rollout(cfg)  # SGLang's fraction counts the simulator's share on shared GPUs
