@@ -26,6 +26,7 @@ from gpu_smoke import (
     gib,
     git_commit,
     hf_logprobs,
+    live_at_peak,
     row_held,
     train_batch,
     vs_plan,
@@ -115,6 +116,7 @@ def phase_plan(smoke: Smoke, r: Record) -> None:
         "actor_activations_bytes": training.get("actor activations", 0),
         "actor_logits_bytes": training.get("actor logits", 0),
         "sync_buckets_bytes": row_held(plan, "weight sync").get("sync buckets (2)", 0),
+        "sync_export_bytes": row_held(plan, "weight sync").get("export working set", 0),
         "engine_weights_bytes": engine.weights,
         "host_offload_bytes": sum(h.held.get("offload", 0) for h in plan.host),
     }
@@ -167,12 +169,24 @@ def phase_train(smoke: Smoke, r: Record) -> None:
     if smoke.cuda:
         torch.cuda.empty_cache()
     baseline = smoke.allocated()
+    if smoke.cuda:  # every allocation from here, with its Python stack: what the peak holds, by site
+        torch.cuda.memory._record_memory_history(stacks="python", max_entries=1_000_000)
     smoke.actor = build_actor(ModelConfig(path=str(smoke.model_dir), dtype=s.dtype), smoke)
     batch = bench_train.make_batch(smoke.arch.vocab_size, s.episodes, s.seq_len, seed=5)
     if smoke.cuda:
         torch.cuda.reset_peak_memory_stats()
     steps = [smoke.actor.train_step(batch) for _ in range(2)]
     smoke.synchronize()
+    if smoke.cuda:
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+        torch.cuda.memory._record_memory_history(enabled=None)
+        traced_peak, sites = live_at_peak(trace)
+        r.figure(traced_peak_bytes=traced_peak, peak_by_site=[[n, site] for n, site in sites])
+        steps.append(smoke.actor.train_step(batch))  # the step timed, without the recorder's stack captures
+        smoke.synchronize()
+        # RL batches change shape every step: a kernel that compiles per shape (cuDNN attention) shows here
+        reshaped = bench_train.make_batch(smoke.arch.vocab_size, s.episodes, s.seq_len - 3, seed=6)
+        r.figure(new_shape_step_s=smoke.actor.train_step(reshaped)["actor/step_time_s"])
     tokens = sum(len(t) for t in batch.token_ids)
     times = [m["actor/step_time_s"] for m in steps]
     flops = bench_train.model_flops(smoke.arch, [len(t) for t in batch.token_ids])
@@ -357,7 +371,7 @@ def phase_weight_sync(smoke: Smoke, r: Record) -> None:
     if before is not None and after is not None:
         r.check("buckets_freed", after == before, f"{after - before} bytes left")
     if peak is not None and smoke.plan:
-        planned = smoke.plan["sync_buckets_bytes"]
+        planned = smoke.plan["sync_buckets_bytes"] + smoke.plan["sync_export_bytes"]
         r.figure(measured_peak_bytes=peak, predicted_peak_bytes=planned)
         r.check("plan_covers_sync_peak", peak <= planned, vs_plan(peak, planned))
     sent = (metrics or {}).get("sync/bytes", 0.0)

@@ -325,6 +325,39 @@ def hf_logprobs(model_dir: Path, seqs: list[list[int]], device: str) -> list[lis
     return out
 
 
+def live_at_peak(trace: list[dict[str, Any]], top: int = 12) -> tuple[int, list[tuple[int, str]]]:
+    """The most bytes live at once over a CUDA allocator trace (`torch.cuda.memory._snapshot()["device_traces"]`
+    of one device, recorded with `_record_memory_history`), and the blocks live then, summed by where they were
+    allocated (`allocation_site`), largest first."""
+    total = peak = 0
+    at = -1
+    for i, entry in enumerate(trace):
+        total += entry["size"] * {"alloc": 1, "free_completed": -1}.get(entry["action"], 0)
+        if total > peak:
+            peak, at = total, i
+    live: dict[int, dict[str, Any]] = {}
+    for entry in trace[: at + 1]:
+        if entry["action"] == "alloc":
+            live[entry["addr"]] = entry
+        elif entry["action"] == "free_completed":
+            live.pop(entry["addr"], None)
+    sites: dict[str, int] = {}
+    for entry in live.values():
+        site = allocation_site(entry.get("frames", []))
+        sites[site] = sites.get(site, 0) + entry["size"]
+    return peak, sorted(((n, site) for site, n in sites.items()), reverse=True)[:top]
+
+
+def allocation_site(frames: list[dict[str, Any]]) -> str:
+    """`path:line function` of the innermost frame in this project or Megatron (paths from the package root)."""
+    for frame in frames:
+        path = frame["filename"]
+        for root in ("userrl_megatron/", "megatron/core/"):
+            if root in path:
+                return f"{root}{path.rsplit(root, 1)[1]}:{frame['line']} {frame['name']}"
+    return "elsewhere"
+
+
 def row_held(plan: Any, phase: str) -> dict[str, int]:
     rows = [row for row in plan.rows if row.phase == phase]
     return max(rows, key=lambda row: row.used).held if rows else {}

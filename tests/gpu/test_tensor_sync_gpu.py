@@ -4,6 +4,7 @@ bit-exact and the sender's bucket memory is given back once the engine answered.
 tests/conformance/test_tensor_sync.py (shared-memory files instead of IPC handles, every other line the same)."""
 
 import asyncio
+import gc
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_cuda_ipc_buckets_load_bit_exact_and_are_freed(tmp_path: Path) -> None:
-    path = make_tiny_model("qwen3", tmp_path / "tiny", tokenizer="char")
+    path = make_tiny_model("qwen3", tmp_path / "tiny", tokenizer="char", intermediate_size=1024)  # 3.4 MB in fp32
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     state = [(n, (t.detach() * 0.5 + 0.125).to("cuda")) for n, t in hf.state_dict().items() if n != "lm_head.weight"]
     cfg = EmbeddedServerConfig(device="cuda", startup_timeout_s=600)  # a bound on a hang only
@@ -30,12 +31,14 @@ def test_cuda_ipc_buckets_load_bit_exact_and_are_freed(tmp_path: Path) -> None:
     sender = TensorSender(SyncConfig(bucket_mb=1), [EngineEndpoint(server.url)], "gpu_tensor", "cuda:0")
     try:
         sender.connect()
+        gc.collect()  # garbage of earlier tests in this process, collected during the push, would read as freed
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         metrics = sender.push(state, version=3)
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == before  # every bucket dropped after its answer
-        assert metrics["sync/buckets"] >= 2 and "sync/broadcast_s" not in metrics
+        assert metrics["sync/bytes"] == sum(t.numel() * t.element_size() for _, t in state)
+        assert metrics["sync/buckets"] >= 3 and "sync/broadcast_s" not in metrics  # 1 MiB buckets
 
         async def read() -> dict[str, list]:
             async with SGLangClient(server.url) as client:

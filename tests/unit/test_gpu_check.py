@@ -153,3 +153,27 @@ def test_a_raising_phase_is_recorded_and_what_needs_it_is_skipped(tmp_path: Path
     failed = gpu_check.run_phase(smoke, gpu_check.Phase("model", (), unsure), 30)
     assert failed.status == "failed"
     assert "failed check fails: by design" in gpu_check.format_table([failed])
+
+
+def test_the_training_peak_is_broken_down_by_the_sites_live_at_it(gpu_check: ModuleType) -> None:
+    def frame(path: str, line: int, name: str) -> dict[str, object]:
+        return {"filename": path, "line": line, "name": name}
+
+    logits = [frame("/x/torch/nn/functional.py", 1, "linear"), frame("/r/userrl_megatron/megatron/logits.py", 9, "f")]
+    layer = [frame("/site/megatron/core/transformer/mlp.py", 120, "forward")]
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": layer},
+        {"action": "alloc", "addr": 2, "size": 300, "frames": logits},
+        {"action": "alloc", "addr": 3, "size": 50, "frames": [frame("/lib/other.py", 3, "g")]},
+        {"action": "free_requested", "addr": 2, "size": 300, "frames": logits},  # still counted: not yet freed
+        {"action": "alloc", "addr": 4, "size": 25, "frames": layer},  # the peak: 475
+        {"action": "free_completed", "addr": 2, "size": 300, "frames": logits},
+        {"action": "alloc", "addr": 5, "size": 200, "frames": logits},  # 375: below the peak
+    ]
+    peak, sites = sys.modules["gpu_smoke"].live_at_peak(trace)  # loaded by gpu_check
+    assert peak == 475
+    assert sites == [
+        (300, "userrl_megatron/megatron/logits.py:9 f"),
+        (125, "megatron/core/transformer/mlp.py:120 forward"),
+        (50, "elsewhere"),
+    ]
