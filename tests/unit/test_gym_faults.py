@@ -4,13 +4,14 @@ reward 0, and the episode goes on (the next step works)."""
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
 
 import gyms
 from tests.support.gym_play import SIM_TIMEOUT_S, sim_for
-from tests.support.openai_server import FOREVER, Answer, Fault, OpenAIServer, Reply, fail_first
+from tests.support.openai_server import FOREVER, Answer, Fault, OpenAIServer, Reply
 
 STORY = {
     "new_title": "T",
@@ -76,14 +77,19 @@ def test_failed_simulator_calls_are_marked_and_the_episode_survives(gym_name: st
         system = body["messages"][0]["content"]
         return next((reply for marker, reply in replies.items() if marker in system), None)
 
+    # The fault holds for the whole failing step, not for a count of requests: a client whose 0.3 s ran out
+    # before its request was sent (a starved process) would leave a count's faults to the recovered step.
+    failing = threading.Event()
+    failing.set()
     attempts = calls * (RETRIES + 1)
-    with OpenAIServer(fail_first(attempts, FAULTS[fault_name], then=valid)) as server:
+    with OpenAIServer(lambda body: FAULTS[fault_name] if failing.is_set() else valid(body)) as server:
         sim = sim_for(server, max_retries=RETRIES, timeout_s=TIMEOUT_S if fault_name == "timeout" else SIM_TIMEOUT_S)
         gym = gyms.make_gym(gym_name, task, user_sim=sim)
 
         async def run() -> list[gyms.StepResult]:
             await gym.reset()
             failed = await gym.step(action)
+            failing.clear()
             await sim.close()  # the next call opens a new client, with the timeout of a step that must succeed
             sim.cfg.timeout_s = SIM_TIMEOUT_S
             recovered = await gym.step(action)
@@ -99,4 +105,8 @@ def test_failed_simulator_calls_are_marked_and_the_episode_survives(gym_name: st
     assert recovered.user_sim_error is None
     metrics = sim.metrics()
     assert (metrics["failures"], metrics["retries"]) == (calls, calls * RETRIES)
-    assert server.count == attempts + (2 if gym_name == "travel" else calls)  # travel: judge, then the reply
+    recovering = 2 if gym_name == "travel" else calls  # travel: judge, then the reply
+    if fault_name == "timeout":  # an attempt may time out before it is sent, or arrive after the step gave up
+        assert recovering <= server.count <= attempts + recovering
+    else:
+        assert server.count == attempts + recovering
