@@ -304,8 +304,10 @@ def test_a_request_that_fails_inside_a_batch_fails_alone(engine: LocalEngine, hf
     failed_prefill, failed_decode = done[3], done[4]
     assert failed_prefill.output_ids == [] and failed_decode.output_ids == [failed_decode.output_ids[0]]
     assert failed_prefill.finish_reason["status_code"] == 500 and failed_decode.finish_reason["status_code"] == 500
-    assert failed_prefill.finish_reason["err_type"] == "ValueError"
-    assert failed_prefill.finish_reason["message"] == "engine error: Overflow when unpacking long long"
+    assert failed_prefill.finish_reason["err_type"] == "IndexError"
+    assert failed_prefill.finish_reason["message"] == (
+        f"engine error: index {2**70} is out of bounds for dimension 0 with size {vocab}"
+    )
     assert failed_decode.finish_reason["err_type"] == "RuntimeError"
     assert failed_decode.finish_reason["message"].startswith("engine error: probability tensor contains")
     assert run(engine.generate(good[1], GREEDY)).output_ids == hf_greedy(hf, good[1], GREEDY.max_new_tokens)

@@ -5,6 +5,7 @@ Log-probs are those of `softmax(logits / temperature)` before top-k/top-p/min-p 
 """
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,58 +212,189 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -
     """Next token of every row, its log-prob, and (if asked) the top log-probs of each row.
 
     logits: [rows, vocab] float32 on the engine's device; modified in place by penalties, biases and bans. Every
-    tensor made here is made on that device, and each row's generator must live there too (`torch.multinomial`
-    on CUDA refuses a CPU generator). A row whose own settings make a step raise fails alone (`Sampled.failed`):
+    tensor made here is made on that device, and each row's generator must live there too (`exponential_` on
+    CUDA refuses a CPU generator). A row whose own settings make a step raise fails alone (`Sampled.failed`):
     every other row of the batch is sampled as if it had not been there.
+
+    One step is a fixed set of batched ops over all rows, with one host-to-device copy of the rows' settings and
+    one device-to-host copy of the tokens and their log-probs (no per-row synchronisation). Sampled rows draw by
+    an exponential race, `argmax(probs / q)` with `q ~ Exp(1)` per token: a row with a generator of its own (a
+    `sampling_seed`) draws its `q` from it alone, so its tokens do not depend on the rest of the batch.
     """
+    vocab = logits.shape[-1]
+    settings = _Settings()
     failed: dict[int, Exception] = {}
     for i, row in enumerate(rows):
         try:
-            _adjust_logits(logits[i], row)
+            settings.add(i, row, vocab)
         except Exception as e:
             failed[i] = e
-            logits[i] = 0.0  # keeps its row of the batched ops finite; the row's result is discarded
-    temperatures = torch.tensor([row.spec.temperature for row in rows], dtype=logits.dtype, device=logits.device)
+    drawing = [i for i, row in enumerate(rows) if not row.spec.greedy and i not in failed]
+    groups: dict[int, list[int]] = {}  # rows by the generator they draw from (None: torch's default)
+    for i in drawing:
+        groups.setdefault(id(rows[i].generator), []).append(i)
+    for members in groups.values():
+        if len(members) > 1:
+            settings.drawn_together += members
+    per_row, penalized, biased, banned, together = settings.upload(logits.device)
+
+    _edit_logits(logits, per_row, penalized, biased, banned)
+    temperatures = per_row[:, 0].to(logits.dtype)
     logprobs = torch.log_softmax(logits / temperatures.unsqueeze(1), dim=-1)
     tokens = logprobs.argmax(dim=-1)
-    for i, row in enumerate(rows):
-        if not row.spec.greedy and i not in failed:
-            try:
-                tokens[i] = _draw(logprobs[i], row.spec, row.generator)
-            except Exception as e:
-                failed[i] = e
+    invalid = None
+    if drawing:
+        greedy = per_row[:, 1] == 1  # top_k 1 is how greedy requests are encoded
+        probs = _truncate(
+            logprobs.exp(),
+            per_row[:, 1].long(),
+            per_row[:, 2],
+            per_row[:, 3],
+            by_rank=any(0 < rows[i].spec.top_k < vocab or rows[i].spec.top_p < 1.0 for i in drawing),
+            by_min_p=any(rows[i].spec.min_p > 0.0 for i in drawing),
+        )
+        q = _exponentials(probs, [(rows[m[0]].generator, m) for m in groups.values()], together, len(rows), failed)
+        scores, drawn = probs.div_(q.clamp_min_(torch.finfo(q.dtype).tiny)).max(dim=-1)
+        tokens = torch.where(greedy, tokens, drawn)
+        invalid = scores.isnan()  # NaN probabilities (inf or NaN logits) survive truncation and win the race
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     k = min(top_logprobs, logprobs.shape[-1])
     top = logprobs.topk(k, dim=-1) if k > 0 else None
-    return Sampled(tokens.tolist(), chosen.tolist(), top, failed)
+    columns = [tokens, chosen] if invalid is None else [tokens, chosen, invalid]
+    host = torch.stack([c.to(torch.float64) for c in columns]).tolist()  # the step's one device-to-host copy
+    if invalid is not None:
+        for i in drawing:
+            if host[2][i] and i not in failed:  # torch.multinomial's message, as before
+                failed[i] = RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    return Sampled([int(t) for t in host[0]], host[1], top, failed)
 
 
-def _adjust_logits(logits: torch.Tensor, row: SampleRow) -> None:
-    spec, device = row.spec, logits.device
-    if spec.needs_penalties and row.output_ids:
-        ids, counts = torch.tensor(row.output_ids, device=device).unique(return_counts=True)
-        picked = logits[ids]
-        if spec.repetition_penalty != 1.0:
-            picked = torch.where(picked > 0, picked / spec.repetition_penalty, picked * spec.repetition_penalty)
-        picked = picked - spec.frequency_penalty * counts.to(logits.dtype) - spec.presence_penalty
-        logits[ids] = picked
-    if spec.logit_bias:
-        ids = torch.tensor(list(spec.logit_bias), device=device)
-        logits[ids] += torch.tensor(list(spec.logit_bias.values()), dtype=logits.dtype, device=device)
-    if row.banned:
-        logits[torch.tensor(row.banned, device=device)] = float("-inf")
+_COLUMNS = 7  # per row: temperature, top_k (vocab when off), top_p, min_p, repetition, frequency, presence penalty
 
 
-def _draw(logprobs: torch.Tensor, spec: SamplingSpec, generator: torch.Generator | None) -> int:
-    probs = logprobs.exp()
-    if spec.top_k > 0 and spec.top_k < probs.numel():
-        kth = probs.topk(spec.top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, 0.0)
-    if spec.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly above each token
-        sorted_probs[before > spec.top_p * sorted_probs.sum()] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    if spec.min_p > 0.0:
-        probs = torch.where(probs >= spec.min_p * probs.max(), probs, 0.0)
-    return int(torch.multinomial(probs, 1, generator=generator))
+@dataclass
+class _Settings:
+    """One step's per-row settings and sparse logit edits, gathered on the host and sent to the device in one copy."""
+
+    per_row: list[float] = field(default_factory=list)  # _COLUMNS values a row
+    penalized: list[float] = field(default_factory=list)  # (row, token id, count) of tokens output so far
+    biased: list[float] = field(default_factory=list)  # (row, token id, bias)
+    banned: list[float] = field(default_factory=list)  # (row, token id)
+    drawn_together: list[float] = field(default_factory=list)  # rows sharing a generator, group after group
+
+    def add(self, i: int, row: SampleRow, vocab: int) -> None:
+        """Row i's settings; raises, adding no edits, when one of its token ids is outside the vocabulary."""
+        spec = row.spec
+        top_k = spec.top_k if 0 < spec.top_k < vocab else vocab
+        self.per_row += (spec.temperature, top_k, spec.top_p, spec.min_p)
+        self.per_row += (spec.repetition_penalty, spec.frequency_penalty, spec.presence_penalty)
+        counts = Counter(row.output_ids) if spec.needs_penalties else Counter()
+        for ids in (counts, spec.logit_bias, row.banned):
+            for token_id in ids:
+                if not 0 <= token_id < vocab:  # one bad id must not fail the batched index ops of every row
+                    raise IndexError(f"index {token_id} is out of bounds for dimension 0 with size {vocab}")
+        for token_id, count in counts.items():
+            self.penalized += (i, token_id, count)
+        for token_id, bias in spec.logit_bias.items():
+            self.biased += (i, token_id, bias)
+        for token_id in row.banned:
+            self.banned += (i, token_id)
+
+    def upload(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(per_row [rows, _COLUMNS], penalized [n, 3], biased [n, 3], banned [n, 2], drawn_together [n]) on
+        `device`, float64 (exact for token ids and counts) but `drawn_together`, made long for indexing."""
+        parts = (self.per_row, self.penalized, self.biased, self.banned, self.drawn_together)
+        flat = torch.tensor([x for part in parts for x in part], dtype=torch.float64)
+        if device.type == "cuda" and torch.cuda.is_available():  # from pinned memory the copy does not wait
+            flat = flat.pin_memory().to(device, non_blocking=True)
+        else:
+            flat = flat.to(device)
+        per_row, penalized, biased, banned, together = flat.split([len(part) for part in parts])
+        return (
+            per_row.view(-1, _COLUMNS),
+            penalized.view(-1, 3),
+            biased.view(-1, 3),
+            banned.view(-1, 2),
+            together.long(),
+        )
+
+
+def _edit_logits(
+    logits: torch.Tensor, per_row: torch.Tensor, penalized: torch.Tensor, biased: torch.Tensor, banned: torch.Tensor
+) -> None:
+    """Penalties on the tokens output so far, then `logit_bias`, then the banned ids at -inf, in place."""
+    if penalized.shape[0]:
+        rows, ids = penalized[:, 0].long(), penalized[:, 1].long()
+        repetition, frequency, presence = per_row[rows, 4:].to(logits.dtype).unbind(1)
+        picked = logits[rows, ids]
+        picked = torch.where(picked > 0, picked / repetition, picked * repetition)
+        logits[rows, ids] = picked - frequency * penalized[:, 2].to(logits.dtype) - presence
+    if biased.shape[0]:
+        index = (biased[:, 0].long(), biased[:, 1].long())
+        logits.index_put_(index, biased[:, 2].to(logits.dtype), accumulate=True)
+    if banned.shape[0]:
+        logits[banned[:, 0].long(), banned[:, 1].long()] = float("-inf")
+
+
+def _truncate(
+    probs: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    by_rank: bool,
+    by_min_p: bool,
+) -> torch.Tensor:
+    """`probs` [rows, vocab] with the tokens each row's top_k (in [1, vocab]), then top_p, then min_p ([rows]
+    each) drop set to 0, in place where it can.
+
+    top_k keeps the tokens at least as likely as the k-th, ties included. top_p drops a token when the mass ranked
+    before it (by probability, ties by token id) exceeds top_p × the mass top_k kept. min_p drops a token less
+    likely than min_p × the row's most likely one. `by_rank` / `by_min_p` say whether any row needs them.
+    """
+    if by_rank:
+        ranked, order = probs.sort(dim=-1, descending=True, stable=True)
+        ranked.masked_fill_(ranked < ranked.gather(1, top_k.unsqueeze(1) - 1), 0.0)
+        top_p = top_p.to(probs.dtype).unsqueeze(1)
+        before = ranked.cumsum(dim=-1).sub_(ranked)
+        limit = torch.where(top_p < 1.0, top_p * ranked.sum(dim=-1, keepdim=True), math.inf)
+        ranked.masked_fill_(before > limit, 0.0)
+        probs = torch.zeros_like(probs).scatter_(1, order, ranked)
+    if by_min_p:
+        threshold = min_p.to(probs.dtype).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+        probs.masked_fill_(probs < threshold, 0.0)
+    return probs
+
+
+def _exponentials(
+    probs: torch.Tensor,
+    groups: list[tuple[torch.Generator | None, list[int]]],
+    together: torch.Tensor,
+    rows: int,
+    failed: dict[int, Exception],
+) -> torch.Tensor:
+    """Exp(1) draws shaped like `probs`, each group's rows from its generator (rows in no group get 1).
+
+    A row alone with its generator draws exactly one row of `vocab` values from it, wherever it sits in the
+    batch; a group of rows sharing one draws them in one op, its rows indexed by its span of `together`. A
+    generator that refuses (one on another device) fails its own rows.
+    """
+    if len(groups) == 1 and len(groups[0][1]) == rows:
+        generator, members = groups[0]
+        try:
+            return torch.empty_like(probs).exponential_(generator=generator)
+        except Exception as e:
+            failed.update(dict.fromkeys(members, e))
+            return torch.ones_like(probs)
+    q, start = torch.ones_like(probs), 0
+    for generator, members in groups:
+        try:
+            if len(members) == 1:
+                q[members[0]].exponential_(generator=generator)
+            else:
+                span = together[start : start + len(members)]
+                start += len(members)
+                drawn = torch.empty(len(members), probs.shape[-1], dtype=probs.dtype, device=probs.device)
+                q.index_copy_(0, span, drawn.exponential_(generator=generator))
+        except Exception as e:
+            failed.update(dict.fromkeys(members, e))
+    return q
