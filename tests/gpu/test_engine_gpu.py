@@ -3,6 +3,7 @@
 that the CPU tests' fake device (`tests/support/fake_cuda.py`) assumes, checked against real CUDA."""
 
 import asyncio
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from tests.support.fake_cuda import FakeCuda
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.server.local import LocalEngine
-from userrl_megatron.server.sampling import parse_sampling_params
+from userrl_megatron.server.sampling import SampleRow, parse_sampling_params, sample
 from userrl_megatron.server.scheduler import Request
 from userrl_megatron.types import SamplingParams
 
@@ -150,6 +151,48 @@ def test_cuda_weights_released_and_resumed(engine: LocalEngine, hf: torch.nn.Mod
     assert run(engine, {"max_new_tokens": 16, "temperature": 0}).output_ids == hf_greedy(hf, PROMPT, 16)
 
 
+def test_cuda_seeded_row_draws_alone_what_it_draws_in_a_batch() -> None:
+    """On CUDA a seeded row's exponential draws (one `[vocab]` row of the batch) equal those of the row alone (a
+    `[1, vocab]` block): a `sampling_seed` reproduces its tokens whatever else the engine decodes."""
+    vocab = 1000
+    s = parse_sampling_params({"temperature": 0.9, "top_p": 0.95, "sampling_seed": 7}, vocab)
+    logits = torch.randn(3, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+
+    def tokens(batch: list[SampleRow], rows: torch.Tensor) -> list[list[int]]:
+        drawn = [sample(rows.clone(), batch).tokens for _ in range(16)]
+        return [list(column) for column in zip(*drawn, strict=True)]
+
+    def seeded() -> SampleRow:
+        return SampleRow(s, [], torch.Generator("cuda").manual_seed(7))
+
+    shared = torch.Generator("cuda").manual_seed(0)
+    alone = tokens([seeded()], logits[:1])[0]
+    batch = [SampleRow(s, [], shared), seeded(), SampleRow(s, [], shared)]
+    assert tokens(batch, logits[[1, 0, 2]])[1] == alone
+    assert len(set(alone)) > 3
+
+
+def test_cuda_sampling_step_synchronises_once() -> None:
+    """A step of 8 sampled rows (penalties, bias, bans, top-k/top-p) waits for the GPU once: the copy of the
+    tokens back (CUDA's sync debug mode warns at every synchronising call)."""
+    vocab = 5000
+    params = {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.2, "logit_bias": {"3": 1.0}}
+    s = parse_sampling_params(params, vocab)
+    rows = [SampleRow(s, [1, 2, 2], torch.Generator("cuda").manual_seed(i) if i % 2 else None, (4,)) for i in range(8)]
+    logits = torch.randn(8, vocab, device="cuda")
+    sample(logits.clone(), rows)  # warm-up: first calls may initialise CUDA state
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            sample(logits.clone(), rows)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    assert len(syncs) == 1, syncs
+
+
 # ---- the fake device of the CPU tests against real CUDA ----
 
 
@@ -187,6 +230,18 @@ def _device_generator(device: str) -> Any:
     return torch.multinomial(torch.ones(5, device=device), 1, generator=torch.Generator(device=device))
 
 
+def _host_generator_exponential(device: str) -> Any:
+    return torch.empty(5, device=device).exponential_(generator=torch.Generator().manual_seed(0))
+
+
+def _device_generator_exponential(device: str) -> Any:
+    return torch.empty(5, device=device).exponential_(generator=torch.Generator(device=device))
+
+
+def _pinned_copy(device: str) -> Any:
+    return torch.ones(5).pin_memory().to(device, non_blocking=True) + torch.zeros(5, device=device)
+
+
 def _numpy(device: str) -> Any:
     return torch.zeros(2, device=device).numpy()
 
@@ -202,6 +257,9 @@ CASES: dict[str, Callable[[str], Any]] = {
         _gather_host_index,
         _host_generator,
         _device_generator,
+        _host_generator_exponential,
+        _device_generator_exponential,
+        _pinned_copy,
         _numpy,
     )
 }
