@@ -13,8 +13,9 @@ seeds and settings:
 
 Every mode runs once per seed (seed-major order, so a drift in the machine's load touches all modes alike), from
 one warmed-up policy. A seed sets `run.seed` (task order, Megatron's RNG), `rollout.embedded.random_seed` (the
-engine's token sampling) and `gyms.echo.seed` (the user's reply delays). 24 steps by default: 12-step sync curves
-still rose at step 12 (~0.6 to ~1.9); `late_rise` in the report says whether they flattened by the end.
+engine's token sampling) and `gyms.echo.seed` (the user's reply delays). 40 steps by default: sync's curves
+still rose at step 24 (smoothed rise over the last 6 steps 0.33) and had flattened by step 40 (0.05); `late_rise`
+in the report says whether they flattened by the end.
 
 Kept per mode and seed: the reward curve (`rollout/reward_mean` per step; None for a step served entirely from
 groups carried from earlier steps, which logs no rollout statistics: every figure below skips it), each step's wall
@@ -34,7 +35,7 @@ every step with every episode that finished in it (rollouts/step_N.jsonl: its gr
 reward and weight version). The final checkpoint is removed once a run finishes (it adds nothing to a
 diagnosis; a run that fails keeps it). Writing the dumps adds a little to each step's time.
 
-    python tools/bench_async.py --out bench_async.json            # 5 seeds x 3 modes x 24 steps: about an hour
+    python tools/bench_async.py --out bench_async.json            # 5 seeds x 3 modes x 40 steps: about 2 hours
     python tools/bench_async.py --quick --out bench_async.json    # 2 seeds x 12 steps, a smoke run: ~15 min
     python tools/bench_async.py --seed-list 1,2,3,4,5,6,7 --steps 30 --median 0.2 --p99 5
     python tools/bench_async.py --seed-list 3 --modes sync,one_step_off_os --keep runs/bench_async
@@ -293,7 +294,7 @@ def run_mode(name: str, seed: int, policy: Path, scratch: Path, args: argparse.N
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=24, help="RL steps per run")
+    p.add_argument("--steps", type=int, default=40, help="RL steps per run")
     p.add_argument("--seeds", type=int, default=0, help="runs per mode, seeds 1..N (default 5, --quick 2)")
     p.add_argument("--seed-list", default="", help="comma-separated seeds (instead of --seeds)")
     p.add_argument("--median", type=float, default=0.2, help="median user reply delay, seconds")
