@@ -14,13 +14,18 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from userrl_megatron.config.schema import AlgoConfig, CheckpointConfig, MegatronConfig, ModelConfig, SyncConfig
 from userrl_megatron.ports import free_port
 from userrl_megatron.types import TrainBatch
 
+if TYPE_CHECKING:
+    from userrl_megatron.megatron.actor import MegatronActor
+
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass
@@ -154,8 +159,10 @@ class MegatronWorker:
 
     # ---- the actor interface ----
 
-    def compute_logprobs(self, batch: TrainBatch, trained_only: bool = False) -> list[list[float]] | None:
-        out = self.actor.compute_logprobs(batch, trained_only=trained_only)
+    def run(self, method: "Callable[Concatenate[MegatronActor, P], R]", *args: P.args, **kwargs: P.kwargs) -> R | None:
+        """Call one method of this rank's `MegatronActor` (the group passes the method itself, so the call is
+        type-checked against its signature); rank 0's answer, None elsewhere (the others are not shipped)."""
+        out = method(self.actor, *args, **kwargs)
         return out if self.rank == 0 else None
 
     def compute_ref_logprobs(self, batch: TrainBatch) -> list[list[float]] | None:
@@ -166,40 +173,6 @@ class MegatronWorker:
         with self.reference.swapped_in(self._parameters()):
             out = self.actor.compute_logprobs(batch, trained_only=True)  # the KL term covers trained tokens only
         return out if self.rank == 0 else None
-
-    def train_step(self, batch: TrainBatch) -> dict[str, float] | None:
-        metrics = self.actor.train_step(batch)
-        return metrics if self.rank == 0 else None
-
-    def save(self, path: str, extra_state: dict[str, Any], ckpt: CheckpointConfig, background: bool) -> None:
-        self.actor.save(
-            path, extra_state, ckpt.keep_last, ckpt.save_optimizer, ckpt.optimizer_format, background=background
-        )
-
-    def finish_save(self, wait: bool) -> bool:
-        return self.actor.finish_save(wait)
-
-    def load(self, path: str, with_optimizer: bool = True) -> dict[str, Any]:
-        return self.actor.load(path, with_optimizer)
-
-    def load_weights(self, path: str) -> None:
-        self.actor.load_weights(path)
-
-    def offload(self, weights: bool = True) -> None:
-        self.actor.offload(weights)
-
-    def onload(self, weights_only: bool = False) -> None:
-        self.actor.onload(weights_only)
-
-    def offloaded(self) -> list[str]:
-        return self.actor.offloaded()
-
-    def export_hf(self, out_dir: str) -> str | None:
-        """Write the model as an HF directory (safetensors, config, tokenizer); each stage writes its shards."""
-        self.actor.export_hf_dir(out_dir)
-        return out_dir if self.rank == 0 else None
-
-    # ---- weight sync ----
 
     def connect_engines(self, engines: list[dict[str, Any]], group_name: str, stage: int, method: str) -> bool:
         """Stage `stage`'s source rank becomes the sender `group_name` to every engine; others do nothing.
@@ -342,40 +315,55 @@ class ActorGroup:
     # ---- the collectives (`trainer.seams.Actors`): every rank runs the call, rank 0's answer comes back ----
 
     def compute_logprobs(self, batch: TrainBatch, trained_only: bool = False) -> list[list[float]]:
-        ref = _put(batch)
-        return self._all("log-probs", lambda w: w.compute_logprobs.remote(ref, trained_only))
+        return self._each_rank("log-probs", _actor().compute_logprobs, _put(batch), trained_only=trained_only)
 
     def compute_ref_logprobs(self, batch: TrainBatch) -> list[list[float]]:
         ref = _put(batch)
         return self._all("reference log-probs", lambda w: w.compute_ref_logprobs.remote(ref))
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        ref = _put(batch)
-        return self._all("train step", lambda w: w.train_step.remote(ref))
+        return self._each_rank("train step", _actor().train_step, _put(batch))
 
     def save(self, path: str, extra_state: dict[str, Any], ckpt: CheckpointConfig, background: bool) -> None:
-        self._all("checkpoint save", lambda w: w.save.remote(path, extra_state, ckpt, background))
+        self._each_rank(
+            "checkpoint save",
+            _actor().save,
+            path,
+            extra_state,
+            ckpt.keep_last,
+            ckpt.save_optimizer,
+            ckpt.optimizer_format,
+            background=background,
+        )
 
     def finish_save(self, wait: bool) -> bool:
-        return self._all("checkpoint commit", lambda w: w.finish_save.remote(wait))
+        return self._each_rank("checkpoint commit", _actor().finish_save, wait)
 
     def load(self, path: str, with_optimizer: bool = True) -> dict[str, Any]:
-        return self._all("checkpoint load", lambda w: w.load.remote(path, with_optimizer))
+        return self._each_rank("checkpoint load", _actor().load, path, with_optimizer)
 
     def load_weights(self, path: str) -> None:
-        self._all("weights load", lambda w: w.load_weights.remote(path))
+        self._each_rank("weights load", _actor().load_weights, path)
 
     def offload(self, weights: bool = True) -> None:
-        self._all("offload", lambda w: w.offload.remote(weights))
+        self._each_rank("offload", _actor().offload, weights)
 
     def onload(self, weights_only: bool = False) -> None:
-        self._all("onload", lambda w: w.onload.remote(weights_only))
+        self._each_rank("onload", _actor().onload, weights_only)
 
     def offloaded(self) -> list[str]:
-        return self._all("offload query", lambda w: w.offloaded.remote())
+        return self._each_rank("offload query", _actor().offloaded)
 
     def export_hf(self, out_dir: str) -> str | None:
-        return self._all("HF export", lambda w: w.export_hf.remote(out_dir))
+        """Write the model as an HF directory (safetensors, config, tokenizer); each stage writes its shards."""
+        self._each_rank("HF export", _actor().export_hf_dir, out_dir)
+        return out_dir
+
+    def _each_rank(
+        self, what: str, method: "Callable[Concatenate[MegatronActor, P], R]", *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """Run one `MegatronActor` method on every rank (`MegatronWorker.run`); rank 0's result."""
+        return self._all(what, lambda w: w.run.remote(method, *args, **kwargs))
 
     def _all(self, what: str, remote_call: Callable[[Any], Any]) -> Any:
         """Run one call on every rank; rank 0's result. A long call logs a heartbeat every 30 s."""
@@ -429,6 +417,13 @@ class ActorGroup:
         import ray
 
         return ray.get(refs)
+
+
+def _actor() -> "type[MegatronActor]":
+    """The class whose methods the group runs on its ranks (imported on first use: it imports megatron.core)."""
+    from userrl_megatron.megatron.actor import MegatronActor
+
+    return MegatronActor
 
 
 def _put(batch: TrainBatch) -> Any:
