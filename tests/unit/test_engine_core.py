@@ -311,3 +311,21 @@ def test_a_request_that_fails_inside_a_batch_fails_alone(engine: LocalEngine, hf
     assert failed_decode.finish_reason["err_type"] == "RuntimeError"
     assert failed_decode.finish_reason["message"].startswith("engine error: probability tensor contains")
     assert run(engine.generate(good[1], GREEDY)).output_ids == hf_greedy(hf, good[1], GREEDY.max_new_tokens)
+
+
+def test_the_engine_logs_each_release_and_resume_of_its_memory(
+    engine: LocalEngine, hf: torch.nn.Module, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What an engine's log shows of the colocated hand-offs (the run's engine logs; tests/e2e reads them)."""
+
+    async def handoff() -> None:
+        await engine.release_memory(["kv_cache", "cuda_graph"])
+        await engine.resume_memory(["kv_cache", "cuda_graph"])
+
+    with caplog.at_level("INFO", logger="userrl_megatron.server.core"):
+        run(handoff())
+    assert [r.getMessage() for r in caplog.records if r.name == "userrl_megatron.server.core"] == [
+        "memory released: kv_cache, cuda_graph",
+        "memory resumed: kv_cache, cuda_graph",
+    ]
+    assert run(engine.generate([5, 6, 7], GREEDY)).output_ids == hf_greedy(hf, [5, 6, 7], GREEDY.max_new_tokens)

@@ -127,6 +127,33 @@ def test_both_pools_step_aside_while_the_actor_trains_and_come_back_before_the_r
         "policy resume",
     ]
     assert h.released == set() and not h.shared_released
+    assert h.metrics() == {  # one hand-off each way per pool, whatever was asked twice
+        "rollout/memory_releases": 1.0,
+        "rollout/memory_resumes": 1.0,
+        "user_sim/memory_releases": 1.0,
+        "user_sim/memory_resumes": 1.0,
+    }
+
+
+def test_a_hand_off_ends_when_all_the_memory_is_back() -> None:
+    """The weight sync takes the policy engines' weights back first, their KV cache and CUDA graphs come back in
+    enter_rollout: one resume of the hand-off, counted when nothing is left released."""
+    h, _ = handoff(load_config(overrides=COLOCATED), shared=False)
+
+    async def step() -> list[dict[str, float]]:
+        await h.enter_training()
+        seen = [h.metrics()]
+        await h.resume(["weights"])
+        seen.append(h.metrics())
+        await h.enter_rollout()
+        return [*seen, h.metrics()]
+
+    assert [(m["rollout/memory_releases"], m["rollout/memory_resumes"]) for m in asyncio.run(step())] == [
+        (1.0, 0.0),
+        (1.0, 0.0),
+        (1.0, 1.0),
+    ]
+    assert "user_sim/memory_releases" not in h.metrics()  # no simulator engines on these GPUs
 
 
 def test_checkpoint_saves_make_room_the_same_way() -> None:
@@ -163,7 +190,7 @@ def test_disaggregated_nothing_steps_aside() -> None:
     h, calls = handoff(load_config(overrides=[*COLOCATED[1:], *SHARED]))
     asyncio.run(h.enter_training())
     asyncio.run(h.enter_rollout())
-    assert calls == []
+    assert calls == [] and h.metrics() == {}
 
 
 def test_components_hand_the_simulators_pool_over_only_when_it_shares_the_gpus() -> None:

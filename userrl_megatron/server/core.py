@@ -578,6 +578,7 @@ class EngineCore:
             self.scheduler.held = True
 
         await self._on_scheduler(release)
+        log.info("memory released: %s", ", ".join(tags))
 
     async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         tags = _check_tags(tags)
@@ -595,6 +596,7 @@ class EngineCore:
             self.scheduler.held = bool(self._released)
 
         await self._on_scheduler(resume)
+        log.info("memory resumed: %s", ", ".join(tags))
 
     # ---- introspection ----
 

@@ -63,9 +63,9 @@ class Components:
         return group
 
     def service_metrics(self) -> dict[str, float]:
-        """The engines' restarts so far, and the user simulator's counters since the previous call (a step's own:
-        its calls, failures, retries, tokens, latency percentiles, cache hit rate)."""
-        metrics = {"rollout/engine_restarts": float(self.pool.restarts_total)}
+        """The engines' restarts and (colocated) memory hand-offs so far, and the user simulator's counters since
+        the previous call (a step's own: its calls, failures, retries, tokens, latency percentiles, cache hit rate)."""
+        metrics = {"rollout/engine_restarts": float(self.pool.restarts_total)} | self.handoff.metrics()
         if self.sim_pool is not None:
             metrics["user_sim/engine_restarts"] = float(self.sim_pool.restarts_total)
         if self.user_sim is not None:

@@ -8,6 +8,10 @@ The user simulator's engines on the same GPUs (`user_sim.engines.placement: poli
 take the same turns: paused (which also stops their generation probes) and their KV cache and CUDA graphs released
 (`FROZEN_MEMORY_TAGS`) while the actor trains, resumed before the rollout. They keep their weights: a frozen model
 gets no weight sync to restore them, and SGLang's release of weights without a host backup loses them.
+
+`metrics()` counts the hand-offs of the run so far, per pool: how often its engines released their memory and how
+often they took all of it back (`rollout/memory_releases`, `rollout/memory_resumes`, and `user_sim/...` for the
+shared pool), logged with every step.
 """
 
 import asyncio
@@ -51,6 +55,8 @@ class MemoryHandoff:
         self.colocated = cfg.rollout.colocate
         self.released: set[str] = set()  # engine memory tags released and not resumed yet
         self.shared_released = False  # the shared engines' FROZEN_MEMORY_TAGS released and not resumed yet
+        # The run's hand-offs so far: releases of memory the engines held, and resumes that gave all of it back.
+        self.releases = self.resumes = self.shared_releases = self.shared_resumes = 0
 
     async def enter_training(self) -> None:
         """Colocated mode: the engines pause and free their GPU memory; with `megatron.offload` the actor's state
@@ -86,11 +92,23 @@ class MemoryHandoff:
         finally:
             await self.enter_rollout()
 
+    def metrics(self) -> dict[str, float]:
+        """Colocated: the run's hand-offs so far, per pool (none disaggregated, where nothing steps aside)."""
+        if not self.colocated:
+            return {}
+        out = {"rollout/memory_releases": float(self.releases), "rollout/memory_resumes": float(self.resumes)}
+        if self.shared is not None:
+            out["user_sim/memory_releases"] = float(self.shared_releases)
+            out["user_sim/memory_resumes"] = float(self.shared_resumes)
+        return out
+
     async def release(self, tags: Sequence[str]) -> None:
         """Release the tags not released yet; each release pairs with exactly one resume."""
         todo = [t for t in tags if t not in self.released]
         if todo:
             await self._each_engine(lambda c: c.release_memory(todo))
+            if not self.released:  # a hand-off starts: the engines held all their memory
+                self.releases += 1
             self.released.update(todo)
 
     async def resume(self, tags: Sequence[str]) -> None:
@@ -99,6 +117,8 @@ class MemoryHandoff:
         if todo:
             await self._each_engine(lambda c: c.resume_memory(todo))
             self.released.difference_update(todo)
+            if not self.released:  # the hand-off ends: the engines hold all their memory again
+                self.resumes += 1
 
     async def _release_shared(self) -> None:
         """The simulator's engines on these GPUs: pause (no generation probe of a released engine), then release
@@ -110,12 +130,14 @@ class MemoryHandoff:
         await self.shared.pause()
         await asyncio.gather(*(c.release_memory(list(FROZEN_MEMORY_TAGS)) for c in self.shared.clients))
         self.shared_released = True
+        self.shared_releases += 1
 
     async def _resume_shared(self) -> None:
         if self.shared is None or not self.shared_released:
             return
         await asyncio.gather(*(c.resume_memory(list(FROZEN_MEMORY_TAGS)) for c in self.shared.clients))
         self.shared_released = False
+        self.shared_resumes += 1
         await self.shared.resume()
 
     async def _each_engine(self, call: Callable[[EngineClient], Awaitable[Any]]) -> None:
