@@ -120,6 +120,7 @@ def test_both_pools_step_aside_while_the_actor_trains_and_come_back_before_the_r
         "policy0 resume kv_cache,weights,cuda_graph",
         "policy1 resume kv_cache,weights,cuda_graph",
         "policy resume",
+        "sim repair",  # an engine that died while released comes back before the resume (next test)
         "sim0 resume kv_cache,cuda_graph",
         "sim1 resume kv_cache,cuda_graph",
         "sim resume",
@@ -154,6 +155,39 @@ def test_a_hand_off_ends_when_all_the_memory_is_back() -> None:
         (1.0, 1.0),
     ]
     assert "user_sim/memory_releases" not in h.metrics()  # no simulator engines on these GPUs
+
+
+def test_a_simulator_engine_that_died_while_released_comes_back_released_and_is_resumed() -> None:
+    """Its pool is paused while the actor trains, so the death is found by the repair before the resume; the
+    restarted engine holds its memory, so it is released again (after the simulator client's own hook followed it)
+    and the resume that ends the hand-off pairs with a release on every engine."""
+    h, calls = handoff(load_config(overrides=[*COLOCATED, *SHARED]))
+    sim = h.shared
+    assert isinstance(sim, Pool)
+
+    async def follow(index: int, client: Client) -> None:
+        calls.append(f"follow {index} to {client.base_url}")
+
+    async def restarting(timeout_s: float) -> None:
+        calls.append("sim repair")
+        sim._clients[1] = Client("sim1-new", calls)
+        assert sim.on_restart is not None
+        await sim.on_restart(1, sim._clients[1])
+
+    h._shared_hook = follow  # type: ignore[assignment]  # the simulator client's hook, set before the hand-off
+    asyncio.run(h.enter_training())
+    sim.repair = restarting  # type: ignore[method-assign]
+    del calls[:]
+    asyncio.run(h.enter_rollout())
+    assert calls[calls.index("sim repair") :] == [
+        "sim repair",
+        "follow 1 to http://sim1-new",
+        "sim1-new release kv_cache,cuda_graph",
+        "sim0 resume kv_cache,cuda_graph",
+        "sim1-new resume kv_cache,cuda_graph",
+        "sim resume",
+    ]
+    assert h.metrics()["user_sim/memory_resumes"] == 1.0
 
 
 def test_checkpoint_saves_make_room_the_same_way() -> None:

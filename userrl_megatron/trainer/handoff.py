@@ -57,6 +57,9 @@ class MemoryHandoff:
         self.shared_released = False  # the shared engines' FROZEN_MEMORY_TAGS released and not resumed yet
         # The run's hand-offs so far: releases of memory the engines held, and resumes that gave all of it back.
         self.releases = self.resumes = self.shared_releases = self.shared_resumes = 0
+        if shared is not None:  # wraps the pool's hook (the simulator client's, which follows a restarted engine)
+            self._shared_hook = shared.on_restart
+            shared.on_restart = self._shared_restarted
 
     async def enter_training(self) -> None:
         """Colocated mode: the engines pause and free their GPU memory; with `megatron.offload` the actor's state
@@ -135,10 +138,21 @@ class MemoryHandoff:
     async def _resume_shared(self) -> None:
         if self.shared is None or not self.shared_released:
             return
+        # An engine that died while released (its pool paused, so unprobed) is restarted here, and released again
+        # by `_shared_restarted`: the resume below then finds every engine released, as SGLang requires.
+        await repair_engines(self.cfg, self.shared, "leaving training", whose="user simulator")
         await asyncio.gather(*(c.resume_memory(list(FROZEN_MEMORY_TAGS)) for c in self.shared.clients))
         self.shared_released = False
         self.shared_resumes += 1
         await self.shared.resume()
+
+    async def _shared_restarted(self, index: int, client: EngineClient) -> None:
+        """The simulator pool's `on_restart` hook: its own hook first, then, inside a hand-off, release the fresh
+        engine's memory, so that the hand-off's resume pairs with a release on every engine."""
+        if self._shared_hook is not None:
+            await self._shared_hook(index, client)
+        if self.shared_released:
+            await client.release_memory(list(FROZEN_MEMORY_TAGS))
 
     async def _each_engine(self, call: Callable[[EngineClient], Awaitable[Any]]) -> None:
         await asyncio.gather(*(call(c) for c in self.pool.clients))
