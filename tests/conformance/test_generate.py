@@ -1,5 +1,6 @@
 """Generation protocol on both backends: input ids in, output ids and log-probs out (checked against
-transformers), sampling parameters, stop reasons, abort, the three pause modes, flush, SGLang's meta_info."""
+transformers), sampling parameters, stop reasons (and `ignore_eos` over them), streamed chunks at a
+`stream_interval`, abort, the three pause modes, flush, SGLang's meta_info."""
 
 import asyncio
 import json
@@ -74,15 +75,41 @@ def test_sampling_params_and_stop_reasons(engine: Engine, smol_dir: Any, hf: Any
             outs.append(await client.generate(prompt, SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9)))
         stop = {"max_new_tokens": 4, "temperature": 0, "stop_token_ids": [greedy[1]]}
         outs.append((await post(engine.url, "/generate", {"input_ids": prompt, "sampling_params": stop}))[1])
+        ignored = {**stop, "ignore_eos": True}  # ignore_eos skips the stop ids as well: the whole length comes
+        outs.append((await post(engine.url, "/generate", {"input_ids": prompt, "sampling_params": ignored}))[1])
         return outs
 
-    top1, sampled, stopped = asyncio.run(go())
+    top1, sampled, stopped, ignored = asyncio.run(go())
     assert top1.output_ids == greedy  # top_k=1 at temperature 1 is greedy
     # Sampled log-probs are those of softmax(logits / temperature), before top-p truncation.
     expected = hf_logprobs(hf, prompt, sampled.output_ids, temperature=0.7)
     assert max(abs(a - b) for a, b in zip(sampled.output_logprobs, expected, strict=True)) < engine.logprob_tol
     assert stopped["output_ids"] == greedy[:2]
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": greedy[1]}
+    assert ignored["output_ids"] == greedy
+    assert ignored["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+
+
+def test_stream_interval_sends_the_first_token_then_a_chunk_per_interval(engine: Engine, smol_dir: Any) -> None:
+    prompt = chat_ids(smol_dir, "Count to ten.")
+    params = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True, "stream_interval": 4}
+
+    async def go() -> list[dict]:
+        body = {"input_ids": prompt, "stream": True, "sampling_params": params}
+        async with aiohttp.ClientSession() as session, session.post(engine.url + "/generate", json=body) as response:
+            return [json.loads(line[6:]) async for line in response.content if line.startswith(b"data: {")]
+
+    chunks = asyncio.run(go())
+    counts = [len(c["output_ids"]) for c in chunks]
+    # SGLang's HTTP handler hands over only the newest of the chunks that arrived while it was busy, so on a loaded
+    # machine it may skip one; the embedded server sends every chunk.
+    if engine.backend == "embedded":
+        assert counts == [1, 5, 9, 10]
+    assert set(counts) <= {1, 5, 9, 10} and sorted(set(counts)) == counts and counts[-1] == 10
+    final = chunks[-1]["output_ids"]
+    assert all(c["output_ids"] == final[: len(c["output_ids"])] for c in chunks)  # cumulative, as SGLang's default
+    assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 10}
 
 
 async def _stream_until_first_token(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[Any, Any]:

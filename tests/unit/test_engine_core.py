@@ -144,6 +144,29 @@ def test_min_tokens_penalties_and_bias(engine: LocalEngine, hf: torch.nn.Module)
     assert penalised.output_ids == expected
 
 
+def test_ignore_eos_ends_on_length_only_and_min_new_tokens_still_holds_eos_back(
+    engine: LocalEngine, hf: torch.nn.Module
+) -> None:
+    """SGLang 0.5.23's semantics: `ignore_eos` skips the whole token-based finish (EOS and `stop_token_ids`), so
+    every request runs to `max_new_tokens`; its min_new_tokens penalizer masks EOS and the stop ids all the same."""
+    prompt, eos = prompts(1, seed=11)[0], hf.config.eos_token_id
+    stop = (eos + 1) % hf.config.vocab_size
+
+    def generate(**params: object) -> Request:
+        spec = parse_sampling_params({"max_new_tokens": 6, "temperature": 0, **params}, hf.config.vocab_size)
+        return run(engine.core.generate(Request(prompt, spec)))
+
+    eos_forced = generate(logit_bias={str(eos): 100.0}, ignore_eos=True)
+    assert eos_forced.output_ids == [eos] * 6 and eos_forced.finish_reason == {"type": "length", "length": 6}
+    stop_forced = generate(logit_bias={str(stop): 100.0}, stop_token_ids=[stop], ignore_eos=True)
+    assert stop_forced.output_ids == [stop] * 6 and stop_forced.finish_reason == {"type": "length", "length": 6}
+    held_back = generate(logit_bias={str(eos): 100.0}, min_new_tokens=4, ignore_eos=True)
+    assert eos not in held_back.output_ids[:4] and held_back.output_ids[4:] == [eos, eos]
+    assert held_back.finish_reason == {"type": "length", "length": 6}
+    sampled = generate(temperature=1.0, max_new_tokens=12, ignore_eos=True, sampling_seed=5)
+    assert len(sampled.output_ids) == 12 and sampled.finish_reason == {"type": "length", "length": 12}
+
+
 def test_bad_input_is_rejected_with_sglangs_messages(engine: LocalEngine) -> None:
     with pytest.raises(EngineError, match=r"^input_ids cannot be empty\.$"):
         run(engine.generate([], GREEDY))

@@ -10,6 +10,8 @@ from userrl_megatron.server.protocol import (
     check_logprob_fields,
     contract_error,
     parse_generate,
+    should_stream,
+    stream_interval,
 )
 from userrl_megatron.server.sampling import SampleRow, parse_sampling_params, sample
 from userrl_megatron.types import SamplingParams
@@ -141,6 +143,7 @@ def test_project_sampling_params_pass_the_contract() -> None:
         ({"input_ids": [1], "stream": 1}, "invalid type: integer `1`, expected a boolean"),
         ({"input_ids": [1], "sampling_params": {"top_p": "x"}}, 'invalid type: string "x", expected f64'),
         ({"input_ids": [1], "sampling_params": {"ignore_eos": 0}}, "invalid type: integer `0`, expected a boolean"),
+        ({"input_ids": [1], "sampling_params": {"stream_interval": "4"}}, 'invalid type: string "4", expected i64'),
         (
             {"input_ids": [1], "return_logprob": "yes"},
             'invalid type: string "yes", expected a value or an array of values for BoolOrList',
@@ -149,6 +152,26 @@ def test_project_sampling_params_pass_the_contract() -> None:
 )  # fmt: skip
 def test_contract_errors(body: object, message: str) -> None:
     assert contract_error(body) == message
+
+
+def streamed(max_new_tokens: int, interval: int) -> list[int]:
+    """How many tokens each chunk of a streamed request carries (the last one: the finished request)."""
+    chunks, sent = [], 0
+    for produced in range(1, max_new_tokens):  # a running request after each token
+        if should_stream(sent, produced, interval):
+            chunks.append(produced)
+            sent = produced
+    return [*chunks, max_new_tokens]
+
+
+def test_stream_interval_sends_the_first_token_then_every_interval_as_sglang() -> None:
+    assert [stream_interval({}), stream_interval({"stream_interval": None})] == [1, 1]
+    assert stream_interval({"stream_interval": 0}) == 1
+    assert stream_interval({"stream_interval": 4}) == 4
+    assert streamed(6, 1) == [1, 2, 3, 4, 5, 6]
+    assert streamed(10, 4) == [1, 5, 9, 10]
+    assert streamed(48, 48) == [1, 48]  # the benchmark's setting: time to first token, then the whole turn
+    assert streamed(5, -3) == [1, 2, 3, 4, 5]  # SGLang sends every token when unsent >= a negative interval
 
 
 def _model() -> SimpleNamespace:

@@ -23,6 +23,8 @@ from userrl_megatron.server.protocol import (
     contract_error,
     generate_response,
     parse_generate,
+    should_stream,
+    stream_interval,
 )
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import PAUSE_MODES, Request
@@ -224,10 +226,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(http: web.Request, core: EngineCore, request: Request, item: GenerateItem) -> web.StreamResponse:
-    """Server-sent events, one cumulative object per token, then `data: [DONE]`."""
+    """Server-sent events of cumulative objects, then `data: [DONE]`: one per token, or with `stream_interval` N
+    the first token at once and then one per N tokens (SGLang's rule, `should_stream`); the final object always."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    request.on_token = lambda r: call_soon(loop, queue.put_nowait, _snapshot(r))
+    interval, sent = stream_interval(item.sampling), 0
+
+    def on_token(r: Request) -> None:  # on the scheduler thread
+        nonlocal sent
+        if should_stream(sent, len(r.output_ids), interval):
+            sent = len(r.output_ids)
+            call_soon(loop, queue.put_nowait, _snapshot(r))
+
+    request.on_token = on_token
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(http)
     task = asyncio.ensure_future(core.generate(request))

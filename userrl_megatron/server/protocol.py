@@ -159,6 +159,20 @@ def check_logprob_fields(item: GenerateItem, vocab_size: int) -> None:
             )
 
 
+def stream_interval(sampling: dict[str, Any]) -> int:
+    """`sampling_params.stream_interval` of a streamed request: null or 0 is the server's default, 1 (SGLang's
+    `--stream-interval` default)."""
+    return int(sampling.get("stream_interval") or 1)
+
+
+def should_stream(sent: int, produced: int, interval: int) -> bool:
+    """Whether a running streamed request sends a chunk now, by SGLang 0.5.23's rule: every token at interval 1;
+    otherwise the first token at once, then whenever at least `interval` tokens are unsent. (The finished request
+    is always sent.) `sent` tokens went out in earlier chunks, `produced` exist now."""
+    unsent = produced - sent
+    return interval == 1 or unsent >= interval or (sent == 0 and unsent > 0)
+
+
 def check_prompt_chars(texts: list[str], limit: int, what: str = "text") -> None:
     """Each text prompt at most `limit` characters (0: no limit); checked before any tokenising."""
     for t in texts:

@@ -398,8 +398,8 @@ class Scheduler:
         spec = request.sampling
         if len(request.output_ids) >= spec.min_new_tokens:
             return ()
-        eos = () if spec.ignore_eos else self.model.spec.eos_token_ids
-        return tuple(sorted(set(eos) | spec.stop_token_ids))
+        # As SGLang's min_new_tokens penalizer: EOS and the stop ids are held back whatever `ignore_eos` says.
+        return tuple(sorted(set(self.model.spec.eos_token_ids) | spec.stop_token_ids))
 
     def _finish_reason(self, request: Request) -> dict[str, Any] | None:
         spec, token = request.sampling, request.output_ids[-1]
@@ -407,7 +407,8 @@ class Scheduler:
             return {"type": "length", "length": spec.max_new_tokens}
         if len(request.input_ids) + len(request.output_ids) >= self.model.spec.context_length:
             return {"type": "length", "length": len(request.output_ids)}
-        if token in spec.stop_token_ids or (not spec.ignore_eos and token in self.model.spec.eos_token_ids):
+        # `ignore_eos` ends no request on a token, neither EOS nor a stop id (SGLang 0.5.23's token-based finish).
+        if not spec.ignore_eos and (token in spec.stop_token_ids or token in self.model.spec.eos_token_ids):
             return {"type": "stop", "matched": token}
         if spec.stop and self.model.tokenizer is not None:
             longest = max(len(s) for s in spec.stop)
