@@ -65,6 +65,51 @@ def test_the_client_follows_a_killed_and_restarted_engine(ray_cluster: object, c
     assert state["model"] == str(chatty) and len(state["key"]) > 20  # the served name; a key made for the run
 
 
+@pytest.mark.slow
+def test_a_real_sglang_server_serves_the_simulator(ray_cluster: object, tmp_path: Path) -> None:
+    """`user_sim.engines.backend: sglang` (the cluster recipes' backend) through the real SGLang 0.5.23 server on CPU:
+    the pool launches it with the run's key, the gyms' client is answered on its OpenAI route, and a request
+    without the key is refused."""
+    import httpx
+
+    from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON
+
+    if not SGLANG_VENV_PYTHON.is_file():
+        pytest.fail(f"{SGLANG_VENV_PYTHON} is missing: run `make sglang` (make test does it)")
+    cfg = load_config(
+        overrides=[
+            "user_sim.engines.model=smollm2-135m-instruct",
+            "user_sim.engines.backend=sglang",
+            "user_sim.engines.dtype=float32",  # SGLang would otherwise serve the fp32 checkpoint in fp16
+            "user_sim.max_tokens=8",
+            "rollout.sglang.device=cpu",
+            "rollout.sglang.base_port=0",
+            "rollout.sglang.max_total_tokens=4096",
+            "rollout.sglang.startup_timeout_s=1200",  # a hung server only: start-up is 30-110 s on 2 cores
+            "rollout.health_check_interval_s=0",
+        ],
+        check=False,
+    )
+
+    async def run() -> dict[str, Any]:
+        async with simulator_pool(cfg, tmp_path) as pool:
+            sim = managed_client(cfg, pool)
+            replies = await asyncio.gather(*(sim.chat(MESSAGES) for _ in range(3)))
+            async with httpx.AsyncClient(timeout=60) as http:
+                anonymous = await http.post(
+                    f"{pool.urls[0]}/v1/chat/completions",
+                    json={"model": sim.cfg.model, "messages": MESSAGES, "max_tokens": 2},
+                )
+            state = {"replies": [r.text for r in replies], "metrics": sim.metrics(), "anonymous": anonymous.status_code}
+            await sim.close()
+            return state
+
+    state = asyncio.run(run())
+    assert len(state["replies"]) == 3 and all(isinstance(t, str) and t for t in state["replies"])
+    assert (state["metrics"]["answered"], state["metrics"]["failures"]) == (3.0, 0.0)
+    assert state["anonymous"] == 401  # the run's key, handed over in memory, is the only way in
+
+
 def test_the_simulator_engines_settings() -> None:
     cfg = load_config(
         overrides=["user_sim.engines.model=m", "user_sim.engines.num_engines=2", "user_sim.engines.engine_tp=4"],
