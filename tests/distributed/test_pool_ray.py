@@ -240,7 +240,9 @@ def test_an_engine_killed_mid_rollout_loses_no_episode(
     async def scenario() -> tuple[list, dict[str, EngineSession], int, int]:
         gate = asyncio.Event()
         runner = EpisodeRunner(cfg, chat, lambda task: GatedGym(make(task), gate))
-        async with RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path, on_restart=on_restart) as pool:
+        pool = RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path)
+        pool.add_restart_hook(on_restart)
+        async with pool:
             sessions: dict[str, EngineSession] = {}
 
             def engine_for(episode_id: str) -> EngineSession:

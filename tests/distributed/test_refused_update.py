@@ -27,7 +27,7 @@ def test_refusing_engine_is_restarted_and_synced(ray_cluster: Any, tmp_path: Pat
     async def go() -> tuple[dict[str, float], int, str, str, list[Any]]:
         async with RolloutPool(cfg.rollout, str(a), log_dir=tmp_path / "engines") as pool:
             parts = Components(cfg, StateDictActors(state, cfg.sync), pool, None, None, [])
-            pool.on_restart = parts.weights.repair
+            pool.add_restart_hook(parts.weights.repair)
             await parts.weights.connect()
             first_url = pool.urls[0]
             # The engine loses its group: it refuses the next update at once and never joins the broadcast.

@@ -4,7 +4,7 @@ while the actor trains, and gives both back before the rollout, the simulator ke
 every call in one list, so the order is checked exactly."""
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -45,11 +45,19 @@ class Pool:
         self._clients = [Client(f"{name}{e}", calls) for e in range(2)]
         self.urls = [c.base_url for c in self._clients]
         self.api_key, self.concurrency, self.exhausted, self.restarts_total, self.log_dir = "", 1, False, 0, None
-        self.on_restart = None
+        self.restart_hooks: list[Callable[[int, Client], Awaitable[None]]] = []
 
     @property
     def clients(self) -> Sequence[EngineClient]:
         return self._clients
+
+    def add_restart_hook(self, hook: Callable[[int, Client], Awaitable[None]]) -> None:
+        self.restart_hooks.append(hook)
+
+    async def restarted(self, index: int) -> None:
+        """What `RolloutPool` does once engine `index` is back: every hook, in the order added."""
+        for hook in self.restart_hooks:
+            await hook(index, self._clients[index])
 
     def session(self, episode_id: str = "") -> None:
         return None
@@ -157,32 +165,37 @@ def test_a_hand_off_ends_when_all_the_memory_is_back() -> None:
     assert "user_sim/memory_releases" not in h.metrics()  # no simulator engines on these GPUs
 
 
-def test_a_simulator_engine_that_died_while_released_comes_back_released_and_is_resumed() -> None:
+@pytest.mark.parametrize("client_first", [True, False], ids=["client-hook-first", "handoff-hook-first"])
+def test_a_simulator_engine_that_died_while_released_comes_back_released_and_is_resumed(client_first: bool) -> None:
     """Its pool is paused while the actor trains, so the death is found by the repair before the resume; the
-    restarted engine holds its memory, so it is released again (after the simulator client's own hook followed it)
-    and the resume that ends the hand-off pairs with a release on every engine."""
-    h, calls = handoff(load_config(overrides=[*COLOCATED, *SHARED]))
-    sim = h.shared
-    assert isinstance(sim, Pool)
+    restarted engine holds its memory, so it is released again and the resume that ends the hand-off pairs with a
+    release on every engine. The simulator client's own hook (following the engine's new address) still runs,
+    whichever of the two was added to the pool first."""
+    calls: list[str] = []
+    sim = Pool("sim", calls)
 
     async def follow(index: int, client: Client) -> None:
         calls.append(f"follow {index} to {client.base_url}")
 
+    if client_first:
+        sim.add_restart_hook(follow)
+    h = MemoryHandoff(load_config(overrides=[*COLOCATED, *SHARED]), Actors(calls), Pool("policy", calls), sim)  # type: ignore[arg-type]
+    if not client_first:
+        sim.add_restart_hook(follow)
+
     async def restarting(timeout_s: float) -> None:
         calls.append("sim repair")
         sim._clients[1] = Client("sim1-new", calls)
-        assert sim.on_restart is not None
-        await sim.on_restart(1, sim._clients[1])
+        await sim.restarted(1)
 
-    h._shared_hook = follow  # type: ignore[assignment]  # the simulator client's hook, set before the hand-off
     asyncio.run(h.enter_training())
     sim.repair = restarting  # type: ignore[method-assign]
     del calls[:]
     asyncio.run(h.enter_rollout())
+    hooks = ["follow 1 to http://sim1-new", "sim1-new release kv_cache,cuda_graph"]
     assert calls[calls.index("sim repair") :] == [
         "sim repair",
-        "follow 1 to http://sim1-new",
-        "sim1-new release kv_cache,cuda_graph",
+        *(hooks if client_first else hooks[::-1]),
         "sim0 resume kv_cache,cuda_graph",
         "sim1-new resume kv_cache,cuda_graph",
         "sim resume",

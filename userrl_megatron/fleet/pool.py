@@ -7,10 +7,10 @@ it (its prefix stays in that engine's cache). Health tells slow from dead: an en
 is gone or its server stops answering, and wedged when it answers but has shown no progress (no request
 finished, no generation probe passed) for `rollout.engine_stall_timeout_s`; a merely slow engine is left alone.
 A dead or wedged engine is restarted in the background (a periodic health check catches silent deaths), the
-requests it held are sent again elsewhere (or to it once it is back), and an `on_restart` hook lets the trainer
-push current weights into it before it serves again. When every engine is given up the pool is `exhausted`:
-requests fail at once and the trainer stops the run. `pause`/`resume` bracket weight updates: requests aborted
-by the pause are sent again after `resume`.
+requests it held are sent again elsewhere (or to it once it is back), and restart hooks (`add_restart_hook`, run
+in the order added) let the trainer push current weights into it before it serves again. When every engine is
+given up the pool is `exhausted`: requests fail at once and the trainer stops the run. `pause`/`resume` bracket
+weight updates: requests aborted by the pause are sent again after `resume`.
 """
 
 import asyncio
@@ -209,7 +209,6 @@ class RolloutPool:
         dtype: str = "float32",
         placement: Any = None,
         log_dir: str | Path | None = None,
-        on_restart: RestartHook | None = None,
         dry: bool = False,
         restart_cfg: RolloutConfig | None = None,
     ) -> None:
@@ -221,7 +220,7 @@ class RolloutPool:
         self.dtype = dtype
         self.placement = placement  # userrl_megatron.fleet.placement.Placement, or None
         self.log_dir = Path(log_dir) if log_dir else None
-        self.on_restart = on_restart
+        self.restart_hooks: list[RestartHook] = []
         self.engines: list[Engine] = []
         self.restarts_total = 0  # engine restarts over the pool's life (metrics)
         self._running = asyncio.Event()  # cleared while paused
@@ -338,6 +337,11 @@ class RolloutPool:
     def concurrency(self) -> int:
         """Episodes to keep in flight: `max_concurrent_episodes` per live engine."""
         return self.cfg.max_concurrent_episodes * max(1, sum(not e.dropped for e in self.engines))
+
+    def add_restart_hook(self, hook: RestartHook) -> None:
+        """Run `hook(index, client)` after each engine restart, before the engine serves again (hooks run in the
+        order added; one that raises fails that restart attempt)."""
+        self.restart_hooks.append(hook)
 
     def session(self, episode_id: str = "") -> "EngineSession":
         """An engine handle for one episode: its turns stay on one engine while that engine lives."""
@@ -548,8 +552,8 @@ class RolloutPool:
                     await self._reroute(engine.url, url)
                 engine.url, engine.client, engine.epoch = url, self._client(url), engine.epoch + 1
                 engine.progress_at = time.monotonic()
-                if self.on_restart is not None:
-                    await self.on_restart(engine.index, engine.client)
+                for hook in self.restart_hooks:
+                    await hook(engine.index, engine.client)
             except Exception as e:
                 log.error("restarting engine %d failed: %s", engine.index, e)
                 continue

@@ -180,7 +180,7 @@ def managed_client(cfg: "RootConfig", pool: "RolloutPool") -> "UserSimulator":
             await sim.retarget(_openai_url(pool))
         log.warning("user simulator engine %d restarted at %s", index, client.base_url)
 
-    pool.on_restart = follow
+    pool.add_restart_hook(follow)
     return sim
 
 

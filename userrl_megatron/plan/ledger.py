@@ -233,7 +233,7 @@ class LedgerPool:
         self.urls = [c.base_url for c in self.clients]
         self.kv_tokens: list[int] = []
         self.exhausted, self.restarts_total, self.log_dir = False, 0, None
-        self.on_restart: Callable[[int, Any], Awaitable[None]] | None = None
+        self.restart_hooks: list[Callable[[int, Any], Awaitable[None]]] = []
         self.concurrency = 1
         self.api_key = ""  # the simulated engines require none
 
@@ -285,6 +285,9 @@ class LedgerPool:
 
     async def restart(self, urls: list[str], timeout_s: float) -> list[LedgerClient]:
         return self.clients
+
+    def add_restart_hook(self, hook: Callable[[int, Any], Awaitable[None]]) -> None:
+        self.restart_hooks.append(hook)  # a plan's engines never restart: kept for the seam only
 
     def session(self, episode_id: str = "") -> None:
         return None

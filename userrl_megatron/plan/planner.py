@@ -260,7 +260,7 @@ async def _play(
 
     tasks = [Task("plan", f"t{i}", []) for i in range(cfg.rollout.prompts_per_step)]
     parts = Components(cfg, actors, pool, runner, TaskStream(tasks, cfg.run.seed), tasks[:1], sim_pool=sim_pool)
-    pool.on_restart = parts.weights.repair
+    pool.add_restart_hook(parts.weights.repair)
     quiet = logging.getLogger("userrl_megatron")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # the driver's progress lines would describe a run that does not happen

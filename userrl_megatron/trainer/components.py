@@ -144,7 +144,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
         pool = RolloutPool(policy_engine_rollout(cfg), str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
         tasks = TaskStream(train_tasks, cfg.run.seed)
         parts = Components(cfg, actors, pool, runner, tasks, eval_tasks, user_sim, sim_pool)
-        pool.on_restart = parts.weights.repair
+        pool.add_restart_hook(parts.weights.repair)
         await bring_up(parts)
         yield parts
     finally:

@@ -57,9 +57,8 @@ class MemoryHandoff:
         self.shared_released = False  # the shared engines' FROZEN_MEMORY_TAGS released and not resumed yet
         # The run's hand-offs so far: releases of memory the engines held, and resumes that gave all of it back.
         self.releases = self.resumes = self.shared_releases = self.shared_resumes = 0
-        if shared is not None:  # wraps the pool's hook (the simulator client's, which follows a restarted engine)
-            self._shared_hook = shared.on_restart
-            shared.on_restart = self._shared_restarted
+        if shared is not None:
+            shared.add_restart_hook(self._shared_restarted)
 
     async def enter_training(self) -> None:
         """Colocated mode: the engines pause and free their GPU memory; with `megatron.offload` the actor's state
@@ -147,10 +146,8 @@ class MemoryHandoff:
         await self.shared.resume()
 
     async def _shared_restarted(self, index: int, client: EngineClient) -> None:
-        """The simulator pool's `on_restart` hook: its own hook first, then, inside a hand-off, release the fresh
-        engine's memory, so that the hand-off's resume pairs with a release on every engine."""
-        if self._shared_hook is not None:
-            await self._shared_hook(index, client)
+        """The simulator pool's restart hook: inside a hand-off, release the fresh engine's memory, so that the
+        hand-off's resume pairs with a release on every engine."""
         if self.shared_released:
             await client.release_memory(list(FROZEN_MEMORY_TAGS))
 

@@ -3,7 +3,7 @@
 One sync group per pipeline stage with every engine (`connect`). A sync first restarts (and so repairs) the
 engines that died since the last rollout, exactly as a rollout would; pushes (syncs and repairs) never overlap.
 A restarted engine gets the current weights through a one-off group before it serves again (`repair`, the
-pool's `on_restart` hook), and the regular groups are rebuilt at the next sync. Engines that refuse an update
+pool's restart hook), and the regular groups are rebuilt at the next sync. Engines that refuse an update
 are restarted and the version is pushed to every engine again. The first sync of a run is verified.
 """
 
@@ -86,7 +86,7 @@ class WeightSync:
         return metrics
 
     async def repair(self, index: int, client: EngineClient) -> None:
-        """`on_restart` hook: give a restarted engine the current weights before it serves again, and (colocated)
+        """Restart hook: give a restarted engine the current weights before it serves again, and (colocated)
         release the memory the other engines have released, so that every release keeps pairing with one resume."""
         self._stale = True  # the engine is at a new address: rebuild the sync groups before the next sync
         if self.cfg.sync.enabled and self._synced:  # else it already holds the weights the others hold
