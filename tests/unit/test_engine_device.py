@@ -127,7 +127,7 @@ def test_unseeded_sampling_uses_the_engines_generator_on_its_device(tiny_dir: Pa
     engine's device: two fresh engines with the same seed give the same tokens."""
     (cpu, _), (cuda, guard) = launch_on("cpu", tiny_dir, random_seed=11), launch_on("cuda", tiny_dir, random_seed=11)
     try:
-        params = {"max_new_tokens": 16, "temperature": 1.0}
+        params = {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}  # 16 tokens whatever is drawn
         for _ in range(2):
             on_cpu, on_cuda = run(cpu, params), run(cuda, params)
             assert on_cuda.finish_reason == {"type": "length", "length": 16}

@@ -10,7 +10,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.support.fake_cuda import CUDA, FakeCuda
-from userrl_megatron.server.sampling import SampleRow, SamplingSpec, _truncate, parse_sampling_params, sample
+from userrl_megatron.server.sampling import (
+    SampleRow,
+    SamplingSpec,
+    _draw_exp1,
+    _truncate,
+    parse_sampling_params,
+    sample,
+)
 
 PROBS = [0.35, 0.25, 0.15, 0.12, 0.08, 0.05]
 LOGITS = torch.tensor(PROBS).log()
@@ -219,6 +226,20 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_its_batch() -> None:
     assert at_head[4] == at_tail[3]  # seed 8 also keeps its tokens
     assert seeded_tokens([seeded(8)], row_logits.unsqueeze(0))[0] != alone
     assert len(set(alone)) > 3  # a real draw, not one token over and over
+
+
+def test_the_race_draws_are_exp1_positive_finite_and_seeded() -> None:
+    """-log(u) draws: Exp(1)'s mean, variance and tail at 10^6 draws (5 standard errors), never 0 or inf, and a
+    generator of the same seed draws the same values."""
+    q = _draw_exp1(torch.empty(1_000_000), torch.Generator().manual_seed(3))
+    n = q.numel()
+    assert abs(float(q.mean()) - 1.0) < 5 / math.sqrt(n)
+    assert abs(float(q.var()) - 1.0) < 5 * math.sqrt(8 / n)  # Var of the sample variance of Exp(1) is 8 / n
+    for x in (0.1, 1.0, 3.0):
+        share, expected = float((q > x).double().mean()), math.exp(-x)
+        assert abs(share - expected) < 5 * math.sqrt(expected * (1 - expected) / n)
+    assert float(q.min()) > 0 and bool(torch.isfinite(q).all())
+    assert torch.equal(_draw_exp1(torch.empty(1000), torch.Generator().manual_seed(3)), q[:1000])
 
 
 def test_a_row_whose_settings_raise_fails_alone() -> None:
