@@ -149,3 +149,13 @@ def test_embedded_decoder_reads_a_payload_written_by_sglang() -> None:
     finally:
         if writer.poll() is None:
             writer.kill()
+
+
+def test_the_launcher_knows_the_servers_own_shared_memory_files(engine: Engine) -> None:
+    # SGLang keeps a load-report file in /dev/shm that it removes only on a clean exit; the launcher records it once
+    # the server is healthy and removes it when it stops the server (a killed one too: tests/unit/test_launch.py).
+    files = engine.server.shm_files
+    if engine.backend == "embedded":
+        assert files == []
+    else:
+        assert [f.name.startswith("sglang_loads_") and f.exists() for f in files] == [True]
