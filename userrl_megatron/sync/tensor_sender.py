@@ -5,8 +5,10 @@ A colocated run cannot use the broadcast of `sender.WeightSender`: NCCL refuses 
 GPU. Here a pipeline stage's HF-named tensors are packed into buckets of `sync.bucket_mb` exactly as on the
 broadcast path (SGLang's `flattened_bucket` layout), but each bucket lives in memory another process can map
 (`handles.py`: CUDA IPC on GPU, a named shared-memory file on CPU), and every engine gets one small payload per TP
-rank naming that memory. The engine copies the tensors into its weights and answers; only then is the bucket's
-memory dropped (on CPU the shared-memory file disappears with it). One bucket is in flight while the next is packed.
+rank naming that memory. The engine copies the tensors into its weights and answers. Buckets alternate between two
+segments kept across buckets and pushes (`SharedBuffer`), and one bucket is in flight while the next is packed, so
+a segment is written again only after every engine answered for the bucket in it; the embedded engine keeps its
+mapping of each segment (`handles.Segments`), so nothing is created, mapped or removed per bucket.
 
 Which memory an engine TP rank maps: engine TP rank j of an engine whose first device is d sits on device d + j;
 actor rank r sits on device r (`fleet/placement.py`). When that actor rank belongs to the stage (whatever its TP,
@@ -290,7 +292,7 @@ class TensorSender(WeightSender):
             if inflight.packer is not None:
                 inflight.packer.release()
             if self.device.type == "cuda":
-                torch.cuda.ipc_collect()  # the engines closed their handles: the memory can really go
+                torch.cuda.ipc_collect()  # a buffer let go of once the engines closed it: the memory can really go
 
     def _end_sessions(self) -> None:
         if self.source:
