@@ -4,6 +4,7 @@ let go; the receiver reads only its own rank's entry and resolves only the globa
 
 import base64
 import collections
+import contextlib
 import os
 import pickle
 import signal
@@ -22,8 +23,8 @@ from tests.support.payloads import plain_pickle
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync import handles
 from userrl_megatron.sync.handles import decode_payload, flattened_bucket, serialize
-from userrl_megatron.sync.sender import _Packer
-from userrl_megatron.sync.tensor_sender import SharedBuffer, bucket_entries
+from userrl_megatron.sync.sender import EngineEndpoint, _Packer
+from userrl_megatron.sync.tensor_sender import SharedBuffer, TensorSender, bucket_entries
 
 RECEIVER = textwrap.dedent(
     """
@@ -468,3 +469,31 @@ def test_other_failures_and_a_hung_manager_are_not_retried(monkeypatch: pytest.M
     with pytest.raises(RuntimeError, match=r"^Shared memory manager connection has timed out"):
         handles.through_shm_manager(lambda: fail(LATE))
     assert len(calls) == 2
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if int(entry.joinpath("stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def test_segments_of_a_run_killed_as_a_whole_go_when_the_next_sender_starts() -> None:
+    sender = subprocess.Popen([sys.executable, "-c", SENDER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sender.stdout is not None and sender.stdout.readline()  # its segment is made, held and registered
+        theirs = [f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{sender.pid}_")]
+        assert len(theirs) == 1 and (handles.SEGMENT_REGISTRY / theirs[0]).exists()
+        assert theirs[0] not in handles.sweep_segments()  # held by its sender: left alone
+        for pid in [*children(sender.pid), sender.pid]:  # as Ray does: torch's shm manager dies with the actor
+            os.kill(pid, signal.SIGKILL)
+        sender.wait()
+        assert os.path.exists(f"/dev/shm/{theirs[0]}")  # no engine, no manager: nobody removed it
+        # The next sender on this machine removes what nobody holds any more.
+        TensorSender(SyncConfig(), [EngineEndpoint("http://e:1")], client_factory=lambda url: None).close()
+        assert not os.path.exists(f"/dev/shm/{theirs[0]}") and not (handles.SEGMENT_REGISTRY / theirs[0]).exists()
+    finally:
+        sender.kill()

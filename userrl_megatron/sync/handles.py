@@ -45,12 +45,14 @@ import math
 import os
 import pickle
 import re
+import tempfile
 import threading
 import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -131,6 +133,9 @@ def flattened_bucket(flat: torch.Tensor, layout: Sequence[BucketEntry]) -> dict[
 
 SHM_DIR = "/dev/shm"
 REAP_EVERY_S = 2.0  # how often an engine looks for segments of a sender that is gone
+# The names of the senders' segments on this machine, one empty file each: what a sender that starts may remove
+# once nobody holds it (a run killed as a whole leaves its segments, and Ray kills torch's manager with the actor).
+SEGMENT_REGISTRY = Path(tempfile.gettempdir()) / "userrl_segments"
 
 
 def shm_path(handle: bytes) -> str:
@@ -145,7 +150,25 @@ def hold(storage: torch.UntypedStorage) -> int:
     _, handle, _ = storage._share_filename_cpu_()
     fd = os.open(shm_path(handle), os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_SH)
+    SEGMENT_REGISTRY.mkdir(exist_ok=True)
+    SEGMENT_REGISTRY.joinpath(handle.decode().lstrip("/")).touch()
     return fd
+
+
+def sweep_segments() -> list[str]:
+    """Remove the registered segments nobody holds any more (their sender died with no engine left to notice), and
+    the entries of segments already gone; returns the files removed."""
+    removed = []
+    for entry in SEGMENT_REGISTRY.glob("torch_*"):
+        handle = b"/" + entry.name.encode()
+        held = _held(handle)
+        if held is False:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(shm_path(handle))
+                removed.append(entry.name)
+        if not held:
+            entry.unlink(missing_ok=True)
+    return removed
 
 
 def retire(storage: torch.UntypedStorage) -> None:
@@ -155,6 +178,7 @@ def retire(storage: torch.UntypedStorage) -> None:
     storage._shared_incref()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(shm_path(handle))
+    SEGMENT_REGISTRY.joinpath(handle.decode().lstrip("/")).unlink(missing_ok=True)
 
 
 def _held(handle: bytes) -> bool | None:

@@ -38,7 +38,14 @@ import torch.distributed as dist
 
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync.bucket import BucketEntry
-from userrl_megatron.sync.handles import flattened_bucket, hold, retire, serialize, through_shm_manager
+from userrl_megatron.sync.handles import (
+    flattened_bucket,
+    hold,
+    retire,
+    serialize,
+    sweep_segments,
+    through_shm_manager,
+)
 from userrl_megatron.sync.roles import payload_holders
 from userrl_megatron.sync.sender import (
     REFUSAL_GRACE_S,
@@ -148,6 +155,8 @@ class TensorSender(WeightSender):
         self.holders = payload_holders(engines, peers.ranks if peers else [0])
         self.mine = sum(row.count(self.rank) for row in self.holders)  # payloads this member makes per bucket
         self._segments = (SharedBuffer(self.device), SharedBuffer(self.device))  # alternate, as `_buffers`
+        if self.device.type == "cpu" and (swept := sweep_segments()):
+            log.info("removed %d shared-memory segments of senders that are gone: %s", len(swept), swept)
 
     def connect(self, master_address: str = "", master_port: int = 0) -> None:
         """Nothing to set up: handles need no process group (the arguments keep `WeightSender`'s interface)."""
