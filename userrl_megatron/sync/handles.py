@@ -14,8 +14,9 @@ Persistent segments. The sender keeps its bucket memory across buckets and pushe
 go (`retire`). An engine keeps what it mapped of such a file (`Segments`), so later payloads naming it map nothing
 (torch's `shared_cache` returns the live storage); it lets go of a segment a push did not use (the sender grew
 it) and of one whose lock nobody holds any more (the sender is gone: the engine removes the name). A file's
-memory goes with its last mapping; torch's `torch_shm_manager` removes what is left once every process that
-registered the file has exited.
+memory goes with its last mapping. Segments are registered by name (`SEGMENT_REGISTRY`), and a sender that starts
+removes those nobody holds (`sweep_segments`): torch's `torch_shm_manager` would remove them once every process
+that registered them exited, but Ray kills it with the actor.
 
 `load_format: "flattened_bucket"` payloads hold `{"flattened_tensor": uint8 tensor, "metadata": [...]}`, each
 metadata entry with the attributes of SGLang's `FlattenedTensorMetadata` (name, shape, dtype, start_idx, end_idx,
