@@ -1,6 +1,7 @@
 """Colocated weight sync (`TensorSender`, SGLang's `/update_weights_from_tensor`) on both backends: buckets of
 mixed dtypes handed over as shared-memory handles, read back bit-exact by name, generation with the new weights,
-the weight version, no shared-memory file left behind; the refusals both backends share. Real SGLang 0.5.23
+the weight version, the sender's two shared-memory segments reused across pushes and removed when it closes; the
+refusals both backends share. Real SGLang 0.5.23
 dies on a wrong shape or an unknown load format on this path (the embedded server refuses those instead:
 tests/e2e/test_server_http.py), so no test here sends one."""
 
@@ -40,7 +41,7 @@ def sender(engine: Engine) -> Iterator[TensorSender]:
     sender.close()
 
 
-def test_buckets_through_handles_load_bit_exact_and_leave_no_shared_memory(
+def test_buckets_through_handles_load_bit_exact_through_reused_segments(
     engine: Engine, sender: TensorSender, originals: dict[str, torch.Tensor], hf: Any, smol_dir: Any
 ) -> None:
     changed = {
@@ -49,8 +50,11 @@ def test_buckets_through_handles_load_bit_exact_and_leave_no_shared_memory(
         "model.norm.weight": originals["model.norm.weight"] + 0.25,
     }
     before = our_segments()
+    sender.push([(name, tensor * 3) for name, tensor in changed.items()], version=10)
+    kept = our_segments() - before
+    assert len(kept) == 2  # two segments, alternating: the third bucket rewrote the first one's after it landed
     metrics = sender.push(list(changed.items()), version=11)
-    assert our_segments() == before  # every bucket's file went once the engine had answered
+    assert our_segments() - before == kept  # written in place again, no new file
     assert metrics["sync/buckets"] == 3  # each tensor alone: 1 MB buckets, and the dtype changes between them
     assert metrics["sync/bytes"] == sum(t.numel() * t.element_size() for t in changed.values())
     got = run(read_back(engine.url, list(changed), rows=4))
@@ -75,12 +79,13 @@ def test_whole_model_in_one_bucket_reads_back(engine: Engine, hf: Any) -> None:
     state = [(n, t.detach()) for n, t in hf.state_dict().items() if n != "lm_head.weight"]
     sender = TensorSender(SyncConfig(bucket_mb=600), [EngineEndpoint(engine.url)], f"whole_{free_port()}")
     sender.connect()
+    before = our_segments()
     try:
-        before = our_segments()
         metrics = sender.push(state, version=12)
-        assert our_segments() == before and metrics["sync/buckets"] == 1
+        assert len(our_segments() - before) == 1 and metrics["sync/buckets"] == 1
     finally:
         sender.close()
+    assert our_segments() == before  # closing the sender removed its file
     names = ["model.embed_tokens.weight", "model.layers.29.mlp.up_proj.weight", "model.norm.weight"]
     got = run(read_back(engine.url, names, rows=3))
     assert all(torch.equal(got[n], hf.get_parameter(n)[:3].detach()) for n in names)
@@ -144,3 +149,13 @@ def test_embedded_decoder_reads_a_payload_written_by_sglang() -> None:
     finally:
         if writer.poll() is None:
             writer.kill()
+
+
+def test_the_launcher_knows_the_servers_own_shared_memory_files(engine: Engine) -> None:
+    # SGLang keeps a load-report file in /dev/shm that it removes only on a clean exit; the launcher records it once
+    # the server is healthy and removes it when it stops the server (a killed one too: tests/unit/test_launch.py).
+    files = engine.server.shm_files
+    if engine.backend == "embedded":
+        assert files == []
+    else:
+        assert [f.name.startswith("sglang_loads_") and f.exists() for f in files] == [True]

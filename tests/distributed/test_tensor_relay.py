@@ -41,17 +41,18 @@ def _rank(rank: int, world: int, port: int, urls: list[str], state_file: str) ->
     sender = TensorSender(SyncConfig(bucket_mb=1), engines, "relay", peers=peers)
     sender.connect()
     out: dict[str, Any] = {"mine": sender.mine}
+    before = _segments()
     try:
-        before = _segments()
         bad = [*state[:5], ("decoder.final_layernorm.weight", torch.ones(256)), *state[5:]]
         try:
             out["bad"] = sender.push(bad, version=9)
         except UnknownWeightNameError as e:
             out["bad"] = str(e)
         out["metrics"] = sender.push(state, version=5)
-        out["left"] = sorted(_segments() - before)
+        out["kept"] = len(_segments() - before)  # the two alternating segments, kept for the next push
     finally:
         sender.close()
+        out["left"] = sorted(_segments() - before)
         dist.destroy_process_group()
     return out
 
@@ -82,7 +83,8 @@ def test_two_ranks_hand_each_engine_its_own_copy(tmp_path: Path) -> None:
     metrics = source["metrics"]
     assert metrics["sync/bytes"] == sum(t.numel() * t.element_size() for _, t in state)
     assert metrics["sync/buckets"] >= 4 and metrics["sync/handles_from_peers"] == metrics["sync/buckets"]
-    assert source["left"] == [] and peer["left"] == []
+    assert (source["kept"], peer["kept"]) == (2, 2)
+    assert source["left"] == [] and peer["left"] == []  # closing the sender removed its files
     for version, got in read_back:
         assert version == "5"
         assert all(torch.equal(torch.tensor(got[n]), t[:2]) for n, t in state)

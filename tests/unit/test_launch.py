@@ -1,9 +1,12 @@
 """Engine launch: the SGLang and `userrl serve` command lines, and the shared wait-for-health failure paths
 (the healthy path runs with the embedded server in tests/e2e)."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +21,7 @@ from userrl_megatron.fleet.launch import (
     ProcessLaunch,
     embedded_launch,
     embedded_server_command,
+    group_shm_files,
     launch_server,
     start_process,
 )
@@ -306,3 +310,34 @@ def test_a_server_has_a_process_group_of_its_own_in_the_launchers_session(tmp_pa
         assert os.getsid(server.process.pid) == os.getsid(0)
     finally:
         assert server.stop(timeout_s=60) == -15
+
+
+HOLDER = textwrap.dedent(
+    """
+    import mmap, os, sys, time
+    if os.fork() == 0:  # a child of the server holds the file, as SGLang's scheduler does
+        fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600)
+        os.ftruncate(fd, 4096)
+        kept = mmap.mmap(fd, 4096)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_servers_own_shared_memory_files_go_when_it_is_stopped(tmp_path: Path) -> None:
+    path = Path(f"/dev/shm/sglang_loads_test{os.getpid()}_0.shm")
+    server = start_process(ProcessLaunch([sys.executable, "-c", HOLDER, str(path)], {}, ""), tmp_path / "server.log")
+    try:
+        deadline = time.monotonic() + 600  # only a hang waits this long
+        while not group_shm_files(server.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.shm_files = group_shm_files(server.process.pid)  # what `run_launch` records once a server is healthy
+        assert server.shm_files == [path] and group_shm_files(os.getpgid(0)) == []
+        os.killpg(server.process.pid, signal.SIGKILL)  # a crash: no exit handler of the server runs
+        server.process.wait()
+        assert path.exists()
+        assert server.stop() == -9 and not path.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+        path.unlink(missing_ok=True)

@@ -4,11 +4,14 @@ let go; the receiver reads only its own rank's entry and resolves only the globa
 
 import base64
 import collections
+import contextlib
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -20,8 +23,8 @@ from tests.support.payloads import plain_pickle
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync import handles
 from userrl_megatron.sync.handles import decode_payload, flattened_bucket, serialize
-from userrl_megatron.sync.sender import _Packer
-from userrl_megatron.sync.tensor_sender import SharedBuffer, bucket_entries
+from userrl_megatron.sync.sender import EngineEndpoint, _Packer
+from userrl_megatron.sync.tensor_sender import SharedBuffer, TensorSender, bucket_entries
 
 RECEIVER = textwrap.dedent(
     """
@@ -75,8 +78,8 @@ def test_bucket_read_bit_exact_by_another_process_then_freed(tmp_path: Path) -> 
     for name, tensor in named:
         assert got[name].shape == tensor.shape and torch.equal(got[name], tensor), name
     del bucket
-    packer.release()
-    assert our_segments() == before  # the receiver released its reference, the sender its own: the file is gone
+    packer.buffer.release()
+    assert our_segments() == before  # the receiver let go of its mapping, the sender of its segment: the file is gone
 
 
 def test_receiver_sees_the_senders_bytes_not_a_copy_at_serialization(tmp_path: Path) -> None:
@@ -85,7 +88,7 @@ def test_receiver_sees_the_senders_bytes_not_a_copy_at_serialization(tmp_path: P
     payload = serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries)))
     packer.flat().view(torch.float32).copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert torch.equal(receive(payload, tmp_path / "x.pt")["x"], torch.tensor([1.0, 2.0, 3.0, 4.0]))
-    packer.release()
+    packer.buffer.release()
 
 
 def test_named_tensor_list_and_plain_pickle_payloads(tmp_path: Path) -> None:
@@ -114,27 +117,160 @@ def test_only_own_rank_is_read_and_refusals() -> None:
 
 
 def test_bucket_sizes_follow_sync_config() -> None:
-    # The sender's packer takes a fresh shared segment of `sync.bucket_mb` per bucket, dropped with the bucket.
+    # The sender's packer takes a shared segment of `sync.bucket_mb` (kept for the next buckets) and a view of it.
     before = our_segments()
-    packer = packed([("x", torch.ones(10))], SyncConfig(bucket_mb=2).bucket_mb << 20)
+    buffer = SharedBuffer("cpu")
+    packer = _Packer(buffer)  # type: ignore[arg-type]
+    packer.add("x", torch.ones(10), SyncConfig(bucket_mb=2).bucket_mb << 20)
     assert packer._flat is not None and packer._flat.untyped_storage().nbytes() == 2 << 20
     assert packer.flat().numel() == 40 and len(our_segments() - before) == 1
     packer.release()
+    assert len(our_segments() - before) == 1  # the segment stays with its buffer
+    buffer.release()
     assert our_segments() == before
 
 
-def test_a_bucket_sized_by_the_last_push_never_overflows() -> None:
-    # TensorSender takes each bucket's size of the previous sync as its capacity; a tensor that no longer fits
-    # (the export changed) starts a new bucket instead of writing past the memory taken.
+def test_a_bucket_sized_by_a_capacity_never_overflows() -> None:
+    # A packer given a capacity takes that much; a tensor that does not fit starts a new bucket instead of writing
+    # past the memory taken, and a lone first tensor larger than the capacity gets its own size.
     packer = _Packer(SharedBuffer("cpu"), capacity=100)  # type: ignore[arg-type]
     packer.add("a", torch.ones(20), 1 << 20)  # 80 bytes
     assert packer.flat().untyped_storage().nbytes() == 100
     assert not packer.fits(torch.ones(6), 1 << 20) and packer.fits(torch.ones(5), 1 << 20)
-    packer.release()
+    packer.buffer.release()
     lone = _Packer(SharedBuffer("cpu"), capacity=16)  # type: ignore[arg-type]
-    lone.add("big", torch.ones(10), 1 << 20)  # a first tensor larger than the capacity gets its own size
+    lone.add("big", torch.ones(10), 1 << 20)
     assert lone.flat().numel() == 40
-    lone.release()
+    lone.buffer.release()
+
+
+ENGINE = textwrap.dedent(
+    """
+    import sys, torch
+    from userrl_megatron.sync.handles import Segments, decode_payload
+
+    segments = Segments(reap_every_s=float(sys.argv[1]))
+    mapped = []  # the files torch maps (a cached storage maps nothing)
+    open_file = torch.UntypedStorage._new_shared_filename_cpu
+    def counted(*args):
+        mapped.append(args[1])
+        return open_file(*args)
+    torch.UntypedStorage._new_shared_filename_cpu = staticmethod(counted)
+    for line in sys.stdin:
+        command, _, payload = line.strip().partition(" ")
+        if command == "load":
+            named = decode_payload([payload], "flattened_bucket", segments=segments)
+            print(" ".join(str(t.tolist()) for _, t in named), flush=True)
+            del named  # the request is answered: only what `segments` keeps stays mapped
+        elif command == "end":
+            segments.end_push()
+        print(len(segments.names()), len(mapped), flush=True)
+    """
+)
+
+
+class EngineProcess:
+    """A fresh interpreter that decodes payloads line by line and keeps what it maps, like the embedded server."""
+
+    def __init__(self, reap_every_s: float = 3600.0) -> None:
+        cmd = [sys.executable, "-c", ENGINE, str(reap_every_s)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, line: str) -> list[str]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        lines = [self.proc.stdout.readline().strip() for _ in range(2 if line.startswith("load") else 1)]
+        assert all(lines), "the engine process died"
+        return lines
+
+    def load(self, packer: _Packer) -> tuple[str, tuple[int, int]]:
+        """(the tensors read, (segments kept, mappings made so far))."""
+        got, counts = self.ask("load " + serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries))))
+        kept, mapped = counts.split()
+        return got, (int(kept), int(mapped))
+
+    def counts(self, command: str = "count") -> tuple[int, int]:
+        kept, mapped = self.ask(command)[0].split()
+        return int(kept), int(mapped)
+
+
+def bucket(buffer: SharedBuffer, value: float, n: int = 4) -> _Packer:
+    packer = _Packer(buffer)  # type: ignore[arg-type]
+    packer.add("w", torch.full((n,), value), 1 << 10)
+    return packer
+
+
+def test_segments_are_reused_and_the_engine_maps_each_once() -> None:
+    before = our_segments()
+    engine, buffer = EngineProcess(), SharedBuffer("cpu")
+    try:
+        for value in (1.0, 2.0, 3.0):  # three buckets written in place into one segment, read bit-exact
+            packer = bucket(buffer, value)
+            assert engine.load(packer) == (str([value] * 4), (1, 1))
+            packer.release()
+        assert len(our_segments() - before) == 1
+        old = our_segments() - before
+        packer = bucket(buffer, 4.0, n=1024)  # a bucket larger than the segment: a new one, the old file goes now
+        assert engine.load(packer) == (str([4.0] * 1024), (2, 2))
+        assert len(our_segments() - before) == 1 and not old & our_segments()
+        assert engine.counts("end") == (1, 2)  # the push did not read the old segment: let go
+        loose = torch.tensor([1.5, 2.5]).view(torch.uint8)  # shared by a sender that does not hold its file
+        payload = serialize(flattened_bucket(loose, bucket_entries([("v", torch.float32, [2], 0, 8)])))
+        assert engine.ask("load " + payload) == ["[1.5, 2.5]", "1 3"]  # mapped for this payload only
+        del loose
+        buffer.release()
+        assert our_segments() == before
+        assert engine.counts("end") == (0, 3)  # the sender removed it: let go
+    finally:
+        engine.proc.kill()
+        engine.proc.wait()
+        buffer.release()
+
+
+def test_no_segment_is_left_after_the_engine_is_killed() -> None:
+    before = our_segments()
+    engine, buffer = EngineProcess(), SharedBuffer("cpu")
+    assert engine.load(bucket(buffer, 5.0))[1] == (1, 1)
+    engine.proc.send_signal(signal.SIGKILL)
+    engine.proc.wait()
+    buffer.release()  # the dead engine's reference is never given back: the sender removes the file itself
+    assert our_segments() == before
+
+
+SENDER = textwrap.dedent(
+    """
+    import sys, time, torch
+    from userrl_megatron.sync.handles import flattened_bucket, serialize
+    from userrl_megatron.sync.sender import _Packer
+    from userrl_megatron.sync.tensor_sender import SharedBuffer, bucket_entries
+
+    packer = _Packer(SharedBuffer("cpu"))
+    packer.add("w", torch.full((4,), 7.0), 1024)
+    print(serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries))), flush=True)
+    time.sleep(3600)
+    """
+)
+
+
+def test_no_segment_is_left_after_the_sender_is_killed() -> None:
+    sender = subprocess.Popen([sys.executable, "-c", SENDER], stdout=subprocess.PIPE, text=True)
+    engine = EngineProcess(reap_every_s=0.2)
+    try:
+        assert sender.stdout is not None
+        got, counts = engine.ask("load " + sender.stdout.readline().strip())
+        assert got == str([7.0] * 4) and counts == "1 1"
+        theirs = [f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{sender.pid}_")]
+        assert len(theirs) == 1
+        sender.send_signal(signal.SIGKILL)
+        sender.wait()
+        while engine.counts() != (0, 1):  # the engine's reaper finds the file nobody holds and removes it
+            time.sleep(0.1)
+        assert not os.path.exists(f"/dev/shm/{theirs[0]}")
+    finally:
+        sender.kill()
+        engine.proc.kill()
+        engine.proc.wait()
 
 
 def test_payload_holders_follow_the_placement() -> None:
@@ -333,3 +469,31 @@ def test_other_failures_and_a_hung_manager_are_not_retried(monkeypatch: pytest.M
     with pytest.raises(RuntimeError, match=r"^Shared memory manager connection has timed out"):
         handles.through_shm_manager(lambda: fail(LATE))
     assert len(calls) == 2
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if int(entry.joinpath("stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def test_segments_of_a_run_killed_as_a_whole_go_when_the_next_sender_starts() -> None:
+    sender = subprocess.Popen([sys.executable, "-c", SENDER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sender.stdout is not None and sender.stdout.readline()  # its segment is made, held and registered
+        theirs = [f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{sender.pid}_")]
+        assert len(theirs) == 1 and (handles.SEGMENT_REGISTRY / theirs[0]).exists()
+        assert theirs[0] not in handles.sweep_segments()  # held by its sender: left alone
+        for pid in [*children(sender.pid), sender.pid]:  # as Ray does: torch's shm manager dies with the actor
+            os.kill(pid, signal.SIGKILL)
+        sender.wait()
+        assert os.path.exists(f"/dev/shm/{theirs[0]}")  # no engine, no manager: nobody removed it
+        # The next sender on this machine removes what nobody holds any more.
+        TensorSender(SyncConfig(), [EngineEndpoint("http://e:1")], client_factory=lambda url: None).close()
+        assert not os.path.exists(f"/dev/shm/{theirs[0]}") and not (handles.SEGMENT_REGISTRY / theirs[0]).exists()
+    finally:
+        sender.kill()

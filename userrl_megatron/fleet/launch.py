@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 HEALTH_PATH = "/health_generate"  # what slime polls; SGLang answers 200 once a generation went through
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+# Shared-memory files a server makes under a name of its own (SGLang's load reports: its instance id) and removes
+# only on a clean exit: a killed server leaves them, and nothing else ever uses them again.
+SERVER_SHM_PREFIXES = ("sglang_loads_",)
 
 
 @dataclass(frozen=True)
@@ -49,19 +52,24 @@ class ServerProcess:
     process: subprocess.Popen
     url: str
     log_path: Path
+    shm_files: list[Path] = field(default_factory=list)  # its own shared-memory files, removed once it stopped
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM the whole process group (SGLang forks schedulers), SIGKILL after `timeout_s`; returns the code."""
+        """SIGTERM the whole process group (SGLang forks schedulers), SIGKILL after `timeout_s`, then remove the
+        server's own shared-memory files (left behind when it was killed); returns the code."""
         if self.alive():
             _signal_group(self.process, signal.SIGTERM)
             try:
-                return self.process.wait(timeout_s)
+                self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 _signal_group(self.process, signal.SIGKILL)
-        return self.process.wait()
+        code = self.process.wait()
+        for path in self.shm_files:
+            path.unlink(missing_ok=True)
+        return code
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -113,7 +121,25 @@ def run_launch(launch: ProcessLaunch, timeout_s: float, log_path: Path | None = 
     except BaseException:
         server.stop(timeout_s=10)
         raise
+    server.shm_files = group_shm_files(server.process.pid)
     return server
+
+
+def group_shm_files(pgid: int, prefixes: Sequence[str] = SERVER_SHM_PREFIXES) -> list[Path]:
+    """The `/dev/shm` files named `prefixes...` that the processes of group `pgid` hold open or mapped."""
+    found: set[Path] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a process that just exited
+            if int(entry.joinpath("stat").read_text().rpartition(")")[2].split()[2]) != pgid:
+                continue
+            paths = [os.readlink(fd) for fd in entry.joinpath("fd").iterdir()]
+            paths += [line.split(maxsplit=5)[-1] for line in entry.joinpath("maps").read_text().splitlines()]
+            found.update(
+                Path(p) for p in paths if p.startswith("/dev/shm/") and Path(p).name.startswith(tuple(prefixes))
+            )
+    return sorted(found)
 
 
 def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> ServerProcess:

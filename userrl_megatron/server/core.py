@@ -27,7 +27,7 @@ from userrl_megatron.server.threads import DaemonPool, start_daemon, wait_bounde
 from userrl_megatron.server.weights import receive_weights
 from userrl_megatron.sync.bucket import FlatBuffer
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
-from userrl_megatron.sync.handles import decode_payload
+from userrl_megatron.sync.handles import Segments, decode_payload
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class EngineCore:
         self._tokenizers = DaemonPool(TOKENIZER_THREADS, "tokenizer")
         self._receive_buffers: dict[str, FlatBuffer] = {}  # device -> the flat bucket buffer reused across updates
         self._session: str | None = None  # selector of the open weight-update session
+        self.segments = Segments()  # the senders' bucket memory mapped by /update_weights_from_tensor, kept
         self._released: set[str] = set()
         # What one /update_weights_from_tensor payload may hold: 8 bytes per parameter (the whole model twice in
         # float32), at least 1 GiB (a shared bucket of sync.bucket_mb is mapped whole); or the configured bound.
@@ -117,6 +118,7 @@ class EngineCore:
         if self.started:
             self.scheduler.stop(timeout_s=STOP_GRACE_S)
             self.started = False
+        self.segments.clear()
         with self._join_lock:
             groups = [group for group, _ in self.groups.values()]
             self.groups.clear()
@@ -378,6 +380,7 @@ class EngineCore:
         if self._session is None:
             return False, "no weight-update session is open; call begin_weight_update() first"
         self._session = None
+        self.segments.end_push()
         return True, "Success"
 
     async def update_weights_from_distributed(
@@ -438,9 +441,9 @@ class EngineCore:
         weight_version: str | None = None,
     ) -> tuple[bool, str]:
         """SGLang's colocated path: this engine's payload (entry 0; it is TP rank 0) names tensors in memory the
-        sender shares (`sync/handles.py`); they are mapped, copied into the weights and let go before the answer,
-        so the sender's shared memory can go once it has the answer. Where SGLang 0.5.23's server dies (a payload
-        it cannot read, an unknown load format, a wrong shape) this one refuses."""
+        sender shares (`sync/handles.py`); they are mapped and copied into the weights before the answer, and the
+        mapping of a sender's persistent segment is kept for its next pushes (`Segments`). Where SGLang 0.5.23's
+        server dies (a payload it cannot read, an unknown load format, a wrong shape) this one refuses."""
         if self._session is None:
             return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
         if abort_all_requests:
@@ -448,7 +451,8 @@ class EngineCore:
 
         def load() -> tuple[bool, str]:
             try:
-                self.model.load_weights(decode_payload(serialized_named_tensors, load_format, 0, self.payload_limit))
+                named = decode_payload(serialized_named_tensors, load_format, 0, self.payload_limit, self.segments)
+                self.model.load_weights(named)
             except Exception as e:
                 return False, f"Failed to update parameter online: {e}"
             if weight_version is not None:

@@ -9,6 +9,15 @@ engine answers:
   strategy is): an unrelated process (the engine server) can map it, where a file descriptor could only be
   passed to a child process.
 
+Persistent segments. The sender keeps its bucket memory across buckets and pushes; on CPU it holds a shared
+`flock` on each of its files for as long as it keeps it (`hold`), and removes the file's name itself when it lets
+go (`retire`). An engine keeps what it mapped of such a file (`Segments`), so later payloads naming it map nothing
+(torch's `shared_cache` returns the live storage); it lets go of a segment a push did not use (the sender grew
+it) and of one whose lock nobody holds any more (the sender is gone: the engine removes the name). A file's
+memory goes with its last mapping. Segments are registered by name (`SEGMENT_REGISTRY`), and a sender that starts
+removes those nobody holds (`sweep_segments`): torch's `torch_shm_manager` would remove them once every process
+that registered them exited, but Ray kills it with the actor.
+
 `load_format: "flattened_bucket"` payloads hold `{"flattened_tensor": uint8 tensor, "metadata": [...]}`, each
 metadata entry with the attributes of SGLang's `FlattenedTensorMetadata` (name, shape, dtype, start_idx, end_idx,
 numel). The sender writes them as `types.SimpleNamespace` (SGLang's unpickler allows it; the trainer has no
@@ -27,18 +36,24 @@ import binascii
 import builtins
 import codecs
 import collections
+import contextlib
 import copyreg
+import fcntl
 import functools
 import io
 import logging
 import math
+import os
 import pickle
 import re
+import tempfile
+import threading
 import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -117,6 +132,140 @@ def flattened_bucket(flat: torch.Tensor, layout: Sequence[BucketEntry]) -> dict[
     }
 
 
+SHM_DIR = "/dev/shm"
+REAP_EVERY_S = 2.0  # how often an engine looks for segments of a sender that is gone
+# The names of the senders' segments on this machine, one empty file each: what a sender that starts may remove
+# once nobody holds it (a run killed as a whole leaves its segments, and Ray kills torch's manager with the actor).
+SEGMENT_REGISTRY = Path(tempfile.gettempdir()) / "userrl_segments"
+
+
+def shm_path(handle: bytes) -> str:
+    """The file of torch's shared-memory name `handle` (`/torch_...`)."""
+    return SHM_DIR + handle.decode()
+
+
+def hold(storage: torch.UntypedStorage) -> int:
+    """Share `storage` by file name and take a shared lock on its file, kept until the returned descriptor is
+    closed: engines tell a live sender's segment from a dead one's by it (the kernel drops the lock with the
+    process)."""
+    _, handle, _ = storage._share_filename_cpu_()
+    fd = os.open(shm_path(handle), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    SEGMENT_REGISTRY.mkdir(exist_ok=True)
+    SEGMENT_REGISTRY.joinpath(handle.decode().lstrip("/")).touch()
+    return fd
+
+
+def sweep_segments() -> list[str]:
+    """Remove the registered segments nobody holds any more (their sender died with no engine left to notice), and
+    the entries of segments already gone; returns the files removed."""
+    removed = []
+    for entry in SEGMENT_REGISTRY.glob("torch_*"):
+        handle = b"/" + entry.name.encode()
+        held = _held(handle)
+        if held is False:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(shm_path(handle))
+                removed.append(entry.name)
+        if not held:
+            entry.unlink(missing_ok=True)
+    return removed
+
+
+def retire(storage: torch.UntypedStorage) -> None:
+    """Remove the shared-memory file of `storage` now; its memory goes with the last mapping. One reference is
+    kept for good first: torch's last close would otherwise remove the name again and abort on the missing file."""
+    _, handle, _ = storage._share_filename_cpu_()
+    storage._shared_incref()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(shm_path(handle))
+    SEGMENT_REGISTRY.joinpath(handle.decode().lstrip("/")).unlink(missing_ok=True)
+
+
+def _held(handle: bytes) -> bool | None:
+    """Whether a process holds a lock on the file of `handle` (None: the file is gone)."""
+    try:
+        fd = os.open(shm_path(handle), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+class Segments:
+    """The sender memory an engine keeps mapped between pushes: shared-memory files whose sender holds them
+    (`hold`), by name, and CUDA IPC storages, by handle. Mapping costs page faults (CPU) or an IPC open (GPU)
+    per bucket otherwise; a kept storage makes torch's rebuild find it in its `shared_cache`."""
+
+    def __init__(self, reap_every_s: float = REAP_EVERY_S) -> None:
+        self.reap_every_s = reap_every_s
+        self._lock = threading.Lock()
+        self._kept: dict[Any, torch.UntypedStorage] = {}
+        self._used: set[Any] = set()  # keys the open push read
+        self._reaper: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def keep_file(self, handle: bytes, storage: torch.UntypedStorage) -> None:
+        """Keep a mapped shared-memory file if its sender holds it (a file nobody holds is mapped per payload)."""
+        with self._lock:
+            if handle not in self._kept and not _held(handle):
+                return
+            self._kept[handle] = storage
+            self._used.add(handle)
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap_loop, name="segment-reaper", daemon=True)
+                self._reaper.start()
+
+    def keep_cuda(self, key: tuple[bytes, int], storage: torch.UntypedStorage) -> None:
+        """Keep an opened CUDA IPC storage (torch keys its cache by handle and offset)."""
+        with self._lock:
+            self._kept[key] = storage
+            self._used.add(key)
+
+    def names(self) -> list[bytes]:
+        """The shared-memory files kept."""
+        with self._lock:
+            return [k for k in self._kept if isinstance(k, bytes)]
+
+    def end_push(self) -> None:
+        """After a push: let go of what it did not read (the sender grew or dropped it), then of dead senders' files."""
+        with self._lock:
+            for key in [k for k in self._kept if k not in self._used]:
+                del self._kept[key]
+            self._used.clear()
+        self.reap()
+
+    def reap(self) -> None:
+        """Let go of files their sender removed, and remove those of a sender that is gone."""
+        with self._lock:
+            for handle in [k for k in self._kept if isinstance(k, bytes)]:
+                held = _held(handle)
+                if held is False:
+                    retire(self._kept[handle])
+                if not held:
+                    del self._kept[handle]
+                    self._used.discard(handle)
+
+    def clear(self) -> None:
+        """Let go of everything (the engine stops)."""
+        self._closed.set()
+        with self._lock:
+            self._kept.clear()
+            self._used.clear()
+
+    def _reap_loop(self) -> None:
+        while not self._closed.wait(self.reap_every_s):
+            try:
+                self.reap()
+            except Exception:  # a reaper that dies would keep a dead sender's files until the next push
+                log.exception("looking for segments of senders that are gone failed")
+
+
 # ---- receiving (the embedded server) ----
 
 
@@ -135,9 +284,10 @@ class FlattenedTensorMetadata:
 class _Budget:
     """What one payload may make the engine hold: tensors of `max_bytes` together, no storage larger."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, segments: Segments | None = None) -> None:
         self.max_bytes, self.used = max_bytes, 0
         self.tensor_rebuilds: list[Any] = []  # this payload's bound tensor rebuilds (_rebuild_from_type_v2 calls)
+        self.segments = segments  # where the receiving engine keeps what it maps (None: nothing is kept)
 
     def storage(self, nbytes: int) -> None:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or not 0 <= nbytes <= self.max_bytes:
@@ -247,7 +397,12 @@ def _rebuild_storage_filename(
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise pickle.UnpicklingError(f"not a dtype: {dtype!r}")
     budget.storage(size if dtype is None or type(size) is not int else size * dtype.itemsize)
-    return through_shm_manager(lambda: reductions.rebuild_storage_filename(cls, manager, handle, size, dtype))
+    storage = through_shm_manager(lambda: reductions.rebuild_storage_filename(cls, manager, handle, size, dtype))
+    if budget.segments is not None:
+        budget.segments.keep_file(
+            handle, storage if isinstance(storage, torch.UntypedStorage) else storage._untyped_storage
+        )
+    return storage
 
 
 SHM_MANAGER_LATE = "Shared memory manager connection has timed out"
@@ -293,7 +448,10 @@ def _rebuild_cuda_tensor(budget: _Budget, *args: Any) -> torch.Tensor:
         if not matches:
             raise ValueError(f"Invalid device_uuid={device}")
         args_list[CUDA_DEVICE_ARG] = matches[0]
-    return reductions.rebuild_cuda_tensor(*args_list)
+    tensor = reductions.rebuild_cuda_tensor(*args_list)
+    if budget.segments is not None and args[7] is not None:
+        budget.segments.keep_cuda((args[7], args[9]), tensor.untyped_storage())
+    return tensor
 
 
 def _load_storage_bytes(budget: _Budget, data: Any) -> torch.TypedStorage | torch.UntypedStorage:
@@ -369,9 +527,9 @@ class SafeUnpickler(pickle.Unpickler):
     """Resolves only the globals a weight payload needs (a subset of what SGLang 0.5.23 allows), and rebuilds
     tensors only inside their storage, within `max_bytes`."""
 
-    def __init__(self, file: io.BytesIO, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, file: io.BytesIO, max_bytes: int = DEFAULT_MAX_BYTES, segments: Segments | None = None) -> None:
         super().__init__(file)
-        self.budget = _Budget(max_bytes)
+        self.budget = _Budget(max_bytes, segments)
         self._bound: dict[tuple[str, str], Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
@@ -388,16 +546,21 @@ class SafeUnpickler(pickle.Unpickler):
         return found
 
 
-def deserialize(payload: str | bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    """One rank's payload (base64 text, or the raw pickle) -> the object it holds, tensors mapped in place."""
+def deserialize(payload: str | bytes, max_bytes: int = DEFAULT_MAX_BYTES, segments: Segments | None = None) -> Any:
+    """One rank's payload (base64 text, or the raw pickle) -> the object it holds, tensors mapped in place (and
+    the sender's persistent memory kept in `segments`)."""
     data = payload.encode() if isinstance(payload, str) else bytes(payload)
     if not (len(data) >= 2 and data[0] == 0x80):
         data = base64.b64decode(data, validate=True)
-    return SafeUnpickler(io.BytesIO(data), max_bytes).load()
+    return SafeUnpickler(io.BytesIO(data), max_bytes, segments).load()
 
 
 def decode_payload(
-    payloads: Sequence[str | bytes], load_format: str | None, rank: int = 0, max_bytes: int = DEFAULT_MAX_BYTES
+    payloads: Sequence[str | bytes],
+    load_format: str | None,
+    rank: int = 0,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    segments: Segments | None = None,
 ) -> list[tuple[str, Any]]:
     """TP rank `rank`'s (name, tensor) pairs of an `/update_weights_from_tensor` request (entries of other ranks
     are not read: reading one maps its memory); its tensors hold at most `max_bytes` together."""
@@ -405,7 +568,7 @@ def decode_payload(
         raise NotImplementedError(f"Unknown load_format={load_format}")
     if rank >= len(payloads):
         raise IndexError(f"no payload for TP rank {rank} ({len(payloads)} given)")
-    obj = deserialize(payloads[rank], max_bytes)
+    obj = deserialize(payloads[rank], max_bytes, segments)
     if load_format == "flattened_bucket":
         return _flattened_tensors(obj)
     if not isinstance(obj, (list, tuple)) or not all(

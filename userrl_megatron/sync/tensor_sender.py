@@ -5,8 +5,10 @@ A colocated run cannot use the broadcast of `sender.WeightSender`: NCCL refuses 
 GPU. Here a pipeline stage's HF-named tensors are packed into buckets of `sync.bucket_mb` exactly as on the
 broadcast path (SGLang's `flattened_bucket` layout), but each bucket lives in memory another process can map
 (`handles.py`: CUDA IPC on GPU, a named shared-memory file on CPU), and every engine gets one small payload per TP
-rank naming that memory. The engine copies the tensors into its weights and answers; only then is the bucket's
-memory dropped (on CPU the shared-memory file disappears with it). One bucket is in flight while the next is packed.
+rank naming that memory. The engine copies the tensors into its weights and answers. Buckets alternate between two
+segments kept across buckets and pushes (`SharedBuffer`), and one bucket is in flight while the next is packed, so
+a segment is written again only after every engine answered for the bucket in it; the embedded engine keeps its
+mapping of each segment (`handles.Segments`), so nothing is created, mapped or removed per bucket.
 
 Which memory an engine TP rank maps: engine TP rank j of an engine whose first device is d sits on device d + j;
 actor rank r sits on device r (`fleet/placement.py`). When that actor rank belongs to the stage (whatever its TP,
@@ -24,6 +26,7 @@ Defences (what real SGLang 0.5.23 does on this path, docs/engine.md):
 """
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION
 from concurrent.futures import wait as wait_futures
@@ -35,7 +38,14 @@ import torch.distributed as dist
 
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync.bucket import BucketEntry
-from userrl_megatron.sync.handles import flattened_bucket, serialize, through_shm_manager
+from userrl_megatron.sync.handles import (
+    flattened_bucket,
+    hold,
+    retire,
+    serialize,
+    sweep_segments,
+    through_shm_manager,
+)
 from userrl_megatron.sync.roles import payload_holders
 from userrl_megatron.sync.sender import (
     REFUSAL_GRACE_S,
@@ -53,18 +63,37 @@ log = logging.getLogger(__name__)
 
 
 class SharedBuffer:
-    """Hands out a fresh bucket of memory another process can map: a named shared-memory file on CPU, device
-    memory (shared through CUDA IPC when pickled) on GPU. The caller drops it once the engines answered."""
+    """One segment of memory another process can map, kept across buckets and pushes and grown when a bucket
+    needs more (as `FlatBuffer` on the broadcast path): a named shared-memory file on CPU, held (`handles.hold`)
+    while kept, device memory (shared through CUDA IPC when pickled) on GPU. Views are valid until `take` grows it;
+    the caller takes it again only once every engine answered for the bucket in it."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
+        self._data: torch.Tensor | None = None
+        self._lock_fd: int | None = None
 
     def take(self, nbytes: int) -> torch.Tensor:
-        """A new uint8 tensor of `nbytes` bytes (contents undefined)."""
-        if self.device.type == "cpu":
-            storage = through_shm_manager(lambda: torch.UntypedStorage._new_using_filename_cpu(nbytes))
-            return torch.empty(0, dtype=torch.uint8).set_(storage)
-        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        """A uint8 view of the first `nbytes` bytes of the segment (contents undefined)."""
+        if self._data is None or self._data.numel() < nbytes:
+            self.release()
+            self._data = self._new(nbytes)
+        return self._data[:nbytes]
+
+    def _new(self, nbytes: int) -> torch.Tensor:
+        if self.device.type != "cpu":
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        storage = through_shm_manager(lambda: torch.UntypedStorage._new_using_filename_cpu(nbytes))
+        self._lock_fd = hold(storage)
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+    def release(self) -> None:
+        """Let go of the segment: on CPU its file is removed now (engines that mapped it keep their mapping until
+        they let go) and its lock dropped."""
+        if self._data is not None and self._lock_fd is not None:
+            retire(self._data.untyped_storage())
+            os.close(self._lock_fd)
+        self._data, self._lock_fd = None, None
 
 
 @dataclass
@@ -125,11 +154,9 @@ class TensorSender(WeightSender):
         self.source = peers is None or peers.rank == peers.ranks[0]
         self.holders = payload_holders(engines, peers.ranks if peers else [0])
         self.mine = sum(row.count(self.rank) for row in self.holders)  # payloads this member makes per bucket
-        self._shared = SharedBuffer(self.device)
-        # Bytes of each bucket of the last push: every sync exports the same tensors, so later buckets take exactly
-        # what they need (a fresh shared-memory file costs time in proportion to its size).
-        self._sizes: list[int] = []
-        self._pushing: list[int] = []
+        self._segments = (SharedBuffer(self.device), SharedBuffer(self.device))  # alternate, as `_buffers`
+        if self.device.type == "cpu" and (swept := sweep_segments()):
+            log.info("removed %d shared-memory segments of senders that are gone: %s", len(swept), swept)
 
     def connect(self, master_address: str = "", master_port: int = 0) -> None:
         """Nothing to set up: handles need no process group (the arguments keep `WeightSender`'s interface)."""
@@ -165,6 +192,8 @@ class TensorSender(WeightSender):
         if not state.stopped and packer.entries:
             self._exchange(packer, version, state, clock)
         self._finish(state, clock)
+        if state.stopped:  # an engine may not have answered for its bucket: no segment of this push is rewritten
+            self._release_segments()
         if state.failure is not None:
             self._end_sessions()
             raise state.failure
@@ -183,17 +212,17 @@ class TensorSender(WeightSender):
         }
 
     def _new_packer(self, index: int) -> _Packer:
-        if index == 0 and self._pushing:  # a new push: the last one's sizes are complete
-            self._sizes, self._pushing = self._pushing, []
-        capacity = self._sizes[index] if index < len(self._sizes) else None
-        return _Packer(self._shared, capacity)  # type: ignore[arg-type]
+        """The packer of bucket `index`: its segment last held bucket `index - 2`, which has landed by now (one
+        bucket in flight)."""
+        return _Packer(self._segments[index % 2])  # type: ignore[arg-type]
 
     def _exchange(self, packer: _Packer, version: int, state: _State, clock: _Clock) -> None:
         """One bucket boundary on every member: payloads to the source, which waits for the previous bucket and
         posts this one (unless the push failed), then says whether the previous one landed."""
-        self._pushing.append(packer.nbytes)
         state.sent, state.buckets = state.sent + packer.nbytes, state.buckets + 1
         with clock("serialize"):
+            if self.device.type == "cuda":  # an engine that kept the handle open reads without waiting on an event
+                torch.cuda.synchronize(self.device)
             bucket = flattened_bucket(packer.flat(), bucket_entries(packer.entries))
             mine = [serialize(bucket) for _ in range(self.mine)]
         payloads = self.peers.gather(mine) if self.peers else [mine]
@@ -272,15 +301,20 @@ class TensorSender(WeightSender):
             if inflight.packer is not None:
                 inflight.packer.release()
             if self.device.type == "cuda":
-                torch.cuda.ipc_collect()  # the engines closed their handles: the memory can really go
+                torch.cuda.ipc_collect()  # a buffer let go of once the engines closed it: the memory can really go
 
     def _end_sessions(self) -> None:
         if self.source:
             super()._end_sessions()
 
+    def _release_segments(self) -> None:
+        for segment in self._segments:
+            segment.release()
+
     def close(self) -> None:
-        """Stop the HTTP thread (there is no group to leave)."""
+        """Let go of the segments (their files go now) and stop the HTTP thread (there is no group to leave)."""
         self._connected = False
+        self._release_segments()
         super().close()
 
 

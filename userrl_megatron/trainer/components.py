@@ -127,7 +127,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     if use_gpu and managed_sim:  # the simulator's GPUs come on top of the policy's, in a group reserved after it
         check_run_gpus(run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines))
     placement = create_placement(plan)
-    actors = pool = None
+    actors = pool = parts = None
     stack = contextlib.AsyncExitStack()
     try:
         sim_pool = None
@@ -148,6 +148,10 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
         await bring_up(parts)
         yield parts
     finally:
+        if parts is not None and parts.weights.method == "tensor":
+            # The senders' shared segments outlive a killed actor (Ray also kills torch's shared-memory manager).
+            with contextlib.suppress(Exception):  # a dead actor has nothing left to let go of
+                await parts.weights.disconnect()
         if pool is not None:
             await pool.close()
         if user_sim is not None:
