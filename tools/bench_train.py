@@ -11,7 +11,8 @@ device's peak: the dense bf16/fp16/tf32 peak of known GPUs (--peak-tflops overri
 GEMM throughput measured in the same run on the same cores (so the CPU MFU is "fraction of what a plain
 large matmul reaches here"). `--compare-hf` also times a plain transformers + torch AdamW step on the same
 batch in the same process, interleaved with the actor's steps so that load changes hit both alike, and
-reports the ratio (world size 1 only). Step times are medians over the timed steps.
+reports the ratio (world size 1 only); the plain step runs the same micro-batches as the actor
+(--micro-batch-tokens), accumulating gradients. Step times are medians over the timed steps.
 
 `synthetic-*` models are random (config.json only, Megatron's own initialisation); others load HF weights.
 The script writes one JSON object (to --out and stdout).
@@ -32,6 +33,7 @@ import torch
 from userrl_megatron.config.schema import AlgoConfig, MegatronConfig, ModelConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.megatron.launch import run_local
+from userrl_megatron.megatron.packing import split_micro_batches
 from userrl_megatron.model_store import resolve_model
 from userrl_megatron.types import TrainBatch
 
@@ -130,7 +132,9 @@ def _bench_rank(rank: int, world: int, port: int, args: dict) -> dict:
         ModelConfig(path=args["model_dir"], dtype=args["dtype"]), cfg, AlgoConfig(), 0, load_weights=args["weights"]
     )
     batch = make_batch(actor.arch.vocab_size, args["episodes"], args["seq_len"], trained_share=args["trained_share"])
-    hf_step = HFStep(Path(args["model_dir"]), batch, actor.dtype) if args["compare_hf"] else None
+    hf_step = None
+    if args["compare_hf"]:
+        hf_step = HFStep(Path(args["model_dir"]), batch, actor.dtype, args["micro_batch_tokens"])
     times, hf_times = [], []
     for step in range(args["warmup"] + args["steps"]):
         metrics = actor.train_step(batch)
@@ -144,9 +148,12 @@ def _bench_rank(rank: int, world: int, port: int, args: dict) -> dict:
 
 
 class HFStep:
-    """One plain transformers + torch AdamW step on the batch (the same policy-gradient loss); returns seconds."""
+    """One plain transformers + torch AdamW step on the batch (the same policy-gradient loss); returns seconds.
 
-    def __init__(self, model_dir: Path, batch: TrainBatch, dtype: torch.dtype) -> None:
+    It runs the batch in the micro-batches the actor runs (the same rows, `split_micro_batches` under the same
+    token budget), accumulating gradients, so both sides do the same work at the same memory bound."""
+
+    def __init__(self, model_dir: Path, batch: TrainBatch, dtype: torch.dtype, micro_batch_tokens: int) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if any(model_dir.glob("*.safetensors")):
@@ -156,17 +163,25 @@ class HFStep:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = model.to(self.device).train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+        lengths = [len(t) for t in batch.token_ids]
+        if len(set(lengths)) != 1:
+            raise ValueError("HFStep needs episodes of one length (make_batch's)")
+        rows = split_micro_batches(range(len(batch)), lengths, micro_batch_tokens, packed=False)
+        self.micro_batches = [torch.tensor(sorted(r), device=self.device) for r in rows]
         self.ids = torch.tensor(batch.token_ids, device=self.device)
         self.mask = torch.tensor(batch.loss_mask, device=self.device, dtype=torch.float32)[:, 1:]
         self.adv = torch.tensor(batch.advantages, device=self.device, dtype=torch.float32)[:, 1:]
+        self.trained = self.mask.sum()
 
     def __call__(self) -> float:
         start = time.perf_counter()
         self.opt.zero_grad()
-        logits = self.model(self.ids).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, self.ids[:, 1:, None])[..., 0]
-        loss = -(logp * self.adv * self.mask).sum() / self.mask.sum()
-        loss.backward()
+        for rows in self.micro_batches:
+            ids = self.ids[rows]
+            logits = self.model(ids).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+            loss = -(logp * self.adv[rows] * self.mask[rows]).sum() / self.trained
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         if torch.cuda.is_available():
