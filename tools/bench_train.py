@@ -14,6 +14,9 @@ batch in the same process, interleaved with the actor's steps so that load chang
 reports the ratio (world size 1 only); the plain step runs the same micro-batches as the actor
 (--micro-batch-tokens), accumulating gradients. Step times are medians over the timed steps.
 
+`--profile` prints (to stderr) torch.profiler's operator table of one more step of the actor, and of the plain
+step with `--compare-hf`, after the timed ones.
+
 `synthetic-*` models are random (config.json only, Megatron's own initialisation); others load HF weights.
 The script writes one JSON object (to --out and stdout).
 """
@@ -26,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -143,8 +147,24 @@ def _bench_rank(rank: int, world: int, port: int, args: dict) -> dict:
             times.append(metrics["actor/step_time_s"])
             hf_times.append(hf_time)
     memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    profiles = {}
+    if args["profile"]:
+        profiles["actor"] = profile_ops(lambda: actor.train_step(batch))
+        if hf_step:
+            profiles["hf"] = profile_ops(hf_step)
     parallel.shutdown()
-    return {"step_times_s": times, "hf_step_times_s": hf_times, "max_gpu_memory_gib": memory}
+    return {"step_times_s": times, "hf_step_times_s": hf_times, "max_gpu_memory_gib": memory, "profiles": profiles}
+
+
+def profile_ops(step: Callable[[], object], rows: int = 25) -> str:
+    """torch.profiler's table of the operators of one more step, by self time (CPU; and CUDA on a GPU)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
 class HFStep:
@@ -205,6 +225,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak per rank (overrides the table)")
     p.add_argument("--compare-hf", action="store_true", help="also time a plain transformers step (world 1)")
+    p.add_argument("--profile", action="store_true", help="print an operator profile of one more step of each side")
     p.add_argument("--out", default=None, help="JSON output file")
     args = p.parse_args()
 
@@ -256,6 +277,8 @@ def main() -> None:
             hf_time = statistics.median(results[0]["hf_step_times_s"])
             report["hf_step_time_s"] = hf_time
             report["speed_vs_hf"] = hf_time / step_time
+    for side, table in results[0]["profiles"].items():
+        print(f"operator profile, one {side} step:\n{table}", file=sys.stderr)
     text = json.dumps(report, indent=2)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
