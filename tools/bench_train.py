@@ -11,7 +11,11 @@ device's peak: the dense bf16/fp16/tf32 peak of known GPUs (--peak-tflops overri
 GEMM throughput measured in the same run on the same cores (so the CPU MFU is "fraction of what a plain
 large matmul reaches here"). `--compare-hf` also times a plain transformers + torch AdamW step on the same
 batch in the same process, interleaved with the actor's steps so that load changes hit both alike, and
-reports the ratio (world size 1 only). Step times are medians over the timed steps.
+reports the ratio (world size 1 only); the plain step runs the same micro-batches as the actor
+(--micro-batch-tokens), accumulating gradients. Step times are medians over the timed steps.
+
+`--profile` prints (to stderr) torch.profiler's operator table of one more step of the actor, and of the plain
+step with `--compare-hf`, after the timed ones.
 
 `synthetic-*` models are random (config.json only, Megatron's own initialisation); others load HF weights.
 The script writes one JSON object (to --out and stdout).
@@ -25,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,6 +37,7 @@ import torch
 from userrl_megatron.config.schema import AlgoConfig, MegatronConfig, ModelConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.megatron.launch import run_local
+from userrl_megatron.megatron.packing import split_micro_batches
 from userrl_megatron.model_store import resolve_model
 from userrl_megatron.types import TrainBatch
 
@@ -130,7 +136,9 @@ def _bench_rank(rank: int, world: int, port: int, args: dict) -> dict:
         ModelConfig(path=args["model_dir"], dtype=args["dtype"]), cfg, AlgoConfig(), 0, load_weights=args["weights"]
     )
     batch = make_batch(actor.arch.vocab_size, args["episodes"], args["seq_len"], trained_share=args["trained_share"])
-    hf_step = HFStep(Path(args["model_dir"]), batch, actor.dtype) if args["compare_hf"] else None
+    hf_step = None
+    if args["compare_hf"]:
+        hf_step = HFStep(Path(args["model_dir"]), batch, actor.dtype, args["micro_batch_tokens"])
     times, hf_times = [], []
     for step in range(args["warmup"] + args["steps"]):
         metrics = actor.train_step(batch)
@@ -139,14 +147,33 @@ def _bench_rank(rank: int, world: int, port: int, args: dict) -> dict:
             times.append(metrics["actor/step_time_s"])
             hf_times.append(hf_time)
     memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    profiles = {}
+    if args["profile"]:
+        profiles["actor"] = profile_ops(lambda: actor.train_step(batch))
+        if hf_step:
+            profiles["hf"] = profile_ops(hf_step)
     parallel.shutdown()
-    return {"step_times_s": times, "hf_step_times_s": hf_times, "max_gpu_memory_gib": memory}
+    return {"step_times_s": times, "hf_step_times_s": hf_times, "max_gpu_memory_gib": memory, "profiles": profiles}
+
+
+def profile_ops(step: Callable[[], object], rows: int = 25) -> str:
+    """torch.profiler's table of the operators of one more step, by self time (CPU; and CUDA on a GPU)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
 class HFStep:
-    """One plain transformers + torch AdamW step on the batch (the same policy-gradient loss); returns seconds."""
+    """One plain transformers + torch AdamW step on the batch (the same policy-gradient loss); returns seconds.
 
-    def __init__(self, model_dir: Path, batch: TrainBatch, dtype: torch.dtype) -> None:
+    It runs the batch in the micro-batches the actor runs (the same rows, `split_micro_batches` under the same
+    token budget), accumulating gradients, so both sides do the same work at the same memory bound."""
+
+    def __init__(self, model_dir: Path, batch: TrainBatch, dtype: torch.dtype, micro_batch_tokens: int) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if any(model_dir.glob("*.safetensors")):
@@ -156,17 +183,25 @@ class HFStep:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = model.to(self.device).train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+        lengths = [len(t) for t in batch.token_ids]
+        if len(set(lengths)) != 1:
+            raise ValueError("HFStep needs episodes of one length (make_batch's)")
+        rows = split_micro_batches(range(len(batch)), lengths, micro_batch_tokens, packed=False)
+        self.micro_batches = [torch.tensor(sorted(r), device=self.device) for r in rows]
         self.ids = torch.tensor(batch.token_ids, device=self.device)
         self.mask = torch.tensor(batch.loss_mask, device=self.device, dtype=torch.float32)[:, 1:]
         self.adv = torch.tensor(batch.advantages, device=self.device, dtype=torch.float32)[:, 1:]
+        self.trained = self.mask.sum()
 
     def __call__(self) -> float:
         start = time.perf_counter()
         self.opt.zero_grad()
-        logits = self.model(self.ids).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, self.ids[:, 1:, None])[..., 0]
-        loss = -(logp * self.adv * self.mask).sum() / self.mask.sum()
-        loss.backward()
+        for rows in self.micro_batches:
+            ids = self.ids[rows]
+            logits = self.model(ids).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+            loss = -(logp * self.adv[rows] * self.mask[rows]).sum() / self.trained
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         if torch.cuda.is_available():
@@ -190,6 +225,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak per rank (overrides the table)")
     p.add_argument("--compare-hf", action="store_true", help="also time a plain transformers step (world 1)")
+    p.add_argument("--profile", action="store_true", help="print an operator profile of one more step of each side")
     p.add_argument("--out", default=None, help="JSON output file")
     args = p.parse_args()
 
@@ -241,6 +277,8 @@ def main() -> None:
             hf_time = statistics.median(results[0]["hf_step_times_s"])
             report["hf_step_time_s"] = hf_time
             report["speed_vs_hf"] = hf_time / step_time
+    for side, table in results[0]["profiles"].items():
+        print(f"operator profile, one {side} step:\n{table}", file=sys.stderr)
     text = json.dumps(report, indent=2)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

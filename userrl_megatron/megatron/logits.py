@@ -13,6 +13,10 @@ numbers per position between them; the backward writes the gradient (in the logi
 remains is the logits themselves and their gradient. The backward is closed-form: d log p(t) / d x_j = 1[j = t]
 - p_j and d H / d x_j = p_j (E_p[x] - x_j), with the global log-partition and E_p[x] saved by the forward, so it
 needs no collective.
+
+Time: fp32 logits of an unpadded vocabulary are read in place (no copy); the forward exponentiates each logit once
+(log Z and the entropy's E_p[x] share the exponentials, so the entropy metric costs a multiply-add); the backward
+builds fp32 gradients in their output rows.
 """
 
 import torch
@@ -49,12 +53,13 @@ def vocab_parallel_logprobs(
 
 
 def _chunk(logits: torch.Tensor, begin: int, end: int, real: int) -> torch.Tensor:
-    """Rows [begin, end) as a fp32 copy (fp32 logits included: the padding is written into it), padding columns
-    at PAD_LOGIT."""
-    x = logits[begin:end].to(torch.float32, copy=True)
-    if real < x.shape[-1]:
+    """Rows [begin, end) in fp32, padding columns at PAD_LOGIT: a copy when the logits are in another dtype or
+    padded, else a view (read only)."""
+    if real < logits.shape[-1]:
+        x = logits[begin:end].to(torch.float32, copy=True)
         x[:, real:] = PAD_LOGIT
-    return x
+        return x
+    return logits[begin:end].float()
 
 
 class _Context(torch.autograd.function.FunctionCtx):
@@ -88,10 +93,13 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for begin in range(0, rows, step):
             end = min(begin + step, rows)
             x = _chunk(logits, begin, end, real)
-            log_z[begin:end] = torch.logsumexp(x, dim=-1)
+            peak = x.amax(dim=-1, keepdim=True)
+            scaled = torch.exp(x - peak)  # the one exp of the forward: log Z and E_p[x] both come from it
+            total = scaled.sum(dim=-1)
+            log_z[begin:end] = total.log() + peak.squeeze(-1)
             target[begin:end] = x.gather(-1, index[begin:end, None]).squeeze(-1) * here[begin:end]
             if with_entropy:
-                expected[begin:end] = (torch.exp(x - log_z[begin:end, None]) * x).sum(dim=-1)
+                expected[begin:end] = scaled.mul_(x).sum(dim=-1) / total
         tp = parallel_state.get_tensor_model_parallel_world_size()
         if tp > 1:
             group = parallel_state.get_tensor_model_parallel_group()
@@ -121,11 +129,15 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for begin in range(0, rows, ctx.step):
             end = min(begin + ctx.step, rows)
             x = _chunk(logits, begin, end, ctx.real)
-            p = torch.exp(x - log_z[begin:end, None])
+            # fp32 logits: the gradient is built in place in its output rows, with no temporary of that size
+            g = grad[begin:end] if grad.dtype == torch.float32 else torch.empty_like(x)
+            torch.sub(x, log_z[begin:end, None], out=g).exp_()  # p
             g_lp = grad_logprobs[begin:end, None]
-            g = -p * g_lp
-            g.scatter_add_(-1, index[begin:end, None], g_lp * here[begin:end, None])
             if ctx.entropy_grad and grad_entropy is not None:
-                g += grad_entropy[begin:end, None] * p * (expected[begin:end, None] - x)
-            grad[begin:end] = g
+                g.mul_(grad_entropy[begin:end, None] * (expected[begin:end, None] - x) - g_lp)
+            else:
+                g.mul_(-g_lp)
+            g.scatter_add_(-1, index[begin:end, None], g_lp * here[begin:end, None])
+            if g.dtype != grad.dtype:
+                grad[begin:end] = g
         return grad, None, None, None, None, None
