@@ -1,9 +1,10 @@
 """HF-named tensors from a sharded Megatron model: weight sync and HF export walk the same code.
 
 `export_plans` walks this rank's pipeline stage (all its virtual chunks), gathers the tensor-parallel
-parameters' shards onto tp_rank 0 of the stage (in flat batches, one collective each, into buffers reused from
-batch to batch) and hands out each HF tensor as a `TensorPlan`: views of the gathered shards (fused QKV and
-gate/up split, vocabulary padding cut by the family's rules, `Converter.plans`), never a rebuilt full tensor.
+parameters' shards onto tp_rank 0 of the stage (in flat batches: each other rank sends its packed batch into a
+buffer tp_rank 0 reuses from batch to batch, while tp_rank 0's own shards stay where they are) and hands out
+each HF tensor as a `TensorPlan`: views of the shards (fused QKV and gate/up split, vocabulary padding cut by
+the family's rules, `Converter.plans`), never a rebuilt full tensor.
 Weight sync fills each plan straight into its place in the flat bucket: one copy per byte on TP=1 (parameter ->
 bucket), the gather and one copy on TP>1. `export_hf` materializes the plans for callers that keep tensors
 (the HF directory, gradients in tests, checksums).
@@ -41,8 +42,8 @@ GATHER_BATCH_BYTES = 16 * 1024 * 1024
 
 
 class _Gather:
-    """Gathers a flat batch from every rank of a group into one buffer ([rank 0's batch, rank 1's, ...]) on
-    the group's rank 0 (on every rank with `everywhere`); its buffers are reused from batch to batch."""
+    """Gathers a flat batch from every rank of a group into buffers reused from batch to batch, on the group's
+    rank 0 (on every rank with `everywhere`)."""
 
     def __init__(self, group: Any, size: int, everywhere: bool) -> None:
         self.group, self.size, self.everywhere = group, size, everywhere
@@ -55,10 +56,9 @@ class _Gather:
         """The tensors back to back in the reused send buffer."""
         n = sum(t.numel() for t in tensors)
         self._send = _room(self._send, n, tensors[0])
-        flat, offset = self._send[:n], 0
-        for t in tensors:
-            flat[offset : offset + t.numel()].view(t.shape).copy_(t)
-            offset += t.numel()
+        flat = self._send[:n]
+        for target, t in zip(_views(flat, tensors), tensors, strict=True):
+            target.copy_(t)
         return flat
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor | None:
@@ -72,6 +72,35 @@ class _Gather:
         else:
             torch.distributed.gather(flat, parts, dst=self.root, group=self.group)
         return self._recv[: self.size * n] if self.receives else None
+
+    def shards(self, tensors: list[torch.Tensor]) -> list[list[torch.Tensor]] | None:
+        """Every rank's `tensors` (rank order; each rank's list alike in shapes), on the receiving ranks. To rank
+        0 the other ranks send their packed batch, and rank 0's own shards are its tensors as they are: no copy."""
+        if self.everywhere:
+            gathered = self(self.pack(tensors))
+            assert gathered is not None
+            n = gathered.numel() // self.size
+            return [_views(gathered[r * n : (r + 1) * n], tensors) for r in range(self.size)]
+        if not self.receives:
+            torch.distributed.send(self.pack(tensors), group=self.group, group_dst=0)
+            return None
+        n = sum(t.numel() for t in tensors)
+        self._recv = _room(self._recv, (self.size - 1) * n, tensors[0])
+        slots = [self._recv[(r - 1) * n : r * n] for r in range(1, self.size)]
+        pending = [torch.distributed.irecv(slot, group=self.group, group_src=r + 1) for r, slot in enumerate(slots)]
+        for work in pending:
+            assert work is not None
+            work.wait()
+        return [tensors] + [_views(slot, tensors) for slot in slots]
+
+
+def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`flat` cut into consecutive views shaped like each of `like`."""
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset : offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    return out
 
 
 def _room(buffer: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -149,52 +178,45 @@ def export_hf(
 def _gathered_plans(
     batch: list[tuple[str, torch.Tensor]], converter: Converter, tp: _Gather
 ) -> Iterator[tuple[str, TensorPlan]]:
-    """Gather a batch of TP-sharded parameters with one collective; the receiving ranks yield their plans."""
-    gathered = tp(tp.pack([local for _, local in batch]))
-    if gathered is not None:
-        yield from _plans_in(gathered, batch, converter, tp.size)
+    """Gather a batch of TP-sharded parameters (one transfer per rank); the receiving ranks yield their plans."""
+    shards = tp.shards([local for _, local in batch])
+    if shards is not None:
+        for i, (name, _) in enumerate(batch):
+            yield from converter.plans(name, [mine[i] for mine in shards], transient=True)
 
 
 def _expert_plans(
     batch: list[tuple[str, torch.Tensor]], converter: Converter, layout: Layout, tp: _Gather, ep: _Gather | None
 ) -> Iterator[tuple[str, TensorPlan]]:
-    """Gather a batch of expert parameters over TP (full experts) and the result over EP (every EP rank's
-    experts); the source rank (with `everywhere`, every rank) yields their plans, expert indices shifted to each
-    EP rank's experts."""
-    if layout.tp == 1 and ep is None:
-        for name, local in batch:
-            yield from converter.plans(name, [local])
+    """Gather a batch of expert parameters over TP and the gathered buffer, as it is, over EP (every EP rank's
+    TP shards); the source rank (with `everywhere`, every rank) yields their plans, expert indices shifted to
+    each EP rank's experts."""
+    locals_ = [local for _, local in batch]
+    if ep is None:
+        yield from _gathered_plans(batch, converter, tp) if layout.tp > 1 else _own_plans(batch, converter)
         return
-    gathered = tp(tp.pack([local for _, local in batch])) if layout.tp > 1 else tp.pack([t for _, t in batch])
+    gathered = tp(tp.pack(locals_)) if layout.tp > 1 else tp.pack(locals_)
     if gathered is None:
         return
-    if ep is not None:
-        gathered = ep(gathered)
-        if gathered is None or (layout.dp_rank != 0 and not ep.everywhere):
-            return
+    gathered = ep(gathered)
+    if gathered is None or (layout.dp_rank != 0 and not ep.everywhere):
+        return
     per_rank = converter.arch.num_experts // layout.ep
-    block = gathered.numel() // layout.ep
+    n = gathered.numel() // (layout.ep * layout.tp)  # one TP rank's batch; EP rank e's TP rank t at slot e*tp+t
+    slots = [_views(gathered[i * n : (i + 1) * n], locals_) for i in range(layout.ep * layout.tp)]
     for ep_rank in range(layout.ep):
         # `name` holds this rank's expert index; EP rank r holds experts r * per_rank .. (r + 1) * per_rank - 1
         def renumber(e: int, r: int = ep_rank) -> int:
             return e + (r - layout.ep_rank) * per_rank
 
-        shifted = [(with_expert(name, renumber), local) for name, local in batch]
-        yield from _plans_in(gathered[ep_rank * block : (ep_rank + 1) * block], shifted, converter, layout.tp)
+        held = slots[ep_rank * layout.tp : (ep_rank + 1) * layout.tp]
+        for i, (name, _) in enumerate(batch):
+            yield from converter.plans(with_expert(name, renumber), [s[i] for s in held], transient=True)
 
 
-def _plans_in(
-    gathered: torch.Tensor, batch: list[tuple[str, torch.Tensor]], converter: Converter, ranks: int
-) -> Iterator[tuple[str, TensorPlan]]:
-    """The plans of a batch whose `ranks` flat copies (one per TP rank, each the batch's shards back to back)
-    lie one after another in `gathered`: every rank's shard of a parameter is a view at the same offset."""
-    n = gathered.numel() // ranks
-    offset = 0
+def _own_plans(batch: list[tuple[str, torch.Tensor]], converter: Converter) -> Iterator[tuple[str, TensorPlan]]:
     for name, local in batch:
-        k = local.numel()
-        shards = [gathered[r * n + offset : r * n + offset + k].view(local.shape) for r in range(ranks)]
-        offset += k
-        yield from converter.plans(name, shards, transient=True)
+        yield from converter.plans(name, [local])
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
