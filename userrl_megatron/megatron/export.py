@@ -1,13 +1,13 @@
 """HF-named tensors from a sharded Megatron model: weight sync and HF export walk the same code.
 
 `export_plans` walks this rank's pipeline stage (all its virtual chunks), gathers the tensor-parallel
-parameters' shards onto tp_rank 0 of the stage and hands out each HF tensor as a `TensorPlan`: views of the
-shards (fused QKV and gate/up split, vocabulary padding cut by the family's rules, `Converter.plans`), never a
-rebuilt full tensor. The gathers go in flat batches: each other rank sends its packed batch into one of two
-buffers tp_rank 0 reuses, tp_rank 0's own shards stay where they are, and the next batch is on its way while
-the caller consumes the current one's plans. Weight sync fills each plan straight into its place in the flat
-bucket: one copy per byte on TP=1 (parameter -> bucket), the gather and one copy on TP>1. `export_hf`
-materializes the plans for callers that keep tensors (the HF directory, gradients in tests, checksums).
+parameters' shards onto tp_rank 0 of the stage (in flat batches: each other rank sends its packed batch into a
+buffer tp_rank 0 reuses from batch to batch, while tp_rank 0's own shards stay where they are) and hands out
+each HF tensor as a `TensorPlan`: views of the shards (fused QKV and gate/up split, vocabulary padding cut by
+the family's rules, `Converter.plans`), never a rebuilt full tensor.
+Weight sync fills each plan straight into its place in the flat bucket: one copy per byte on TP=1 (parameter ->
+bucket), the gather and one copy on TP>1. `export_hf` materializes the plans for callers that keep tensors
+(the HF directory, gradients in tests, checksums).
 
 Only the stage's source rank (tp_rank 0, dp_rank 0, cp_rank 0) yields; the other ranks of its TP group take
 part in the gathers and yield nothing; ranks of other data-parallel replicas return at once, except under expert
@@ -19,7 +19,6 @@ EP rank's experts at a time, and yields them with their model-wide HF names.
 
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +51,6 @@ class _Gather:
         self.receives = everywhere or torch.distributed.get_rank(group) == 0
         self._send = torch.empty(0)
         self._recv = torch.empty(0)
-        self._turn = 0  # which of the two buffers `start` uses next
-        self._sends, self._recvs = [torch.empty(0), torch.empty(0)], [torch.empty(0), torch.empty(0)]
-        self._sending: list[list[Any]] = [[], []]
 
     def pack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The tensors back to back in the reused send buffer."""
@@ -77,83 +73,25 @@ class _Gather:
             torch.distributed.gather(flat, parts, dst=self.root, group=self.group)
         return self._recv[: self.size * n] if self.receives else None
 
-    def start(self, tensors: list[torch.Tensor]) -> "_Transfer":
-        """Begin moving every rank's `tensors` (alike in shapes) to rank 0: the other ranks send their packed
-        batch, rank 0 receives it into one of two buffers that alternate; `finish` waits for it. With
-        `everywhere` the all-gather happens in `finish`."""
-        if self.everywhere:
-            return _Transfer(tensors)
-        self._turn ^= 1
-        n = sum(t.numel() for t in tensors)
-        if not self.receives:
-            for work in self._sending[self._turn]:  # the send that last used this buffer
-                work.wait()
-            self._sends[self._turn] = _room(self._sends[self._turn], n, tensors[0])
-            flat = self._sends[self._turn][:n]
-            for target, t in zip(_views(flat, tensors), tensors, strict=True):
-                target.copy_(t)
-            self._sending[self._turn] = [torch.distributed.isend(flat, group=self.group, group_dst=0)]
-            return _Transfer(tensors)
-        self._recvs[self._turn] = _room(self._recvs[self._turn], (self.size - 1) * n, tensors[0])
-        slots = [self._recvs[self._turn][(r - 1) * n : r * n] for r in range(1, self.size)]
-        works = [torch.distributed.irecv(slot, group=self.group, group_src=r + 1) for r, slot in enumerate(slots)]
-        return _Transfer(tensors, works, slots)
-
-    def finish(self, transfer: "_Transfer") -> list[list[torch.Tensor]] | None:
-        """Every rank's tensors of a started transfer (rank order), on the receiving ranks: rank 0's own are
-        its tensors as they are (no copy), the others' views of the receive buffer."""
-        tensors = transfer.tensors
+    def shards(self, tensors: list[torch.Tensor]) -> list[list[torch.Tensor]] | None:
+        """Every rank's `tensors` (rank order; each rank's list alike in shapes), on the receiving ranks. To rank
+        0 the other ranks send their packed batch, and rank 0's own shards are its tensors as they are: no copy."""
         if self.everywhere:
             gathered = self(self.pack(tensors))
             assert gathered is not None
             n = gathered.numel() // self.size
             return [_views(gathered[r * n : (r + 1) * n], tensors) for r in range(self.size)]
         if not self.receives:
+            torch.distributed.send(self.pack(tensors), group=self.group, group_dst=0)
             return None
-        for work in transfer.works:
+        n = sum(t.numel() for t in tensors)
+        self._recv = _room(self._recv, (self.size - 1) * n, tensors[0])
+        slots = [self._recv[(r - 1) * n : r * n] for r in range(1, self.size)]
+        pending = [torch.distributed.irecv(slot, group=self.group, group_src=r + 1) for r, slot in enumerate(slots)]
+        for work in pending:
+            assert work is not None
             work.wait()
-        return [tensors] + [_views(slot, tensors) for slot in transfer.slots]
-
-    def close(self) -> None:
-        """Wait for this rank's sends still under way."""
-        for sending in self._sending:
-            for work in sending:
-                work.wait()
-        self._sending = [[], []]
-
-
-@dataclass
-class _Transfer:
-    """A batch on its way to rank 0 (`_Gather.start`)."""
-
-    tensors: list[torch.Tensor]
-    works: list[Any] = field(default_factory=list)
-    slots: list[torch.Tensor] = field(default_factory=list)
-
-
-class _Lookahead:
-    """Dense TP-sharded batches, one ahead: batch k+1's transfer runs (gloo's thread) while the caller consumes
-    batch k's plans (copying them into its bucket)."""
-
-    def __init__(self, tp: _Gather, converter: Converter) -> None:
-        self.tp, self.converter = tp, converter
-        self.pending: tuple[list[tuple[str, torch.Tensor]], _Transfer] | None = None
-
-    def push(self, batch: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, TensorPlan]]:
-        """Start `batch`, then yield the plans of the one before it."""
-        started = (batch, self.tp.start([local for _, local in batch]))
-        yield from self.drain()
-        self.pending = started
-
-    def drain(self) -> Iterator[tuple[str, TensorPlan]]:
-        """Yield the plans of the batch under way, if any (every rank of the group must call it alike)."""
-        if self.pending is None:
-            return
-        (batch, transfer), self.pending = self.pending, None
-        shards = self.tp.finish(transfer)
-        if shards is not None:
-            for i, (name, _) in enumerate(batch):
-                yield from self.converter.plans(name, [mine[i] for mine in shards], transient=True)
+        return [tensors] + [_views(slot, tensors) for slot in slots]
 
 
 def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -193,7 +131,6 @@ def export_plans(
     dense = everywhere or layout.dp_rank == 0  # else the other ranks here only hold experts of the source's EP group
     tp = _Gather(parallel_state.get_tensor_model_parallel_group(), layout.tp, everywhere)
     ep = _Gather(parallel_state.get_expert_model_parallel_group(), layout.ep, everywhere) if layout.ep > 1 else None
-    ahead = _Lookahead(tp, converter)
     arch = converter.arch
     batch: list[tuple[str, torch.Tensor]] = []
     experts: list[tuple[str, torch.Tensor]] = []
@@ -204,7 +141,6 @@ def export_plans(
         local = tensor_of(param)
         if is_expert_parameter(name):
             if experts and (local.dtype != experts[-1][1].dtype or expert_size + _nbytes(local) > GATHER_BATCH_BYTES):
-                yield from ahead.drain()  # no dense transfer under way beside the experts' collectives
                 yield from _expert_plans(experts, converter, layout, tp, ep)
                 experts, expert_size = [], 0
             experts.append((name, local))
@@ -217,16 +153,14 @@ def export_plans(
                 yield from converter.plans(name, [local])
             continue
         if batch and (local.dtype != batch[-1][1].dtype or size + _nbytes(local) > GATHER_BATCH_BYTES):
-            yield from ahead.push(batch)
+            yield from _gathered_plans(batch, converter, tp)
             batch, size = [], 0
         batch.append((name, local))
         size += _nbytes(local)
     if batch:
-        yield from ahead.push(batch)
-    yield from ahead.drain()
+        yield from _gathered_plans(batch, converter, tp)
     if experts:
         yield from _expert_plans(experts, converter, layout, tp, ep)
-    tp.close()
 
 
 def export_hf(
@@ -245,7 +179,7 @@ def _gathered_plans(
     batch: list[tuple[str, torch.Tensor]], converter: Converter, tp: _Gather
 ) -> Iterator[tuple[str, TensorPlan]]:
     """Gather a batch of TP-sharded parameters (one transfer per rank); the receiving ranks yield their plans."""
-    shards = tp.finish(tp.start([local for _, local in batch]))
+    shards = tp.shards([local for _, local in batch])
     if shards is not None:
         for i, (name, _) in enumerate(batch):
             yield from converter.plans(name, [mine[i] for mine in shards], transient=True)
