@@ -4,7 +4,11 @@ The model (a random Qwen3 of about 125M parameters by default, fp32) is trained 
 two Ray workers; one embedded engine serves it. Each sync walks the real path: pause, TP gather to the stage
 source, HF conversion, 512 MB flat buckets, `update_weights_from_distributed` over HTTP while the bucket is
 broadcast over gloo, load into the engine, flush, resume. The baseline broadcasts one flat buffer of the same
-number of bytes between two fresh processes over gloo. Reported: GB/s of each and ratio = raw time / ours.
+number of bytes between two fresh processes over gloo. Reported: GB/s of each, ratio = raw time / ours, and
+where the sending thread's time went (medians): `export` (TP gathers), `pack` (each HF tensor written into its
+bucket), `broadcast` (waiting for the previous bucket's broadcast: the wire not hidden behind the export),
+`engine_load` (waiting for the engines' replies after it), `other` (the rest: session calls), also as one line on
+stderr.
 
 `--method both` also times the colocated transport (`sync.method=tensor`: each bucket handed to the engine as a
 shared-memory handle through `update_weights_from_tensor`) on the same model and placement, in a second start of
@@ -81,6 +85,8 @@ def bench_ours(
         for k in runs[0]
         if k.endswith("_s") and "per" not in k
     }
+    # What the sending thread waited on beyond its own phases: the HTTP session calls, the bucket hand-offs.
+    phases["other_s"] = max(0.0, seconds - sum(phases.values()))
     return {
         "bytes": nbytes,
         "buckets": runs[0]["sync/buckets"],
@@ -160,6 +166,13 @@ def main() -> None:
         report["tensor_vs_distributed"] = results["distributed"]["seconds"] / results["tensor"]["seconds"]
     text = json.dumps(report, indent=2)
     print(text)
+    split = ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in first["phases"].items())
+    print(
+        f"tp {args.tp}, {args.bucket_mb} MiB buckets ({first['buckets']:.0f}): "
+        f"ours {first['seconds']:.3f} s ({split}); "
+        f"raw gloo broadcast {raw['seconds']:.3f} s; ratio {report['ratio']:.2f}",
+        file=sys.stderr,
+    )
     if args.out:
         Path(args.out).write_text(text + "\n")
 

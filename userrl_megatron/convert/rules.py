@@ -18,9 +18,12 @@ tensor: no tensor-parallel sharding, vocabulary unpadded) to one or more Hugging
     model-wide indices. Experts are sharded over the expert tensor-parallel group like a dense MLP.
 
 Each rule also says how Megatron shards the tensor across tensor-parallel ranks (`Split`), so loading,
-exporting and checkpoint tools agree on one table.
+exporting and checkpoint tools agree on one table. A rule's `to_hf` returns views, and applies as well to one
+tensor-parallel shard as to the full tensor (a shard holds whole GQA groups, its own gate and up halves): the
+export turns each shard into its pieces of every HF tensor (`Converter.plans`) and never builds the full tensor.
 """
 
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from enum import Enum
 import torch
 
 from userrl_megatron.convert.arch import Architecture
+from userrl_megatron.convert.assembly import TensorPlan, cut_rows
 
 
 class Split(Enum):
@@ -42,6 +46,7 @@ class Split(Enum):
 
 
 ToMcore = Callable[[Sequence[torch.Tensor], Architecture], torch.Tensor]
+# One view per HF tensor, holding its elements in row-major order (a reshape gives the HF tensor).
 ToHf = Callable[[torch.Tensor, Architecture], Sequence[torch.Tensor]]
 
 
@@ -76,11 +81,12 @@ def fuse_qkv(tensors: Sequence[torch.Tensor], arch: Architecture) -> torch.Tenso
 
 
 def split_qkv(fused: torch.Tensor, arch: Architecture) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Megatron's per-group interleaved QKV -> HF (q, k, v)."""
+    """Megatron's per-group interleaved QKV (all groups, or a TP shard's) -> views of HF (q, k, v), each
+    [groups, rows per group, ...]."""
     d, rest = arch.head_dim, fused.shape[1:]
-    grouped = fused.reshape(arch.num_kv_heads, (arch.heads_per_group + 2) * d, *rest)
+    grouped = fused.reshape(-1, (arch.heads_per_group + 2) * d, *rest)
     q, k, v = torch.split(grouped, [arch.heads_per_group * d, d, d], dim=1)
-    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+    return q, k, v
 
 
 def fuse_gate_up(tensors: Sequence[torch.Tensor], arch: Architecture) -> torch.Tensor:
@@ -267,9 +273,31 @@ class Converter:
 
     def to_hf(self, mcore_name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         """One full Megatron tensor -> its HF (name, tensor) pairs."""
+        return [(name, plan.materialize()) for name, plan in self.plans(mcore_name, [tensor])]
+
+    def plans(
+        self, mcore_name: str, shards: Sequence[torch.Tensor], transient: bool = False
+    ) -> list[tuple[str, TensorPlan]]:
+        """A Megatron tensor, given as every tensor-parallel rank's shard in rank order (or as one full tensor),
+        -> (HF name, plan) of each HF tensor it makes: the rule applied to each shard gives its piece of every HF
+        tensor, concatenated along the split dimension, vocabulary padding cut. No data is copied.
+        `transient`: the shards' memory is reused once the plans are consumed (`TensorPlan.transient`)."""
         rule, at = self.rule_for(mcore_name)
-        parts = rule.to_hf(tensor, self.arch)
-        return [(h.format(**at), p.contiguous()) for h, p in zip(rule.hf, parts, strict=True)]
+        if rule.split is Split.REPLICATED:
+            shards = shards[:1]
+        per_shard = [rule.to_hf(s, self.arch) for s in shards]
+        first, dim = shards[0], 1 if rule.split is Split.ROW else 0
+        out = []
+        for k, template in enumerate(rule.hf):
+            pieces = [parts[k] for parts in per_shard]
+            if rule.split is Split.VOCAB:
+                pieces = cut_rows(pieces, self.arch.vocab_size)
+            if dim == 1:
+                shape = (first.shape[0], sum(p.shape[1] for p in pieces), *first.shape[2:])
+            else:
+                shape = (sum(p.numel() for p in pieces) // math.prod(first.shape[1:]), *first.shape[1:])
+            out.append((template.format(**at), TensorPlan(shape, tuple(pieces), dim, transient)))
+        return out
 
     def hf_to_mcore(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A whole HF state dict -> full Megatron tensors. Raises on missing or unexpected HF tensors."""

@@ -45,12 +45,13 @@ from userrl_megatron.algo.losses import LossInputs, compute_policy_loss
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.schema import AlgoConfig, MegatronConfig, ModelConfig
 from userrl_megatron.convert.arch import Architecture
+from userrl_megatron.convert.assembly import TensorPlan
 from userrl_megatron.convert.hf_io import HFWeights
 from userrl_megatron.convert.rules import Converter
 from userrl_megatron.megatron import checkpoint, cpu, parallel, routing
 from userrl_megatron.megatron import optimizer as optim
 from userrl_megatron.megatron.checkpoint_writer import CheckpointWriter
-from userrl_megatron.megatron.export import export_hf, export_hf_dir
+from userrl_megatron.megatron.export import export_hf, export_hf_dir, export_plans
 from userrl_megatron.megatron.logits import vocab_parallel_logprobs
 from userrl_megatron.megatron.model import (
     DTYPES,
@@ -275,6 +276,13 @@ class MegatronActor:
         cpu.enter_mode()
         self.parking.require("a weight export")
         yield from export_hf(self._modules(), self.converter, self.layout, everywhere=everywhere)
+
+    def export_hf_plans(self, everywhere: bool = False) -> Iterator[tuple[str, TensorPlan]]:
+        """`export_hf_weights` as plans (`export.export_plans`), for weight sync to fill straight into its
+        buckets: each must be consumed before the next is asked for. Collective in the same way."""
+        cpu.enter_mode()
+        self.parking.require("a weight export")
+        yield from export_plans(self._modules(), self.converter, self.layout, everywhere=everywhere)
 
     def tp_group_ranks(self) -> tuple[Any, list[int]]:
         """This rank's tensor-parallel group and its members' global ranks (in group order)."""

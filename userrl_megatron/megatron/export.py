@@ -1,14 +1,20 @@
-"""Full HF-named tensors from a sharded Megatron model: weight sync and HF export walk the same code.
+"""HF-named tensors from a sharded Megatron model: weight sync and HF export walk the same code.
 
-`export_hf` walks this rank's pipeline stage (all its virtual chunks), gathers the tensor-parallel
-parameters' shards onto tp_rank 0 of the stage (in flat batches, one collective each), rebuilds each full
-tensor (`convert.sharding.unshard`: fused gate/up re-ordered, vocabulary padding cut) and converts it with
-the family's rules. Only the stage's source rank (tp_rank 0, dp_rank 0, cp_rank 0) yields; the other ranks
-of its TP group take part in the gathers and yield nothing; ranks of other data-parallel replicas return at
-once, except under expert parallelism: the routed experts live on EP ranks that are data-parallel ranks
-0..EP-1, so those take part in the expert gathers. Expert tensors go in their own flat batches: gathered over
-the TP group (experts are sharded over TP, ETP = TP) and then over the EP group, so the source holds at most
-one batch of every EP rank's experts at a time, and yields them with their model-wide HF names.
+`export_plans` walks this rank's pipeline stage (all its virtual chunks), gathers the tensor-parallel
+parameters' shards onto tp_rank 0 of the stage (in flat batches: each other rank sends its packed batch into a
+buffer tp_rank 0 reuses from batch to batch, while tp_rank 0's own shards stay where they are) and hands out
+each HF tensor as a `TensorPlan`: views of the shards (fused QKV and gate/up split, vocabulary padding cut by
+the family's rules, `Converter.plans`), never a rebuilt full tensor.
+Weight sync fills each plan straight into its place in the flat bucket: one copy per byte on TP=1 (parameter ->
+bucket), the gather and one copy on TP>1. `export_hf` materializes the plans for callers that keep tensors
+(the HF directory, gradients in tests, checksums).
+
+Only the stage's source rank (tp_rank 0, dp_rank 0, cp_rank 0) yields; the other ranks of its TP group take
+part in the gathers and yield nothing; ranks of other data-parallel replicas return at once, except under expert
+parallelism: the routed experts live on EP ranks that are data-parallel ranks 0..EP-1, so those take part in
+the expert gathers. Expert tensors go in their own flat batches: gathered over the TP group (experts are sharded
+over TP, ETP = TP) and the gathered batch then over the EP group, so the source holds at most one batch of every
+EP rank's experts at a time, and yields them with their model-wide HF names.
 """
 
 import shutil
@@ -19,9 +25,9 @@ from typing import Any
 import torch
 from megatron.core import parallel_state
 
+from userrl_megatron.convert.assembly import TensorPlan
 from userrl_megatron.convert.hf_io import ShardWriter, publish, staging_dir
 from userrl_megatron.convert.rules import Converter, Split
-from userrl_megatron.convert.sharding import unshard
 from userrl_megatron.megatron.model import is_expert_parameter, named_global_parameters, with_expert
 from userrl_megatron.megatron.parallel import Layout
 
@@ -35,16 +41,87 @@ def _detach(param: torch.nn.Parameter) -> torch.Tensor:
 GATHER_BATCH_BYTES = 16 * 1024 * 1024
 
 
-def export_hf(
+class _Gather:
+    """Gathers a flat batch from every rank of a group into buffers reused from batch to batch, on the group's
+    rank 0 (on every rank with `everywhere`)."""
+
+    def __init__(self, group: Any, size: int, everywhere: bool) -> None:
+        self.group, self.size, self.everywhere = group, size, everywhere
+        self.root = torch.distributed.get_global_rank(group, 0)
+        self.receives = everywhere or torch.distributed.get_rank(group) == 0
+        self._send = torch.empty(0)
+        self._recv = torch.empty(0)
+
+    def pack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The tensors back to back in the reused send buffer."""
+        n = sum(t.numel() for t in tensors)
+        self._send = _room(self._send, n, tensors[0])
+        flat = self._send[:n]
+        for target, t in zip(_views(flat, tensors), tensors, strict=True):
+            target.copy_(t)
+        return flat
+
+    def __call__(self, flat: torch.Tensor) -> torch.Tensor | None:
+        """Every rank's `flat` (all the same size) in rank order, on the receiving ranks; None elsewhere."""
+        n = flat.numel()
+        if self.receives:
+            self._recv = _room(self._recv, self.size * n, flat)
+        parts = [self._recv[r * n : (r + 1) * n] for r in range(self.size)] if self.receives else None
+        if self.everywhere:
+            torch.distributed.all_gather(parts, flat, group=self.group)
+        else:
+            torch.distributed.gather(flat, parts, dst=self.root, group=self.group)
+        return self._recv[: self.size * n] if self.receives else None
+
+    def shards(self, tensors: list[torch.Tensor]) -> list[list[torch.Tensor]] | None:
+        """Every rank's `tensors` (rank order; each rank's list alike in shapes), on the receiving ranks. To rank
+        0 the other ranks send their packed batch, and rank 0's own shards are its tensors as they are: no copy."""
+        if self.everywhere:
+            gathered = self(self.pack(tensors))
+            assert gathered is not None
+            n = gathered.numel() // self.size
+            return [_views(gathered[r * n : (r + 1) * n], tensors) for r in range(self.size)]
+        if not self.receives:
+            torch.distributed.send(self.pack(tensors), group=self.group, group_dst=0)
+            return None
+        n = sum(t.numel() for t in tensors)
+        self._recv = _room(self._recv, (self.size - 1) * n, tensors[0])
+        slots = [self._recv[(r - 1) * n : r * n] for r in range(1, self.size)]
+        pending = [torch.distributed.irecv(slot, group=self.group, group_src=r + 1) for r, slot in enumerate(slots)]
+        for work in pending:
+            assert work is not None
+            work.wait()
+        return [tensors] + [_views(slot, tensors) for slot in slots]
+
+
+def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`flat` cut into consecutive views shaped like each of `like`."""
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset : offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    return out
+
+
+def _room(buffer: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
+    """`buffer` if it holds `n` elements of `like`'s dtype on its device, else a new one (the old one freed first)."""
+    if buffer.numel() >= n and buffer.dtype == like.dtype and buffer.device == like.device:
+        return buffer
+    del buffer
+    return torch.empty(n, dtype=like.dtype, device=like.device)
+
+
+def export_plans(
     chunks: list[torch.nn.Module],
     converter: Converter,
     layout: Layout,
     tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] = _detach,
     everywhere: bool = False,
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) of `tensor_of(param)` for every parameter of the (unwrapped) chunks.
+) -> Iterator[tuple[str, TensorPlan]]:
+    """(HF name, plan) of `tensor_of(param)` for every parameter of the (unwrapped) chunks.
 
-    Collective inside the stage's TP group: every rank must exhaust the iterator. A tied LM head is skipped.
+    Collective inside the stage's TP group: every rank must exhaust the iterator. A plan must be consumed
+    before the next one is asked for (gathered plans are transient). A tied LM head is skipped.
     `everywhere` (every rank of the stage must pass the same): every rank of the stage, whatever its data- or
     context-parallel rank, yields the same tensors (shards all-gathered over TP, experts over EP), for colocated
     weight sync, where each rank hands the engine on its own GPU a handle to its own copy.
@@ -52,124 +129,94 @@ def export_hf(
     if not everywhere and (layout.cp_rank != 0 or layout.dp_rank >= layout.ep):
         return
     dense = everywhere or layout.dp_rank == 0  # else the other ranks here only hold experts of the source's EP group
-    tp_group = parallel_state.get_tensor_model_parallel_group()
-    root = torch.distributed.get_global_rank(tp_group, 0)
+    tp = _Gather(parallel_state.get_tensor_model_parallel_group(), layout.tp, everywhere)
+    ep = _Gather(parallel_state.get_expert_model_parallel_group(), layout.ep, everywhere) if layout.ep > 1 else None
     arch = converter.arch
-    batch: list[tuple[str, Split, torch.Tensor]] = []
-    experts: list[tuple[str, Split, torch.Tensor]] = []
+    batch: list[tuple[str, torch.Tensor]] = []
+    experts: list[tuple[str, torch.Tensor]] = []
     size = expert_size = 0
     for name, param in named_global_parameters(chunks):
         if arch.tied_embeddings and name == "output_layer.weight":
             continue
-        split = converter.split_of(name)
         local = tensor_of(param)
         if is_expert_parameter(name):
-            if experts and (local.dtype != experts[-1][2].dtype or expert_size + _nbytes(local) > GATHER_BATCH_BYTES):
-                yield from _gathered_experts(experts, converter, layout, tp_group, root, everywhere)
+            if experts and (local.dtype != experts[-1][1].dtype or expert_size + _nbytes(local) > GATHER_BATCH_BYTES):
+                yield from _expert_plans(experts, converter, layout, tp, ep)
                 experts, expert_size = [], 0
-            experts.append((name, split, local))
+            experts.append((name, local))
             expert_size += _nbytes(local)
             continue
         if not dense:
             continue
-        if layout.tp == 1 or split is Split.REPLICATED:
+        if layout.tp == 1 or converter.split_of(name) is Split.REPLICATED:
             if layout.tp_rank == 0 or everywhere:
-                yield from converter.to_hf(name, unshard([local], split, rows=arch.vocab_size))
+                yield from converter.plans(name, [local])
             continue
-        if batch and (local.dtype != batch[-1][2].dtype or size + _nbytes(local) > GATHER_BATCH_BYTES):
-            yield from _gathered(batch, converter, layout, tp_group, root, everywhere)
+        if batch and (local.dtype != batch[-1][1].dtype or size + _nbytes(local) > GATHER_BATCH_BYTES):
+            yield from _gathered_plans(batch, converter, tp)
             batch, size = [], 0
-        batch.append((name, split, local))
+        batch.append((name, local))
         size += _nbytes(local)
     if batch:
-        yield from _gathered(batch, converter, layout, tp_group, root, everywhere)
+        yield from _gathered_plans(batch, converter, tp)
     if experts:
-        yield from _gathered_experts(experts, converter, layout, tp_group, root, everywhere)
+        yield from _expert_plans(experts, converter, layout, tp, ep)
 
 
-def _gathered_experts(
-    batch: list[tuple[str, Split, torch.Tensor]],
+def export_hf(
+    chunks: list[torch.nn.Module],
     converter: Converter,
     layout: Layout,
-    tp_group: Any,
-    tp_root: int,
-    everywhere: bool,
+    tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] = _detach,
+    everywhere: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Gather a batch of expert parameters over TP (full experts) and then over EP (every EP rank's experts);
-    the source rank (with `everywhere`, every rank) yields their HF tensors, expert indices shifted to each EP
-    rank's experts."""
-    full = list(_tp_gathered(batch, layout, tp_group, tp_root, everywhere)) if layout.tp > 1 else batch
-    if not full:
+    """`export_plans` as (HF name, tensor) pairs the caller may keep (collective in the same way)."""
+    for name, plan in export_plans(chunks, converter, layout, tensor_of, everywhere):
+        yield name, plan.materialize()
+
+
+def _gathered_plans(
+    batch: list[tuple[str, torch.Tensor]], converter: Converter, tp: _Gather
+) -> Iterator[tuple[str, TensorPlan]]:
+    """Gather a batch of TP-sharded parameters (one transfer per rank); the receiving ranks yield their plans."""
+    shards = tp.shards([local for _, local in batch])
+    if shards is not None:
+        for i, (name, _) in enumerate(batch):
+            yield from converter.plans(name, [mine[i] for mine in shards], transient=True)
+
+
+def _expert_plans(
+    batch: list[tuple[str, torch.Tensor]], converter: Converter, layout: Layout, tp: _Gather, ep: _Gather | None
+) -> Iterator[tuple[str, TensorPlan]]:
+    """Gather a batch of expert parameters over TP and the gathered buffer, as it is, over EP (every EP rank's
+    TP shards); the source rank (with `everywhere`, every rank) yields their plans, expert indices shifted to
+    each EP rank's experts."""
+    locals_ = [local for _, local in batch]
+    if ep is None:
+        yield from _gathered_plans(batch, converter, tp) if layout.tp > 1 else _own_plans(batch, converter)
         return
-    buffers = None
-    if layout.ep > 1:
-        ep_group = parallel_state.get_expert_model_parallel_group()
-        flat = torch.cat([tensor.reshape(-1) for _, _, tensor in full])
-        if everywhere:
-            buffers = [torch.empty_like(flat) for _ in range(layout.ep)]
-            torch.distributed.all_gather(buffers, flat, group=ep_group)
-        else:
-            buffers = [torch.empty_like(flat) for _ in range(layout.ep)] if layout.ep_rank == 0 else None
-            ep_root = torch.distributed.get_global_rank(ep_group, 0)
-            torch.distributed.gather(flat, buffers, dst=ep_root, group=ep_group)
-        if buffers is None or (layout.dp_rank != 0 and not everywhere):
-            return
+    gathered = tp(tp.pack(locals_)) if layout.tp > 1 else tp.pack(locals_)
+    if gathered is None:
+        return
+    gathered = ep(gathered)
+    if gathered is None or (layout.dp_rank != 0 and not ep.everywhere):
+        return
     per_rank = converter.arch.num_experts // layout.ep
+    n = gathered.numel() // (layout.ep * layout.tp)  # one TP rank's batch; EP rank e's TP rank t at slot e*tp+t
+    slots = [_views(gathered[i * n : (i + 1) * n], locals_) for i in range(layout.ep * layout.tp)]
     for ep_rank in range(layout.ep):
         # `name` holds this rank's expert index; EP rank r holds experts r * per_rank .. (r + 1) * per_rank - 1
         def renumber(e: int, r: int = ep_rank) -> int:
             return e + (r - layout.ep_rank) * per_rank
 
-        offset = 0
-        for name, _, tensor in full:
-            n = tensor.numel()
-            value = tensor if buffers is None else buffers[ep_rank][offset : offset + n].view(tensor.shape)
-            offset += n
-            shifted = with_expert(name, renumber)
-            yield from converter.to_hf(shifted, value)
+        held = slots[ep_rank * layout.tp : (ep_rank + 1) * layout.tp]
+        for i, (name, _) in enumerate(batch):
+            yield from converter.plans(with_expert(name, renumber), [s[i] for s in held], transient=True)
 
 
-def _gathered(
-    batch: list[tuple[str, Split, torch.Tensor]],
-    converter: Converter,
-    layout: Layout,
-    group: Any,
-    root: int,
-    everywhere: bool = False,
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Gather a batch of TP-sharded parameters with one collective; tp_rank 0 (every rank with `everywhere`)
-    yields their HF tensors."""
-    for name, _, full in _tp_gathered(batch, layout, group, root, everywhere, rows=converter.arch.vocab_size):
-        yield from converter.to_hf(name, full)
-
-
-def _tp_gathered(
-    batch: list[tuple[str, Split, torch.Tensor]],
-    layout: Layout,
-    group: Any,
-    root: int,
-    everywhere: bool,
-    rows: int | None = None,
-) -> Iterator[tuple[str, Split, torch.Tensor]]:
-    """(name, split, full tensor) of each TP-sharded parameter of a batch, on tp_rank 0 (every rank with
-    `everywhere`); nothing elsewhere. Every rank of the group holds shards of the same shapes, so one flat
-    buffer per rank lines them up: one collective. `rows`: the real vocabulary of VOCAB tensors."""
-    flat = torch.cat([local.reshape(-1) for _, _, local in batch])
-    buffers: list[torch.Tensor] | None
-    if everywhere:
-        buffers = [torch.empty_like(flat) for _ in range(layout.tp)]
-        torch.distributed.all_gather(buffers, flat, group=group)
-    else:
-        buffers = [torch.empty_like(flat) for _ in range(layout.tp)] if layout.tp_rank == 0 else None
-        torch.distributed.gather(flat, buffers, dst=root, group=group)
-    if buffers is None:
-        return
-    offset = 0
-    for name, split, local in batch:
-        n = local.numel()
-        shards = [buffer[offset : offset + n].view(local.shape) for buffer in buffers]
-        offset += n
-        yield name, split, unshard(shards, split, rows=rows)
+def _own_plans(batch: list[tuple[str, torch.Tensor]], converter: Converter) -> Iterator[tuple[str, TensorPlan]]:
+    for name, local in batch:
+        yield from converter.plans(name, [local])
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

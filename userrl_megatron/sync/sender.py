@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from userrl_megatron.config.schema import SyncConfig
+from userrl_megatron.convert.assembly import TensorPlan
 from userrl_megatron.sync.bucket import FlatBuffer, dtype_name
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.sync.handles import withdraw
@@ -38,6 +39,8 @@ from userrl_megatron.sync.roles import EngineEndpoint, engine_offsets, group_wor
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# What a push takes: HF-named tensors, or plans (`megatron.export.export_plans`) filled straight into the bucket.
+Exported = tuple[str, torch.Tensor | TensorPlan]
 # SGLang 0.5.23's /get_weights_by_name turns the whole tensor into a Python list before truncating it (GBs for a
 # vocab-sized matrix of a real model): name checks and read-backs skip tensors above this size and look at a sample.
 READ_BACK_MAX_ELEMENTS = 2**24
@@ -88,20 +91,21 @@ class _Packer:
         self.nbytes = 0
         self._flat: torch.Tensor | None = None
 
-    def fits(self, tensor: torch.Tensor, bucket_bytes: int) -> bool:
+    def fits(self, tensor: torch.Tensor | TensorPlan, bucket_bytes: int) -> bool:
         """Whether `tensor` still goes into this bucket (same dtype, within the size and the memory taken; a lone
         big tensor always)."""
         end = self.nbytes + tensor.numel() * tensor.element_size()
         room = self._flat is None or end <= self._flat.numel()
         return self.entries[-1][1] == tensor.dtype and end <= bucket_bytes and room
 
-    def add(self, name: str, tensor: torch.Tensor, bucket_bytes: int) -> None:
+    def add(self, name: str, tensor: torch.Tensor | TensorPlan, bucket_bytes: int) -> None:
         nbytes = tensor.numel() * tensor.element_size()
         if self._flat is None:
             self._flat = self.buffer.take(max(self.capacity or bucket_bytes, nbytes))
         start, end = self.nbytes, self.nbytes + nbytes
-        # Copy through a typed view of the bucket: a strided source (a q/k/v split) needs no extra copy.
-        self._flat[start:end].view(tensor.dtype).view(tensor.shape).copy_(tensor.detach())
+        # Filled through a typed view of the bucket: strided pieces (q/k/v of a QKV shard) need no extra copy.
+        plan = tensor if isinstance(tensor, TensorPlan) else TensorPlan.of(tensor)
+        plan.fill(self._flat[start:end].view(tensor.dtype).view(tensor.shape))
         self.entries.append((name, tensor.dtype, list(tensor.shape), start, end))
         self.nbytes = end
 
@@ -220,12 +224,12 @@ class WeightSender:
         self._connected = True
         log.info("weight-sync group %s: %d engines, world size %d", self.group_name, len(self.engines), self.world_size)
 
-    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+    def push(self, named_tensors: Iterable[Exported], version: int) -> dict[str, float]:
         """Broadcast every tensor to every engine, bucket by bucket; engines then report `version`.
 
-        Tensors are copied into the flat bucket as the export yields them (nothing else is kept), and the
-        next bucket is filled while the previous one is on the wire and being loaded (two buffers, one
-        bucket in flight)."""
+        Tensors (or plans) are copied into the flat bucket as the export yields them (nothing else is kept), and
+        the next bucket is exported and filled while the previous one is on the wire (gloo's thread) and being
+        loaded (the engine, answering in the HTTP thread): two buffers, one bucket in flight."""
         if not self._connected:
             raise RuntimeError(f"{type(self).__name__}.connect() must run before push()")
         if self._broken:
@@ -406,7 +410,7 @@ def name_pattern(name: str) -> str:
     return re.sub(r"\.\d+\.", ".N.", name)
 
 
-def _worth_checking(name: str, tensor: torch.Tensor, checked: set[str]) -> bool:
+def _worth_checking(name: str, tensor: torch.Tensor | TensorPlan, checked: set[str]) -> bool:
     """One lookup per name pattern (an export names every layer alike), small enough to read back cheaply; a
     wrong name costs nothing to look up, a right one costs converting the tensor."""
     pattern = name_pattern(name)

@@ -50,6 +50,7 @@ from userrl_megatron.sync.roles import payload_holders
 from userrl_megatron.sync.sender import (
     REFUSAL_GRACE_S,
     EngineEndpoint,
+    Exported,
     WeightNameCheckError,
     WeightSender,
     WeightUpdateRefusedError,
@@ -163,7 +164,7 @@ class TensorSender(WeightSender):
         self._connected = True
         log.info("weight sync %s: %d engines, tensor handles on %s", self.group_name, len(self.engines), self.device)
 
-    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+    def push(self, named_tensors: Iterable[Exported], version: int) -> dict[str, float]:
         """Hand every tensor to every engine, bucket by bucket; engines then report `version`. Collective over
         `peers` (each member passes the same export)."""
         if not self._connected:

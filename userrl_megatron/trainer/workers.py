@@ -257,7 +257,7 @@ class MegatronWorker:
         sender = self.senders.get(group_name)
         # Every rank of the stage runs the same export: all-gathered when its ranks hand out their own copies.
         everywhere = getattr(sender, "peers", None) is not None
-        weights = self.actor.export_hf_weights(everywhere=everywhere)
+        weights = self.actor.export_hf_plans(everywhere=everywhere)
         if sender is None:
             for _ in weights:  # take part in the stage's gathers; only the source rank yields tensors
                 pass
