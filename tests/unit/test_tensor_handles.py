@@ -130,20 +130,6 @@ def test_bucket_sizes_follow_sync_config() -> None:
     assert our_segments() == before
 
 
-def test_a_bucket_sized_by_a_capacity_never_overflows() -> None:
-    # A packer given a capacity takes that much; a tensor that does not fit starts a new bucket instead of writing
-    # past the memory taken, and a lone first tensor larger than the capacity gets its own size.
-    packer = _Packer(SharedBuffer("cpu"), capacity=100)  # type: ignore[arg-type]
-    packer.add("a", torch.ones(20), 1 << 20)  # 80 bytes
-    assert packer.flat().untyped_storage().nbytes() == 100
-    assert not packer.fits(torch.ones(6), 1 << 20) and packer.fits(torch.ones(5), 1 << 20)
-    packer.buffer.release()
-    lone = _Packer(SharedBuffer("cpu"), capacity=16)  # type: ignore[arg-type]
-    lone.add("big", torch.ones(10), 1 << 20)
-    assert lone.flat().numel() == 40
-    lone.buffer.release()
-
-
 ENGINE = textwrap.dedent(
     """
     import sys, torch

@@ -84,24 +84,21 @@ class _InFlight:
 class _Packer:
     """Fills one flat bucket, tensor by tensor, in SGLang's `flattened_bucket` layout (no padding)."""
 
-    def __init__(self, buffer: FlatBuffer, capacity: int | None = None) -> None:
+    def __init__(self, buffer: FlatBuffer) -> None:
         self.buffer = buffer
-        self.capacity = capacity  # bytes to take for the bucket (default: the bucket size)
         self.entries: list[tuple[str, torch.dtype, list[int], int, int]] = []  # name, dtype, shape, start, end
         self.nbytes = 0
         self._flat: torch.Tensor | None = None
 
     def fits(self, tensor: torch.Tensor | TensorPlan, bucket_bytes: int) -> bool:
-        """Whether `tensor` still goes into this bucket (same dtype, within the size and the memory taken; a lone
-        big tensor always)."""
+        """Whether `tensor` still goes into this bucket (same dtype, within the size; a lone big tensor always)."""
         end = self.nbytes + tensor.numel() * tensor.element_size()
-        room = self._flat is None or end <= self._flat.numel()
-        return self.entries[-1][1] == tensor.dtype and end <= bucket_bytes and room
+        return self.entries[-1][1] == tensor.dtype and end <= bucket_bytes
 
     def add(self, name: str, tensor: torch.Tensor | TensorPlan, bucket_bytes: int) -> None:
         nbytes = tensor.numel() * tensor.element_size()
         if self._flat is None:
-            self._flat = self.buffer.take(max(self.capacity or bucket_bytes, nbytes))
+            self._flat = self.buffer.take(max(bucket_bytes, nbytes))
         start, end = self.nbytes, self.nbytes + nbytes
         # Filled through a typed view of the bucket: strided pieces (q/k/v of a QKV shard) need no extra copy.
         plan = tensor if isinstance(tensor, TensorPlan) else TensorPlan.of(tensor)
