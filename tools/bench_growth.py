@@ -3,7 +3,8 @@
 - rollout: `bench_engine.py` (embedded engine, SmolLM2-135M fp32, multi-turn episodes) at concurrency
   `--concurrency` (default 1, 4, 16, 64, 256): generated tokens/s and the time to first token;
 - weight sync: `bench_sync.py` (trainer -> one embedded engine over the broadcast path) on random Qwen3 models of
-  `--sync-sizes` (hidden:layers, default three sizes from 0.05B to 0.4B parameters): seconds and the raw gloo
+  `--sync-sizes` (hidden:layers, default three sizes from 0.05B to 0.4B parameters; bench_sync's
+  heads are hidden / 64 and its KV heads a third of them, which must divide the heads): seconds and the raw gloo
   broadcast of the same bytes;
 - training: `bench_train.py` (the Megatron actor's `train_step` on `synthetic-10m`) at `--train-episodes` episodes of
   256 tokens a step (default 2, 4, 8, 16): seconds a step.
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=PATHS, default=list(PATHS))
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64, 256])
-    p.add_argument("--sync-sizes", nargs="+", default=["512:6", "768:12", "1024:24"], help="hidden:layers")
+    p.add_argument("--sync-sizes", nargs="+", default=["512:6", "768:12", "1536:12"], help="hidden:layers")
     p.add_argument("--sync-tp", type=int, default=1)
     p.add_argument("--train-episodes", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--out", type=Path, default=Path("runs/bench_growth.json"))
@@ -128,16 +129,17 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     tables: dict[str, list[dict[str, Any]]] = {}
     reports: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        scratch = Path(tmp)
-        if "rollout" in args.only:
-            tables["rollout"], reports["rollout"] = rollout_table(args.concurrency, scratch)
-        if "sync" in args.only:
-            tables["sync"], reports["sync"] = sync_table(args.sync_sizes, args.sync_tp, scratch)
-        if "train" in args.only:
-            tables["train"], reports["train"] = train_table(args.train_episodes, scratch)
+    measure = {
+        "rollout": lambda scratch: rollout_table(args.concurrency, scratch),
+        "sync": lambda scratch: sync_table(args.sync_sizes, args.sync_tp, scratch),
+        "train": lambda scratch: train_table(args.train_episodes, scratch),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"tables": tables, "reports": reports}, indent=2) + "\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in [p for p in PATHS if p in args.only]:
+            tables[path], reports[path] = measure[path](Path(tmp))
+            # written after each path: a later failure keeps the tables measured so far
+            args.out.write_text(json.dumps({"tables": tables, "reports": reports}, indent=2) + "\n")
     print(json.dumps(tables, indent=2))
     if args.markdown:
         print(markdown(tables))

@@ -259,21 +259,19 @@ EXPORT_GATHER_BYTES = 16 * 2**20
 
 
 def export_working_set(arch: Architecture, tp: int, dtype: str) -> int:
-    """Device bytes the HF export (`megatron/export.py`) holds beside the buckets it fills.
+    """Device bytes the weight sync's export (`megatron/export.py`) holds beside the buckets it fills.
 
-    TP 1: the contiguous q, k and v copies of one layer's fused QKV (Megatron interleaves them per key/value
-    group, so HF's tensors are copies): (q + 2 kv) x hidden. TP > 1 adds one gather: the rank's flat batch of
-    shards and the TP shards gathered from the group (a batch is `EXPORT_GATHER_BYTES`, or one shard when that is
-    larger), and the largest unsharded tensor (the embedding, fc1, or QKV beside its q, k, v copies)."""
+    TP 1: nothing (each HF tensor is copied from the parameters straight into its bucket, q, k and v as strided
+    copies of the fused QKV). TP > 1: one gather's reused buffers, the rank's flat batch of shards and the TP
+    batches gathered from the group (a batch is `EXPORT_GATHER_BYTES`, or one shard of the largest tensor when
+    that is larger); the HF tensors are filled from the gathered shards, never rebuilt whole."""
+    if tp == 1:
+        return 0
     width = DTYPE_BYTES[dtype]
     h, q, kv = arch.hidden_size, arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-    qkv = (q + 2 * kv) * h * width
-    if tp == 1:
-        return qkv
     ffn = arch.moe_ffn_hidden_size if arch.is_moe else arch.ffn_hidden_size
-    largest = max(arch.vocab_size * h * width, qkv, 2 * ffn * h * width)  # one whole Megatron tensor
-    batch = max(EXPORT_GATHER_BYTES, -(-largest // tp))
-    return (1 + tp) * batch + max(largest, 2 * qkv)
+    largest = max(arch.vocab_size * h, (q + 2 * kv) * h, 2 * ffn * h) * width  # one whole Megatron tensor
+    return (1 + tp) * max(EXPORT_GATHER_BYTES, -(-largest // tp))
 
 
 def sync_buckets(arch: Architecture, bucket_bytes: int, dtype: str) -> int:
