@@ -1,7 +1,6 @@
 """tools/bench_async.py's analysis: smoothing, time to a reward level, reward at equal wall time, the report."""
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -10,17 +9,9 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.tools import load_tool
 
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_async", REPO / "tools" / "bench_async.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_tool("bench_async")
 
 
 def run(seed: int, curve: list[float], step_seconds: list[float]) -> dict[str, Any]:

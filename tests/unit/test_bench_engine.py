@@ -1,16 +1,14 @@
 """tools/bench_engine.py's figures: percentiles, a level's summary, the embedded / SGLang ratios, the matmul rate
 and share, the KV budget, the decode-step breakdown of a profile, and the arguments."""
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from tests.support.tools import load_tool
 from userrl_megatron.convert.arch import Architecture
 
-REPO = Path(__file__).resolve().parents[2]
 # SmolLM2-135M-Instruct's config.json (the parts Architecture reads): 134,515,008 parameters, as its weights hold.
 SMOLLM2 = {
     "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -19,15 +17,7 @@ SMOLLM2 = {
 }  # fmt: skip
 
 
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_engine", REPO / "tools" / "bench_engine.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_tool("bench_engine")
 
 
 def test_percentiles_interpolate_between_ranks() -> None:

@@ -1,21 +1,15 @@
 """tools/bench_growth.py: the growth exponent of each table and its Markdown."""
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.tools import load_tool
 
 
 @pytest.fixture(scope="module")
 def growth() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_growth", REPO / "tools" / "bench_growth.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_growth")
 
 
 def test_the_exponent_says_how_cost_grows_between_neighbouring_sizes(growth: ModuleType) -> None:

@@ -1,21 +1,12 @@
 """tools/bench_gyms.py runs and reports its figures (smoke runs: only invariants of the numbers are checked)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gyms", REPO / "tools" / "bench_gyms.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+from tests.support.tools import load_tool
 
 
 def test_tau_fresh_db_benchmark_writes_its_json(shared_data, tmp_path, capsys):
-    bench = _bench()
+    bench = load_tool("bench_gyms")
     out = tmp_path / "bench.json"
     assert bench.main(["--only", "tau_fresh_db", "--quick", "--data-dir", str(shared_data), "--out", str(out)]) == 0
     result = json.loads(out.read_text())["tau_fresh_db"]
@@ -29,7 +20,7 @@ def test_tau_fresh_db_benchmark_writes_its_json(shared_data, tmp_path, capsys):
 def test_user_sim_concurrency_benchmark(tmp_path):
     out = tmp_path / "bench.json"
     args = ["--only", "user_sim_concurrency", "--quick", "--concurrency", "8", "--backends", "aiohttp", "httpx"]
-    assert _bench().main([*args, "--delay", "0.05", "--out", str(out)]) == 0
+    assert load_tool("bench_gyms").main([*args, "--delay", "0.05", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["user_sim_concurrency"]["rows"]
     assert [(r["http_backend"], r["max_concurrency"], r["calls"], r["failures"]) for r in rows] == [
         ("aiohttp", 8, 32.0, 0.0),

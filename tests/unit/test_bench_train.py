@@ -1,20 +1,15 @@
 """tools/bench_train.py's synthetic batch: what `--trained-share` trains."""
 
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.tools import load_tool
 
 
 @pytest.fixture(scope="module")
 def make_batch() -> Callable:
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "tools" / "bench_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_batch
+    return load_tool("bench_train").make_batch
 
 
 @pytest.mark.parametrize(("share", "trained"), [(1.0, 7), (0.5, 4), (0.1, 1), (0.0, 1)])

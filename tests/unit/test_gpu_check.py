@@ -2,7 +2,6 @@
 the figures docs/gpu.md reports, so the script cannot rot between GPU runs; a raising phase is recorded and the
 next one runs; a check out of time skips what is left, naming why."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,6 +11,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.support.tools import load_tool
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "gpu_check.py"
 HANG_S = 7200.0  # the CPU check's own bounds (600 s a phase, 3600 s in all) stop a hang before this
@@ -19,11 +20,7 @@ HANG_S = 7200.0  # the CPU check's own bounds (600 s a phase, 3600 s in all) sto
 
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("gpu_check")
 
 
 def run_check(out: Path, *args: str, timeout_s: float = HANG_S) -> subprocess.CompletedProcess:
