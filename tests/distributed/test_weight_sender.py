@@ -2,7 +2,9 @@
 push, buffers reused across pushes, and the engine generating exactly with the pushed weights afterwards."""
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -36,6 +38,30 @@ def _generate(url: str, prompt: list[int], n: int) -> tuple[list[int], str]:
     return asyncio.run(go())
 
 
+def _recorded(sender: WeightSender, events: list[tuple[str, str]]) -> None:
+    """Record in `events` when the sender sends a bucket and when it waits for one (each named by its first tensor)."""
+    send, wait = sender._send, sender._wait
+
+    def sending(packer: Any, version: int, previous: Any, clock: Any) -> Any:
+        events.append(("send", packer.entries[0][0]))
+        return send(packer, version, previous, clock)
+
+    def waiting(inflight: Any, clock: Any) -> None:
+        if inflight is not None:
+            events.append(("wait", inflight.names[0]))
+        wait(inflight, clock)
+
+    sender._send, sender._wait = sending, waiting  # type: ignore[method-assign]
+
+
+def _exported(
+    state: list[tuple[str, torch.Tensor]], events: list[tuple[str, str]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in state:
+        events.append(("export", name))
+        yield name, tensor
+
+
 def test_sender_pushes_buckets_and_the_engine_uses_them(tmp_path: Path) -> None:
     a = make_tiny_model("llama", tmp_path / "a", seed=0, tokenizer="char", **SHAPE)
     b = make_tiny_model("llama", tmp_path / "b", seed=1, tokenizer="char", **SHAPE)
@@ -48,7 +74,16 @@ def test_sender_pushes_buckets_and_the_engine_uses_them(tmp_path: Path) -> None:
         assert _generate(server.url, prompt, n)[0] == _greedy(hf_a, prompt, n)
         sender.connect("127.0.0.1", free_port())
         state = list(hf_b.state_dict().items())
-        metrics = sender.push(state, version=3)
+        events: list[tuple[str, str]] = []
+        _recorded(sender, events)
+        metrics = sender.push(_exported(state, events), version=3)
+        # The next bucket is exported while the previous one is on the wire: between a bucket's send and the wait
+        # for it, tensors of the next bucket were exported (a sender that waited at once would export none).
+        sent = [first for kind, first in events if kind == "send"]
+        assert len(sent) == metrics["sync/buckets"]
+        for first in sent:
+            between = events[events.index(("send", first)) : events.index(("wait", first))]
+            assert first == sent[-1] or any(kind == "export" for kind, _ in between), events
         assert metrics["sync/bytes"] == sum(t.numel() * t.element_size() for _, t in state)
         assert metrics["sync/buckets"] > 2  # 1 MB buckets of a ~5 MB model: the double buffering is exercised
         assert _generate(server.url, prompt, n) == (_greedy(hf_b, prompt, n), "3")
