@@ -233,9 +233,12 @@ def test_an_engine_killed_mid_rollout_loses_no_episode(
     tasks = [function_task(i, reply_without_tool_call="action") for i in range(4)]
     make = gym_factory(GymsConfig(), cfg.max_turns)
     restarted: list[int] = []
+    release = asyncio.Event()
 
     async def on_restart(index: int, client: object) -> None:
+        """The restarted engine stays out of service until the rollout ends: its episodes must move."""
         restarted.append(index)
+        await release.wait()
 
     async def scenario() -> tuple[list, dict[str, EngineSession], int, int]:
         gate = asyncio.Event()
@@ -254,9 +257,11 @@ def test_an_engine_killed_mid_rollout_loses_no_episode(
             assert sorted(s.history[0] for s in sessions.values()) == [0] * 8 + [1] * 8
             killed = await pool.engines[1].actor.pid.remote()
             os.kill(killed, signal.SIGKILL)
-            await until(lambda: _dead(pool, 1), "the server process to die")
+            # The health checks find it dead and restart it at once: a poll of the process could miss the death.
+            await until(lambda: pool.restarts_total == 1, "the pool to find the server dead")
             gate.set()
             groups = await rollout
+            release.set()
             await pool.wait_ready(DEADLINE_S)
             pid = await pool.engines[1].actor.pid.remote()
             # The restarted engine serves again.
