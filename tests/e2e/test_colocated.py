@@ -5,6 +5,9 @@ cache back. Actor offload frees the actor's storage on CPU too (megatron/offload
 engine's release and hold are real, so a phase that used offloaded state would fail here.
 The run also has a KL penalty to the initial policy, whose weights each rank swaps in for the reference pass."""
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,7 +60,18 @@ def test_tp2_ranks_hand_the_engine_on_their_device_their_own_copy(tmp_path: Path
         # for engine 0 to come back (it cannot release memory while it restarts) before both step aside.
         "run.faults=[kill_engine_in_rollout@2]",
     ]
-    records = train([*tiny_run(model, tmp_path, "tp2", 2), *extra])
+    # Its own temporary directory (Ray's stays put): the run's register of shared segments is this test's alone.
+    scratch = Path(tempfile.mkdtemp(prefix="seg"))  # short: torch's shared-memory manager puts a socket there
+    try:
+        records = train(
+            [*tiny_run(model, tmp_path, "tp2", 2), *extra],
+            env={**os.environ, "TMPDIR": str(scratch), "RAY_TMPDIR": "/tmp"},
+        )
+        registry = scratch / "userrl_segments"
+        # Both ranks' senders registered their segments, and closed them before Ray killed the ranks.
+        assert registry.is_dir() and sorted(registry.iterdir()) == []
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     assert [r["rollout/engine_restarts"] for r in records] == [0, 1]
     assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
     assert [(r["sync/bytes"], r["sync/buckets"], r["sync/handles_from_peers"]) for r in records] == [

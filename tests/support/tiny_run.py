@@ -74,9 +74,12 @@ def train_command(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "userrl_megatron", "train", *overrides]
 
 
-def train(overrides: list[str], timeout_s: float = RUN_TIMEOUT_S) -> list[dict[str, Any]]:
-    """Run `userrl train` to completion; the run's metrics.jsonl records."""
-    subprocess.run(train_command(overrides), cwd=REPO, check=True, timeout=timeout_s, capture_output=True)
+def train(
+    overrides: list[str], timeout_s: float = RUN_TIMEOUT_S, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Run `userrl train` to completion (in `env`, else this process's environment); the run's metrics.jsonl
+    records."""
+    subprocess.run(train_command(overrides), cwd=REPO, check=True, timeout=timeout_s, capture_output=True, env=env)
     out = next(o.removeprefix("run.output_dir=") for o in reversed(overrides) if o.startswith("run.output_dir="))
     name = next(o.removeprefix("run.name=") for o in reversed(overrides) if o.startswith("run.name="))
     return read_metrics(Path(out) / name / "metrics.jsonl")

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -135,7 +134,7 @@ ENGINE = textwrap.dedent(
     import sys, torch
     from userrl_megatron.sync.handles import Segments, decode_payload
 
-    segments = Segments(reap_every_s=float(sys.argv[1]))
+    segments = Segments()
     mapped = []  # the files torch maps (a cached storage maps nothing)
     open_file = torch.UntypedStorage._new_shared_filename_cpu
     def counted(*args):
@@ -150,6 +149,8 @@ ENGINE = textwrap.dedent(
             del named  # the request is answered: only what `segments` keeps stays mapped
         elif command == "end":
             segments.end_push()
+        elif command == "stop":
+            segments.clear()
         print(len(segments.names()), len(mapped), flush=True)
     """
 )
@@ -158,8 +159,8 @@ ENGINE = textwrap.dedent(
 class EngineProcess:
     """A fresh interpreter that decodes payloads line by line and keeps what it maps, like the embedded server."""
 
-    def __init__(self, reap_every_s: float = 3600.0) -> None:
-        cmd = [sys.executable, "-c", ENGINE, str(reap_every_s)]
+    def __init__(self) -> None:
+        cmd = [sys.executable, "-c", ENGINE]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def ask(self, line: str) -> list[str]:
@@ -239,19 +240,22 @@ SENDER = textwrap.dedent(
 )
 
 
-def test_no_segment_is_left_after_the_sender_is_killed() -> None:
+@pytest.mark.parametrize("found_at", ["end", "stop"])
+def test_no_segment_is_left_after_the_sender_is_killed(found_at: str) -> None:
+    """The engine finds the file nobody holds when the next push ends or when it stops, and removes it."""
     sender = subprocess.Popen([sys.executable, "-c", SENDER], stdout=subprocess.PIPE, text=True)
-    engine = EngineProcess(reap_every_s=0.2)
+    engine = EngineProcess()
     try:
         assert sender.stdout is not None
         got, counts = engine.ask("load " + sender.stdout.readline().strip())
         assert got == str([7.0] * 4) and counts == "1 1"
         theirs = [f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{sender.pid}_")]
         assert len(theirs) == 1
+        assert engine.counts("end") == (1, 1)  # its sender holds it: kept
         sender.send_signal(signal.SIGKILL)
         sender.wait()
-        while engine.counts() != (0, 1):  # the engine's reaper finds the file nobody holds and removes it
-            time.sleep(0.1)
+        assert os.path.exists(f"/dev/shm/{theirs[0]}")
+        assert engine.counts(found_at) == (0, 1)
         assert not os.path.exists(f"/dev/shm/{theirs[0]}")
     finally:
         sender.kill()

@@ -233,7 +233,6 @@ class LedgerPool:
         self.urls = [c.base_url for c in self.clients]
         self.kv_tokens: list[int] = []
         self.exhausted, self.restarts_total, self.log_dir = False, 0, None
-        self.restart_hooks: list[Callable[[int, Any], Awaitable[None]]] = []
         self.concurrency = 1
         self.api_key = ""  # the simulated engines require none
 
@@ -287,7 +286,7 @@ class LedgerPool:
         return self.clients
 
     def add_restart_hook(self, hook: Callable[[int, Any], Awaitable[None]]) -> None:
-        self.restart_hooks.append(hook)  # a plan's engines never restart: kept for the seam only
+        """A plan's engines never restart: nothing would call it."""
 
     def session(self, episode_id: str = "") -> None:
         return None

@@ -133,7 +133,6 @@ def flattened_bucket(flat: torch.Tensor, layout: Sequence[BucketEntry]) -> dict[
 
 
 SHM_DIR = "/dev/shm"
-REAP_EVERY_S = 2.0  # how often an engine looks for segments of a sender that is gone
 # The names of the senders' segments on this machine, one empty file each: what a sender that starts may remove
 # once nobody holds it (a run killed as a whole leaves its segments, and Ray kills torch's manager with the actor).
 SEGMENT_REGISTRY = Path(tempfile.gettempdir()) / "userrl_segments"
@@ -202,13 +201,10 @@ class Segments:
     (`hold`), by name, and CUDA IPC storages, by handle. Mapping costs page faults (CPU) or an IPC open (GPU)
     per bucket otherwise; a kept storage makes torch's rebuild find it in its `shared_cache`."""
 
-    def __init__(self, reap_every_s: float = REAP_EVERY_S) -> None:
-        self.reap_every_s = reap_every_s
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._kept: dict[Any, torch.UntypedStorage] = {}
         self._used: set[Any] = set()  # keys the open push read
-        self._reaper: threading.Thread | None = None
-        self._closed = threading.Event()
 
     def keep_file(self, handle: bytes, storage: torch.UntypedStorage) -> None:
         """Keep a mapped shared-memory file if its sender holds it (a file nobody holds is mapped per payload)."""
@@ -217,9 +213,6 @@ class Segments:
                 return
             self._kept[handle] = storage
             self._used.add(handle)
-            if self._reaper is None:
-                self._reaper = threading.Thread(target=self._reap_loop, name="segment-reaper", daemon=True)
-                self._reaper.start()
 
     def keep_cuda(self, key: tuple[bytes, int], storage: torch.UntypedStorage) -> None:
         """Keep an opened CUDA IPC storage (torch keys its cache by handle and offset)."""
@@ -233,12 +226,13 @@ class Segments:
             return [k for k in self._kept if isinstance(k, bytes)]
 
     def end_push(self) -> None:
-        """After a push: let go of what it did not read (the sender grew or dropped it), then of dead senders' files."""
+        """After a push: remove dead senders' files, then let go of what the push did not read (the sender grew or
+        dropped it)."""
+        self.reap()
         with self._lock:
             for key in [k for k in self._kept if k not in self._used]:
                 del self._kept[key]
             self._used.clear()
-        self.reap()
 
     def reap(self) -> None:
         """Let go of files their sender removed, and remove those of a sender that is gone."""
@@ -252,18 +246,11 @@ class Segments:
                     self._used.discard(handle)
 
     def clear(self) -> None:
-        """Let go of everything (the engine stops)."""
-        self._closed.set()
+        """Let go of everything (the engine stops), removing the files of senders that are gone."""
+        self.reap()
         with self._lock:
             self._kept.clear()
             self._used.clear()
-
-    def _reap_loop(self) -> None:
-        while not self._closed.wait(self.reap_every_s):
-            try:
-                self.reap()
-            except Exception:  # a reaper that dies would keep a dead sender's files until the next push
-                log.exception("looking for segments of senders that are gone failed")
 
 
 # ---- receiving (the embedded server) ----

@@ -148,17 +148,13 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
         await bring_up(parts)
         yield parts
     finally:
-        if parts is not None and parts.weights.method == "tensor":
-            # The senders' shared segments outlive a killed actor (Ray also kills torch's shared-memory manager).
-            with contextlib.suppress(Exception):  # a dead actor has nothing left to let go of
-                await parts.weights.disconnect()
+        if actors is not None:  # first: its weight senders leave their groups while the engines still answer
+            await asyncio.to_thread(actors.shutdown)
         if pool is not None:
             await pool.close()
         if user_sim is not None:
             await user_sim.close()
         await stack.aclose()  # the simulator's engines
-        if actors is not None:
-            actors.shutdown()
         from ray.util import remove_placement_group
 
         remove_placement_group(placement.group)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
+CLOSE_TIMEOUT_S = 60.0  # how long a shutdown waits for the ranks to close their weight senders
 
 
 @dataclass
@@ -269,6 +270,12 @@ class MegatronWorker:
         if sender is not None:
             sender.close()
 
+    def close_senders(self) -> None:
+        """Close every weight sender: groups left, shared segments' files removed (after `ray.kill` nothing would:
+        Ray kills the actor's children too, torch's shared-memory manager included)."""
+        for name in list(self.senders):
+            self.disconnect_engines(name)
+
     def weight_checksums(self, rows: int) -> dict[str, float]:
         """Sum of the first `rows` rows of every exported tensor (what `/get_weights_by_name` returns)."""
         return {name: float(t[:rows].double().sum()) for name, t in self.actor.export_hf_weights()}
@@ -408,8 +415,11 @@ class ActorGroup:
         return merged
 
     def shutdown(self) -> None:
+        """Let every rank close its weight senders (a dead rank has none left), then kill the ranks."""
         import ray
 
+        refs = [w.close_senders.remote() for w in self.workers]
+        ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)  # errors count as done: nothing to raise
         for w in self.workers:
             ray.kill(w)
 
