@@ -204,7 +204,7 @@ def test_episode_accumulates_the_routing_turn_by_turn(tmp_path: Path) -> None:
     # a random model rarely says <|im_end|> within 40 tokens: some characters also end a turn
     sampling = runner.sampling()
     sampling.stop_token_ids = sorted({*chat.stop_token_ids, *range(40, 100, 5)})
-    sampling.seed = 2
+    sampling.seed = 3  # a seed whose episode runs all three turns (the first draws of seed 2 end it at once)
     task = function_task(0, reply_without_tool_call="action")
     engine = LocalEngine.launch(str(model_dir), EmbeddedServerConfig(device="cpu", enable_return_routed_experts=True))
     try:

@@ -13,7 +13,7 @@ from tests.support.fake_cuda import CUDA, FakeCuda
 from userrl_megatron.server.sampling import (
     SampleRow,
     SamplingSpec,
-    _draw_exp1,
+    _invert,
     _truncate,
     parse_sampling_params,
     sample,
@@ -228,18 +228,34 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_its_batch() -> None:
     assert len(set(alone)) > 3  # a real draw, not one token over and over
 
 
-def test_the_race_draws_are_exp1_positive_finite_and_seeded() -> None:
-    """-log(u) draws: Exp(1)'s mean, variance and tail at 10^6 draws (5 standard errors), never 0 or inf, and a
-    generator of the same seed draws the same values."""
-    q = _draw_exp1(torch.empty(1_000_000), torch.Generator().manual_seed(3))
-    n = q.numel()
-    assert abs(float(q.mean()) - 1.0) < 5 / math.sqrt(n)
-    assert abs(float(q.var()) - 1.0) < 5 * math.sqrt(8 / n)  # Var of the sample variance of Exp(1) is 8 / n
-    for x in (0.1, 1.0, 3.0):
-        share, expected = float((q > x).double().mean()), math.exp(-x)
-        assert abs(share - expected) < 5 * math.sqrt(expected * (1 - expected) / n)
-    assert float(q.min()) > 0 and bool(torch.isfinite(q).all())
-    assert torch.equal(_draw_exp1(torch.empty(1000), torch.Generator().manual_seed(3)), q[:1000])
+def test_the_inversion_finds_the_token_whose_share_holds_u() -> None:
+    """Each row's token is the first whose cumulative mass exceeds u × the row's mass (unnormalized, as truncation
+    leaves it); a token of zero probability is never found, at u = 0 or at the largest u below 1; a tiny
+    probability keeps its own share in a large vocabulary; NaN or zero mass marks the row invalid."""
+    largest = 1.0 - 2.0**-53  # torch.rand's largest float64
+    probs = torch.tensor(
+        [
+            [0.0, 0.25, 0.0, 0.75, 0.0],
+            [0.0, 0.25, 0.0, 0.75, 0.0],
+            [0.0, 0.25, 0.0, 0.75, 0.0],
+            [0.0, 0.25, 0.0, 0.75, 0.0],
+            [0.1, 0.1, 0.1, 0.0, 0.0],
+            [0.5, float("nan"), 0.5, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0, 0.0],
+        ]
+    )
+    u = torch.tensor([0.0, 0.2499, 0.25, largest, 0.9, 0.5, 0.5], dtype=torch.float64)
+    tokens, invalid = _invert(probs, u)
+    assert tokens[:5].tolist() == [1, 1, 3, 3, 2]  # 0.9 of 0.3 is in token 2's share, [0.2, 0.3)
+    assert invalid.tolist() == [False] * 5 + [True, True]
+    vocab = 1 << 20
+    big = torch.full((1, vocab), 1.0 / vocab)
+    big[0, vocab // 2] = 1e-12  # 1e-12 of the mass, right after half of it
+    start = float(big[0, : vocab // 2].double().sum() / big.double().sum())
+    share = 1e-12 / float(big.double().sum())
+    hits = _invert(big, torch.tensor([start + share / 2], dtype=torch.float64))[0]
+    misses = [_invert(big, torch.tensor([x], dtype=torch.float64))[0] for x in (start - share / 2, start + 2 * share)]
+    assert hits.item() == vocab // 2 and [m.item() for m in misses] == [vocab // 2 - 1, vocab // 2 + 1]
 
 
 def test_a_row_whose_settings_raise_fails_alone() -> None:

@@ -217,9 +217,9 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -
     every other row of the batch is sampled as if it had not been there.
 
     One step is a fixed set of batched ops over all rows, with one host-to-device copy of the rows' settings and
-    one device-to-host copy of the tokens and their log-probs (no per-row synchronisation). Sampled rows draw by
-    an exponential race, `argmax(probs / q)` with `q ~ Exp(1)` per token: a row with a generator of its own (a
-    `sampling_seed`) draws its `q` from it alone, so its tokens do not depend on the rest of the batch.
+    one device-to-host copy of the tokens and their log-probs (no per-row synchronisation). A sampled row inverts
+    its distribution's CDF at one uniform draw `u` (`_invert`): a row with a generator of its own (a
+    `sampling_seed`) draws its `u` from it alone, so its tokens do not depend on the rest of the batch.
     """
     vocab = logits.shape[-1]
     settings = _Settings()
@@ -241,10 +241,8 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -
     _edit_logits(logits, per_row, penalized, biased, banned)
     temperatures = per_row[:, 0].to(logits.dtype)
     logprobs = torch.log_softmax(logits / temperatures.unsqueeze(1), dim=-1)
-    tokens = logprobs.argmax(dim=-1)
     invalid = None
     if drawing:
-        greedy = per_row[:, 1] == 1  # top_k 1 is how greedy requests are encoded
         probs = _truncate(
             logprobs.exp(),
             per_row[:, 1].long(),
@@ -253,10 +251,12 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -
             by_rank=any(0 < rows[i].spec.top_k < vocab or rows[i].spec.top_p < 1.0 for i in drawing),
             by_min_p=any(rows[i].spec.min_p > 0.0 for i in drawing),
         )
-        q = _exponentials(probs, [(rows[m[0]].generator, m) for m in groups.values()], together, len(rows), failed)
-        scores, drawn = probs.div_(q.clamp_min_(torch.finfo(q.dtype).tiny)).max(dim=-1)
-        tokens = torch.where(greedy, tokens, drawn)
-        invalid = scores.isnan()  # NaN probabilities (inf or NaN logits) survive truncation and win the race
+        u = _uniforms([(rows[m[0]].generator, m) for m in groups.values()], together, len(rows), failed, probs.device)
+        tokens, invalid = _invert(probs, u)
+        if len(drawing) < len(rows):  # greedy rows (top_k 1 is how greedy requests are encoded) take the argmax
+            tokens = torch.where(per_row[:, 1] == 1, logprobs.argmax(dim=-1), tokens)
+    else:
+        tokens = logprobs.argmax(dim=-1)
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     k = min(top_logprobs, logprobs.shape[-1])
     top = logprobs.topk(k, dim=-1) if k > 0 else None
@@ -365,44 +365,46 @@ def _truncate(
     return probs
 
 
-def _exponentials(
-    probs: torch.Tensor,
+def _uniforms(
     groups: list[tuple[torch.Generator | None, list[int]]],
     together: torch.Tensor,
     rows: int,
     failed: dict[int, Exception],
+    device: torch.device,
 ) -> torch.Tensor:
-    """Exp(1) draws shaped like `probs`, each group's rows from its generator (rows in no group get 1).
+    """[rows] float64 draws, uniform on [0, 1), each group's rows from its generator (rows in no group get 0).
 
-    A row alone with its generator draws exactly one row of `vocab` values from it, wherever it sits in the
-    batch; a group of rows sharing one draws them in one op, its rows indexed by its span of `together`. A
-    generator that refuses (one on another device) fails its own rows.
+    A row alone with its generator draws exactly one value from it, wherever it sits in the batch; a group of rows
+    sharing one draws them in one op, its rows indexed by its span of `together`. A generator that refuses (one
+    on another device) fails its own rows.
     """
-    if len(groups) == 1 and len(groups[0][1]) == rows:
-        generator, members = groups[0]
-        try:
-            return _draw_exp1(torch.empty_like(probs), generator)
-        except Exception as e:
-            failed.update(dict.fromkeys(members, e))
-            return torch.ones_like(probs)
-    q, start = torch.ones_like(probs), 0
+    u, start = torch.zeros(rows, dtype=torch.float64, device=device), 0
     for generator, members in groups:
         try:
+            if len(members) == rows:
+                return torch.rand(rows, generator=generator, dtype=torch.float64, device=device)
             if len(members) == 1:
-                _draw_exp1(q[members[0]], generator)
+                u[members[0]] = torch.rand(1, generator=generator, dtype=torch.float64, device=device)[0]
             else:
                 span = together[start : start + len(members)]
                 start += len(members)
-                drawn = torch.empty(len(members), probs.shape[-1], dtype=probs.dtype, device=probs.device)
-                q.index_copy_(0, span, _draw_exp1(drawn, generator))
+                u.index_copy_(
+                    0, span, torch.rand(len(members), generator=generator, dtype=torch.float64, device=device)
+                )
         except Exception as e:
             failed.update(dict.fromkeys(members, e))
-    return q
+    return u
 
 
-def _draw_exp1(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Fill `out` with Exp(1) draws as -log(u), u uniform on [tiny, 1) (in place; returns `out`).
+def _invert(probs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token of each row, rows whose probabilities are not a distribution): the first token whose cumulative
+    mass exceeds `u` × the row's mass, as `torch.multinomial` draws on CPU.
 
-    The same distribution as `exponential_` (truncated at -log(tiny), 87 in float32, never 0 or inf), at a third
-    of its cost on CPU, where `exponential_` was the sampler's largest op."""
-    return out.uniform_(torch.finfo(out.dtype).tiny, 1.0, generator=generator).log_().neg_()
+    The cumulative sum is float64, so every token's share of [0, mass) is its probability to ~1e-16 however large
+    the vocabulary; the target stays below the mass, so a token of zero probability is never the one found. NaN
+    probabilities (inf or NaN logits survive truncation) make the row's mass NaN."""
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)
+    mass = cdf[:, -1:]
+    target = torch.minimum(u.unsqueeze(1) * mass, mass.nextafter(torch.zeros_like(mass)))
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+    return tokens, ~(mass.squeeze(1) > 0)
