@@ -381,8 +381,6 @@ def _uniforms(
     u, start = torch.zeros(rows, dtype=torch.float64, device=device), 0
     for generator, members in groups:
         try:
-            if len(members) == rows:
-                return torch.rand(rows, generator=generator, dtype=torch.float64, device=device)
             if len(members) == 1:
                 u[members[0]] = torch.rand(1, generator=generator, dtype=torch.float64, device=device)[0]
             else:
