@@ -13,10 +13,13 @@ stderr.
 `--method both` also times the colocated transport (`sync.method=tensor`: each bucket handed to the engine as a
 shared-memory handle through `update_weights_from_tensor`) on the same model and placement, in a second start of
 the components; reported as `tensor` with `tensor_vs_distributed` = distributed seconds / tensor seconds.
+`--compare-packed` also times the broadcast with `sync.direct=false` (every tensor copied into a flat bucket, none
+broadcast from its own memory), reported as `packed` with `direct_vs_packed` = packed seconds / direct seconds.
 `--model` takes an HF directory or an embedded model name (e.g. smollm2-135m-instruct, the quickstart's).
 
     python tools/bench_sync.py --out bench_sync.json
     python tools/bench_sync.py --model smollm2-135m-instruct --tp 1 --method both --out bench_sync_smollm2.json
+    python tools/bench_sync.py --tp 1 --bucket-mb 64 --compare-packed --out bench_sync_tp1.json
     python tools/bench_sync.py --hidden 256 --layers 2 --repeats 2   # a quick check
 """
 
@@ -52,10 +55,11 @@ def make_model(folder: Path, hidden: int, layers: int, vocab: int) -> Path:
 
 
 def bench_ours(
-    model: Path, tp: int, repeats: int, bucket_mb: int, run_dir: Path, method: str = "distributed"
+    model: Path, tp: int, repeats: int, bucket_mb: int, run_dir: Path, method: str = "distributed", direct: bool = True
 ) -> dict[str, Any]:
     """Median seconds of a full sync through the trainer's components (Ray workers, engine pool), after one
-    warm-up sync, over the transport `method` (sync.method)."""
+    warm-up sync, over the transport `method` (sync.method), large tensors from their own memory or not
+    (sync.direct)."""
     from userrl_megatron.config import load_config
     from userrl_megatron.config.resolve import resolve_config
     from userrl_megatron.trainer.components import start_components
@@ -68,6 +72,7 @@ def bench_ours(
             f"megatron.devices_per_node={tp}",
             f"sync.bucket_mb={bucket_mb}",
             f"sync.method={method}",
+            f"sync.direct={str(direct).lower()}",
             "gyms.train=[echo-procedural]",
         ]
     )
@@ -89,6 +94,7 @@ def bench_ours(
     phases["other_s"] = max(0.0, seconds - sum(phases.values()))
     return {
         "bytes": nbytes,
+        "direct_bytes": runs[0].get("sync/direct_bytes", 0.0),
         "buckets": runs[0]["sync/buckets"],
         "seconds": seconds,
         "gb_per_s": nbytes / seconds / 1e9,
@@ -130,8 +136,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="", help="HF directory or embedded model name (default: random Qwen3)")
     parser.add_argument("--method", choices=("distributed", "tensor", "both"), default="distributed")
+    parser.add_argument("--compare-packed", action="store_true", help="also time the broadcast with sync.direct=false")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    if args.compare_packed and args.method == "tensor":
+        parser.error("--compare-packed compares broadcasts: it needs --method distributed or both")
     from userrl_megatron.fleet.placement import ray_environment
 
     ray_environment()
@@ -147,6 +156,9 @@ def main() -> None:
         for method in methods:
             run_dir = Path(scratch) / f"run_{method}"
             results[method] = bench_ours(model, args.tp, args.repeats, args.bucket_mb, run_dir, method)
+        if args.compare_packed:
+            run_dir = Path(scratch) / "run_packed"
+            results["packed"] = bench_ours(model, args.tp, args.repeats, args.bucket_mb, run_dir, direct=False)
     first = results[methods[0]]
     raw = bench_raw(int(first["bytes"]), args.repeats)
     if args.model:
@@ -164,6 +176,10 @@ def main() -> None:
     if "tensor" in results and "distributed" in results:
         report["tensor"] = results["tensor"]
         report["tensor_vs_distributed"] = results["distributed"]["seconds"] / results["tensor"]["seconds"]
+    if "packed" in results:
+        report["packed"] = results["packed"]
+        report["packed_ratio"] = raw["seconds"] / results["packed"]["seconds"]
+        report["direct_vs_packed"] = results["packed"]["seconds"] / results["distributed"]["seconds"]
     text = json.dumps(report, indent=2)
     print(text)
     split = ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in first["phases"].items())
@@ -173,6 +189,14 @@ def main() -> None:
         f"raw gloo broadcast {raw['seconds']:.3f} s; ratio {report['ratio']:.2f}",
         file=sys.stderr,
     )
+    if "packed" in report:
+        packed = report["packed"]
+        split = ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in packed["phases"].items())
+        print(
+            f"packed: {packed['seconds']:.3f} s ({split}); ratio {report['packed_ratio']:.2f}; "
+            f"direct / packed time {1 / report['direct_vs_packed']:.2f}",
+            file=sys.stderr,
+        )
     if args.out:
         Path(args.out).write_text(text + "\n")
 

@@ -25,15 +25,21 @@ async def weight_version(url: str) -> str:
         return str((await client.get_model_info())["weight_version"])
 
 
+BOTH_FORMATS = pytest.mark.parametrize("sender", [True, False], ids=["direct", "packed"], indirect=True)
+
+
 @pytest.fixture
-def sender(engine: Engine) -> Iterator[WeightSender]:
-    """A connected sender with 1 MB buckets (several buckets per push); closed after the test."""
-    sender = WeightSender(SyncConfig(bucket_mb=1), [EngineEndpoint(engine.url)], f"conformance_{free_port()}")
+def sender(engine: Engine, request: pytest.FixtureRequest) -> Iterator[WeightSender]:
+    """A connected sender with 1 MB buckets (several buckets per push); `sync.direct` from the test's parameter
+    (large tensors broadcast from their own memory), on when not parametrized; closed after the test."""
+    cfg = SyncConfig(bucket_mb=1, direct=getattr(request, "param", True))
+    sender = WeightSender(cfg, [EngineEndpoint(engine.url)], f"conformance_{free_port()}")
     sender.connect("127.0.0.1", free_port())
     yield sender
     sender.close()
 
 
+@BOTH_FORMATS
 def test_buckets_of_mixed_dtypes_load_and_read_back(
     engine: Engine, sender: WeightSender, originals: dict[str, torch.Tensor], hf: Any, smol_dir: Any
 ) -> None:
@@ -43,7 +49,11 @@ def test_buckets_of_mixed_dtypes_load_and_read_back(
         "model.norm.weight": originals["model.norm.weight"] + 0.25,
     }
     metrics = sender.push(list(changed.items()), version=7)
-    assert metrics["sync/buckets"] == 3  # each tensor alone: 1 MB buckets, and the dtype changes between them
+    # Each tensor alone: 1 MB buckets, and the dtype changes between them; with `direct`, down_proj (3.5 MB) is
+    # broadcast from its own memory in SGLang's per-tensor format, the others are packed.
+    assert metrics["sync/buckets"] == 3
+    down = changed["model.layers.0.mlp.down_proj.weight"]
+    assert metrics["sync/direct_bytes"] == (down.numel() * 4 if sender.cfg.direct else 0)
     got = run(read_back(engine.url, list(changed)))
     for name, tensor in changed.items():
         assert torch.equal(got[name], tensor[:2].float()), name
@@ -101,13 +111,15 @@ def test_unknown_name_fails_before_anything_is_sent(engine: Engine, sender: Weig
     assert run(weight_version(engine.url)) == before
 
 
+@BOTH_FORMATS
 def test_wrong_shape_is_refused_and_named(
     engine: Engine, sender: WeightSender, originals: dict[str, torch.Tensor]
 ) -> None:
-    # The name check passes; the engine receives the bucket, fails to load it (SGLang after overwriting part of
-    # the weights) and answers 400: the sender reports the engine, whose weights must be treated as corrupt.
+    # The name check passes; the engine receives the bucket (or the direct batch: 1 MiB), fails to load it (SGLang
+    # after overwriting part of the weights) and answers 400: the sender reports the engine, whose weights must be
+    # treated as corrupt.
     with pytest.raises(WeightUpdateRefusedError) as refused:
-        sender.push([("model.norm.weight", torch.ones(100))], version=98)
+        sender.push([("model.norm.weight", torch.ones(2**18))], version=98)
     assert refused.value.urls == [engine.url]
     assert "weight update refused by 1 of 1 engines" in str(refused.value)
 

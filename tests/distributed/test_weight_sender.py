@@ -1,5 +1,6 @@
 """The trainer-side WeightSender against a real embedded engine server: several double-buffered buckets per
-push, buffers reused across pushes, and the engine generating exactly with the pushed weights afterwards."""
+push, buffers reused across pushes, large tensors broadcast from their own memory between packed buckets (or
+every tensor packed), and the engine generating exactly with the pushed weights afterwards."""
 
 import asyncio
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed
 
-SHAPE = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "head_dim": 64}
+# The MLP's matrices are 1 MiB in fp32 (DIRECT_MIN_BYTES: broadcast from their own memory), attention's are not.
+SHAPE = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2, "head_dim": 64}
 
 
 def _greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
@@ -62,14 +64,15 @@ def _exported(
         yield name, tensor
 
 
-def test_sender_pushes_buckets_and_the_engine_uses_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "packed"])
+def test_sender_pushes_buckets_and_the_engine_uses_them(tmp_path: Path, direct: bool) -> None:
     a = make_tiny_model("llama", tmp_path / "a", seed=0, tokenizer="char", **SHAPE)
     b = make_tiny_model("llama", tmp_path / "b", seed=1, tokenizer="char", **SHAPE)
     hf_a = AutoModelForCausalLM.from_pretrained(a, dtype=torch.float32).eval()
     hf_b = AutoModelForCausalLM.from_pretrained(b, dtype=torch.float32).eval()
     server = launch_embedded(str(a), EmbeddedServerConfig(device="cpu"), free_port(), log_path=tmp_path / "serve.log")
     prompt, n = [5, 6, 7, 8], 12
-    sender = WeightSender(SyncConfig(bucket_mb=1), [EngineEndpoint(server.url)], "test_sync")
+    sender = WeightSender(SyncConfig(bucket_mb=1, direct=direct), [EngineEndpoint(server.url)], "test_sync")
     try:
         assert _generate(server.url, prompt, n)[0] == _greedy(hf_a, prompt, n)
         sender.connect("127.0.0.1", free_port())
@@ -79,12 +82,17 @@ def test_sender_pushes_buckets_and_the_engine_uses_them(tmp_path: Path) -> None:
         metrics = sender.push(_exported(state, events), version=3)
         # The next bucket is exported while the previous one is on the wire: between a bucket's send and the wait
         # for it, tensors of the next bucket were exported (a sender that waited at once would export none).
+        # Sends after the last export (what was left in the bucket and the direct batch) have nothing to overlap.
         sent = [first for kind, first in events if kind == "send"]
         assert len(sent) == metrics["sync/buckets"]
+        last_export = max(i for i, (kind, _) in enumerate(events) if kind == "export")
         for first in sent:
-            between = events[events.index(("send", first)) : events.index(("wait", first))]
-            assert first == sent[-1] or any(kind == "export" for kind, _ in between), events
+            at = events.index(("send", first))
+            between = events[at : events.index(("wait", first))]
+            assert at > last_export or any(kind == "export" for kind, _ in between), events
         assert metrics["sync/bytes"] == sum(t.numel() * t.element_size() for _, t in state)
+        mlp = sum(t.numel() * 4 for n, t in state if ".mlp." in n)
+        assert metrics["sync/direct_bytes"] == (mlp if direct else 0)
         assert metrics["sync/buckets"] > 2  # 1 MB buckets of a ~5 MB model: the double buffering is exercised
         assert _generate(server.url, prompt, n) == (_greedy(hf_b, prompt, n), "3")
         sender.push(list(hf_a.state_dict().items()), version=4)  # the same buffers again

@@ -1,9 +1,12 @@
-"""SGLang's flattened_bucket layout: offsets, raw bytes, alignment rule, round trip."""
+"""SGLang's flattened_bucket layout: offsets, raw bytes, alignment rule, round trip; a padded receive layout;
+which tensors the sender broadcasts from their own memory."""
 
 import pytest
 import torch
 
+from userrl_megatron.convert.assembly import TensorPlan
 from userrl_megatron.sync.bucket import bucket_layout, dtype_from_name, dtype_name, pack_bucket, unpack_bucket
+from userrl_megatron.sync.sender import DIRECT_MIN_BYTES, direct_tensor
 
 
 def test_layout_is_back_to_back_in_names_order() -> None:
@@ -51,3 +54,25 @@ def test_bad_buckets_are_refused() -> None:
 def test_dtype_names_round_trip() -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8):
         assert dtype_from_name(dtype_name(dtype)) is dtype
+
+
+def test_a_padded_layout_starts_each_tensor_at_the_next_multiple() -> None:
+    layout = bucket_layout(["a", "b", "c"], ["bfloat16", "int64", "float32"], [[3], [2], [0]], pad_to=64)
+    assert [(e.start, e.end) for e in layout] == [(0, 6), (64, 80), (128, 128)]  # no alignment error for b
+    with pytest.raises(ValueError, match=r"^Negative dimension in received tensor b: torch.Size\(\[-1\]\)$"):
+        bucket_layout(["a", "b"], ["float32", "float32"], [[2], [-1]], pad_to=64)
+
+
+def test_only_large_contiguous_pieces_the_export_keeps_go_on_the_wire_unpacked() -> None:
+    cpu = torch.device("cpu")
+    big = torch.randn(512, 1024)  # 2 MiB
+    same = direct_tensor(big, cpu)
+    assert same is not None and same.data_ptr() == big.data_ptr()
+    whole = direct_tensor(TensorPlan((512, 1024), (big.view(-1),)), cpu)
+    assert whole is not None and whole.shape == (512, 1024) and whole.data_ptr() == big.data_ptr()
+    assert direct_tensor(torch.randn(255, 1024), cpu) is None  # under DIRECT_MIN_BYTES: packed
+    assert direct_tensor(big.t(), cpu) is None  # strided
+    assert direct_tensor(TensorPlan((512, 1024), (big,), transient=True), cpu) is None  # memory reused next
+    assert direct_tensor(TensorPlan((1024, 1024), (big, big)), cpu) is None  # two pieces
+    assert direct_tensor(big, torch.device("cuda")) is None  # not on the group's device
+    assert DIRECT_MIN_BYTES == 2**20

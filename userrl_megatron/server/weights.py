@@ -9,9 +9,10 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from userrl_megatron.sync.bucket import FlatBuffer, bucket_layout, dtype_from_name, unpack_bucket
+from userrl_megatron.sync.bucket import FlatBuffer, bucket_layout, unpack_bucket
 
 LOAD_FORMATS = (None, "flattened_bucket")
+RECEIVE_ALIGN = 64  # byte alignment of each tensor of a per-tensor update in the receive buffer
 
 
 def receive_weights(
@@ -25,8 +26,8 @@ def receive_weights(
 ) -> list[tuple[str, torch.Tensor]]:
     """Block until the trainer's broadcasts arrive; returns (HF name, tensor) pairs in `names` order.
 
-    A flattened bucket lands in `buffer` when given (reused across updates); the tensors returned are views
-    into it, valid until the next update."""
+    The tensors land in `buffer` when given (reused across updates; per tensor, each in its own aligned slice);
+    the tensors returned are views into it, valid until the next update."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unsupported load_format {load_format!r}; the embedded server takes null or flattened_bucket")
     if load_format == "flattened_bucket":
@@ -36,11 +37,13 @@ def receive_weights(
         return unpack_bucket(flat, layout)
     if not (len(names) == len(dtypes) == len(shapes)):
         raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
-    received, handles = [], []
-    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
-        tensor = torch.empty(list(shape), dtype=dtype_from_name(dtype), device=device)
-        handles.append(dist.broadcast(tensor, src=0, group=group, async_op=True))
-        received.append((name, tensor))
+    if not names:
+        return []
+    # Each tensor lands in its own aligned slice of the reused buffer: fresh allocations would cost page faults.
+    layout = bucket_layout(names, dtypes, shapes, pad_to=RECEIVE_ALIGN)
+    flat = (buffer or FlatBuffer(device)).take(layout[-1].end)
+    received = unpack_bucket(flat[: layout[-1].end], layout)
+    handles = [dist.broadcast(tensor, src=0, group=group, async_op=True) for _, tensor in received]
     for handle in handles:
         handle.wait()
     return received

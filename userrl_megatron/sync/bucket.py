@@ -38,9 +38,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def bucket_layout(
-    names: Sequence[str], dtypes: Sequence[str | torch.dtype], shapes: Sequence[Sequence[int]]
+    names: Sequence[str], dtypes: Sequence[str | torch.dtype], shapes: Sequence[Sequence[int]], pad_to: int = 0
 ) -> list[BucketEntry]:
-    """Byte ranges of every tensor, checking SGLang's alignment rule."""
+    """Byte ranges of every tensor, checking SGLang's alignment rule; with `pad_to`, each tensor starts at the
+    next multiple of `pad_to` instead (a receive buffer of our own, not a wire layout)."""
     if not (len(names) == len(dtypes) == len(shapes)):
         raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
     if not names:
@@ -51,7 +52,9 @@ def bucket_layout(
         size = torch.Size(shape)
         if any(dim < 0 for dim in size):
             raise ValueError(f"Negative dimension in received tensor {name}: {size}")
-        if offset % dtype.itemsize:
+        if pad_to:
+            offset = -(-offset // pad_to) * pad_to
+        elif offset % dtype.itemsize:
             raise ValueError(f"Unaligned received tensor {name}: byte offset {offset}, dtype {dtype}")
         nbytes = size.numel() * dtype.itemsize
         entries.append(BucketEntry(name, dtype, tuple(size), offset, offset + nbytes))

@@ -3,7 +3,10 @@
 The source rank of a pipeline stage joins a dedicated process group as rank 0 together with every engine rank
 (created once with `init_weights_update_group`), packs the stage's HF-named tensors into buckets of
 `sync.bucket_mb`, and for each bucket posts `update_weights_from_distributed` to every engine while it
-broadcasts the flat bucket. One bucket is in flight at a time. Engines are paused and flushed by the caller.
+broadcasts the flat bucket. With `sync.direct`, a large HF tensor that is one contiguous piece of memory the
+export keeps (a parameter at TP 1: gate, up, o, down, the embedding) is not copied: it joins a batch of such
+tensors sent in SGLang's per-tensor format, one broadcast from its own memory each. One bucket or batch is in
+flight at a time. Engines are paused and flushed by the caller.
 
 Defences against what real SGLang 0.5.23 does (docs/engine.md, "Tested against SGLang"):
 - it accepts a tensor name its model does not have, reports success and loads nothing: before the first push
@@ -47,6 +50,9 @@ READ_BACK_MAX_ELEMENTS = 2**24
 VOCAB_SIZED = ("embed_tokens", "lm_head", "word_embeddings", "output_layer")
 REFUSAL_GRACE_S = 30.0  # after a refusal, how long the other engines' replies to the same bucket are awaited
 NAME_CHECK_TIMEOUT_S = 600.0  # a live engine answers a name check, a busy one late: only a hang waits this long
+# A tensor goes on the wire from its own memory from this size on; smaller ones are packed (a broadcast per
+# small tensor would cost more in per-call latency, NCCL's above all, than the copy it saves).
+DIRECT_MIN_BYTES = 2**20
 CONTROL_TIMEOUT_S = 60.0  # deadline of the cleanup calls (session end, group teardown), whose failure is only logged
 _ABANDONED: list[Any] = []  # groups with a broadcast nobody will finish: destroying them would block on it
 
@@ -84,6 +90,8 @@ class _InFlight:
 class _Packer:
     """Fills one flat bucket, tensor by tensor, in SGLang's `flattened_bucket` layout (no padding)."""
 
+    load_format = "flattened_bucket"
+
     def __init__(self, buffer: FlatBuffer) -> None:
         self.buffer = buffer
         self.entries: list[tuple[str, torch.dtype, list[int], int, int]] = []  # name, dtype, shape, start, end
@@ -119,6 +127,92 @@ class _Packer:
 
     def metadata(self) -> tuple[list[str], list[str], list[list[int]]]:
         return [e[0] for e in self.entries], [dtype_name(e[1]) for e in self.entries], [e[2] for e in self.entries]
+
+    def broadcast(self, group: dist.ProcessGroup | None) -> Any:
+        return dist.broadcast(self.flat(), group=group, group_src=0, async_op=True)
+
+
+class _Direct:
+    """A batch of tensors broadcast one by one from their own memory (SGLang's per-tensor format, load_format
+    None), each kept referenced until its broadcast completes."""
+
+    load_format = None
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, torch.Tensor]] = []
+        self.nbytes = 0
+
+    def fits(self, tensor: torch.Tensor, bucket_bytes: int) -> bool:
+        return self.nbytes + _nbytes(tensor) <= bucket_bytes
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        self.entries.append((name, tensor))
+        self.nbytes += _nbytes(tensor)
+
+    def metadata(self) -> tuple[list[str], list[str], list[list[int]]]:
+        return (
+            [n for n, _ in self.entries],
+            [dtype_name(t.dtype) for _, t in self.entries],
+            [list(t.shape) for _, t in self.entries],
+        )
+
+    def broadcast(self, group: dist.ProcessGroup | None) -> "_Broadcasts":
+        return _Broadcasts(
+            [dist.broadcast(t, group=group, group_src=0, async_op=True) for _, t in self.entries], self.entries
+        )
+
+
+class _Broadcasts:
+    """Several broadcasts in flight as one work handle (they complete in order: one process group)."""
+
+    def __init__(self, works: list[Any], tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self._works = works
+        self._tensors = tensors  # the memory on the wire stays alive until the last broadcast is done
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def wait(self) -> None:
+        for work in self._works:
+            work.wait()
+
+
+def _nbytes(tensor: torch.Tensor | TensorPlan) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def direct_tensor(tensor: torch.Tensor | TensorPlan, device: torch.device) -> torch.Tensor | None:
+    """`tensor` as one tensor to broadcast from its own memory, or None when it must be packed: smaller than
+    DIRECT_MIN_BYTES, not one contiguous piece, on another device than the group's, or in memory the export reuses
+    before the broadcast would end (a transient plan)."""
+    if isinstance(tensor, TensorPlan):
+        if tensor.transient or len(tensor.pieces) != 1:
+            return None
+        piece = tensor.pieces[0]
+        if not piece.is_contiguous():
+            return None
+        tensor = piece.view(tensor.shape)
+    if _nbytes(tensor) < DIRECT_MIN_BYTES or tensor.device.type != device.type or not tensor.is_contiguous():
+        return None
+    return tensor.detach()
+
+
+@dataclass
+class _Tally:
+    """What a push has sent so far."""
+
+    bytes: int = 0
+    packed: int = 0  # flat buckets (they alternate between the two buffers)
+    direct: int = 0  # direct batches
+    direct_bytes: int = 0
+
+    def count(self, batch: "_Packer | _Direct") -> "_Packer | _Direct":
+        self.bytes += batch.nbytes
+        if isinstance(batch, _Direct):
+            self.direct, self.direct_bytes = self.direct + 1, self.direct_bytes + batch.nbytes
+        else:
+            self.packed += 1
+        return batch
 
 
 class _Clock:
@@ -192,8 +286,9 @@ class WeightSender:
         self._clients = [self._call(_construct(factory, e.url)) for e in engines]
         self._group: dist.ProcessGroup | None = None
         self._connected = False
-        device = "cuda" if backend == "nccl" else "cpu"  # NCCL broadcasts device memory, gloo host memory
-        self._buffers = (FlatBuffer(device), FlatBuffer(device))  # double-buffered flat buckets, reused
+        # NCCL broadcasts device memory, gloo host memory
+        self._device = torch.device("cuda" if backend == "nccl" else "cpu")
+        self._buffers = (FlatBuffer(self._device), FlatBuffer(self._device))  # double-buffered flat buckets, reused
         self._names_checked = False  # every name was found on every engine (done during the first push)
         self._broken = False  # a broadcast was abandoned: the group can carry nothing more
 
@@ -226,7 +321,9 @@ class WeightSender:
 
         Tensors (or plans) are copied into the flat bucket as the export yields them (nothing else is kept), and
         the next bucket is exported and filled while the previous one is on the wire (gloo's thread) and being
-        loaded (the engine, answering in the HTTP thread): two buffers, one bucket in flight."""
+        loaded (the engine, answering in the HTTP thread): two buffers, one bucket in flight. With `sync.direct`,
+        tensors that can go on the wire from their own memory (`direct_tensor`) gather in a batch of up to
+        `sync.bucket_mb` instead, sent whenever it is full like a bucket."""
         if not self._connected:
             raise RuntimeError(f"{type(self).__name__}.connect() must run before push()")
         if self._broken:
@@ -234,8 +331,7 @@ class WeightSender:
         clock, bucket_bytes = _Clock(), self.cfg.bucket_mb * 1024 * 1024
         self._all(lambda c: c.begin_weight_update())
         inflight: _InFlight | None = None
-        packer = self._new_packer(0)
-        sent = buckets = 0
+        packer, direct, tally = self._new_packer(0), _Direct(), _Tally()
         failure: Exception | None = None
         checked: set[str] = set()  # name patterns already looked up on the engines
         for name, tensor in clock.timed_iter(named_tensors, "export"):
@@ -245,18 +341,24 @@ class WeightSender:
                 if not self._names_checked and _worth_checking(name, tensor, checked):
                     with clock("check_names"):
                         self._check_name(name)
+                own = direct_tensor(tensor, self._device) if self.cfg.direct else None
+                if own is not None:
+                    if direct.entries and not direct.fits(own, bucket_bytes):
+                        inflight = self._send(tally.count(direct), version, inflight, clock)
+                        direct = _Direct()
+                    direct.add(name, own)
+                    continue
                 if packer.entries and not packer.fits(tensor, bucket_bytes):
-                    inflight = self._send(packer, version, inflight, clock)
-                    sent, buckets = sent + packer.nbytes, buckets + 1
-                    packer = self._new_packer(buckets)
+                    inflight = self._send(tally.count(packer), version, inflight, clock)
+                    packer = self._new_packer(tally.packed)
                 with clock("pack"):
                     packer.add(name, tensor, bucket_bytes)
             except (WeightNameCheckError, WeightUpdateRefusedError) as e:
                 failure = e
         try:
-            if failure is None and packer.entries:
-                inflight = self._send(packer, version, inflight, clock)
-                sent, buckets = sent + packer.nbytes, buckets + 1
+            for batch in (packer, direct):
+                if failure is None and batch.entries:
+                    inflight = self._send(tally.count(batch), version, inflight, clock)
             if not isinstance(failure, WeightUpdateRefusedError):
                 self._wait(inflight, clock)  # the bucket already on its way must land (or be refused) first
             if failure is not None:
@@ -268,10 +370,11 @@ class WeightSender:
         self._names_checked = True
         seconds = clock.elapsed()
         return {
-            "sync/bytes": float(sent),
-            "sync/buckets": float(buckets),
+            "sync/bytes": float(tally.bytes),
+            "sync/buckets": float(tally.packed + tally.direct),  # flat buckets and direct batches
+            "sync/direct_bytes": float(tally.direct_bytes),  # of `sync/bytes`, broadcast from their own memory
             "sync/seconds": seconds,
-            "sync/gb_per_s": sent / max(seconds, 1e-9) / 1e9,
+            "sync/gb_per_s": tally.bytes / max(seconds, 1e-9) / 1e9,
             **{f"sync/{k}_s": v for k, v in clock.totals.items()},
         }
 
@@ -279,10 +382,13 @@ class WeightSender:
         """The packer of bucket `index` (the two flat buffers alternate)."""
         return _Packer(self._buffers[index % 2])
 
-    def _send(self, packer: "_Packer", version: int, previous: "_InFlight | None", clock: "_Clock") -> "_InFlight":
-        """Start one bucket once the previous one has landed: the HTTP update on every engine, then the broadcast."""
+    def _send(
+        self, batch: "_Packer | _Direct", version: int, previous: "_InFlight | None", clock: "_Clock"
+    ) -> "_InFlight":
+        """Start one bucket (or direct batch) once the previous one has landed: the HTTP update on every engine,
+        then the broadcast."""
         self._wait(previous, clock)
-        names, dtypes, shapes = packer.metadata()
+        names, dtypes, shapes = batch.metadata()
         replies = [
             self._loop.submit(
                 c.update_weights_from_distributed(
@@ -292,13 +398,12 @@ class WeightSender:
                     self.group_name,
                     flush_cache=False,
                     weight_version=str(version),
-                    load_format="flattened_bucket",
+                    load_format=batch.load_format,
                 )
             )
             for c in self._clients
         ]
-        work = dist.broadcast(packer.flat(), group=self._group, group_src=0, async_op=True)
-        return _InFlight(work, replies, names)
+        return _InFlight(batch.broadcast(self._group), replies, names)
 
     def _wait(self, inflight: "_InFlight | None", clock: "_Clock") -> None:
         """Wait for the bucket's broadcast and the engines' replies; raise at the first refusal.
