@@ -4,9 +4,9 @@ The source rank of a pipeline stage joins a dedicated process group as rank 0 to
 (created once with `init_weights_update_group`), packs the stage's HF-named tensors into buckets of
 `sync.bucket_mb`, and for each bucket posts `update_weights_from_distributed` to every engine while it
 broadcasts the flat bucket. With `sync.direct`, a large HF tensor that is one contiguous piece of memory the
-export keeps (a parameter at TP 1: gate, up, o, down, the embedding) is not copied: it joins a batch of such
-tensors sent in SGLang's per-tensor format, one broadcast from its own memory each. One bucket or batch is in
-flight at a time. Engines are paused and flushed by the caller.
+export keeps (a parameter at TP 1: gate, up, o, down, the embedding) is not copied: after the export, such tensors
+go in batches sent in SGLang's per-tensor format, one broadcast from its own memory each. One bucket or batch is
+in flight at a time. Engines are paused and flushed by the caller.
 
 Defences against what real SGLang 0.5.23 does (docs/engine.md, "Tested against SGLang"):
 - it accepts a tensor name its model does not have, reports success and loads nothing: before the first push
@@ -177,6 +177,17 @@ class _Broadcasts:
             work.wait()
 
 
+def _direct_batches(tensors: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[_Direct]:
+    """`tensors` in batches of at most `bucket_bytes` (a larger tensor alone), in order."""
+    batch = _Direct()
+    for name, tensor in tensors:
+        if batch.entries and not batch.fits(tensor, bucket_bytes):
+            yield batch
+            batch = _Direct()
+        batch.add(name, tensor)
+    yield batch
+
+
 def _nbytes(tensor: torch.Tensor | TensorPlan) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -184,7 +195,9 @@ def _nbytes(tensor: torch.Tensor | TensorPlan) -> int:
 def direct_tensor(tensor: torch.Tensor | TensorPlan, device: torch.device) -> torch.Tensor | None:
     """`tensor` as one tensor to broadcast from its own memory, or None when it must be packed: smaller than
     DIRECT_MIN_BYTES, not one contiguous piece, on another device than the group's, or in memory the export reuses
-    before the broadcast would end (a transient plan)."""
+    before the broadcast would end (a transient plan). A direct tensor is held until the export ends: an export
+    that builds its tensors anew, rather than handing out views of the model's, should yield them as transient
+    plans, or it holds a copy of the model."""
     if isinstance(tensor, TensorPlan):
         if tensor.transient or len(tensor.pieces) != 1:
             return None
@@ -322,8 +335,9 @@ class WeightSender:
         Tensors (or plans) are copied into the flat bucket as the export yields them (nothing else is kept), and
         the next bucket is exported and filled while the previous one is on the wire (gloo's thread) and being
         loaded (the engine, answering in the HTTP thread): two buffers, one bucket in flight. With `sync.direct`,
-        tensors that can go on the wire from their own memory (`direct_tensor`) gather in a batch of up to
-        `sync.bucket_mb` instead, sent whenever it is full like a bucket."""
+        tensors that can go on the wire from their own memory (`direct_tensor`) are only referenced during the
+        export and sent after it, in batches of up to `sync.bucket_mb`: the packing never shares the cores with
+        their broadcasts, and holding them costs no memory."""
         if not self._connected:
             raise RuntimeError(f"{type(self).__name__}.connect() must run before push()")
         if self._broken:
@@ -331,7 +345,8 @@ class WeightSender:
         clock, bucket_bytes = _Clock(), self.cfg.bucket_mb * 1024 * 1024
         self._all(lambda c: c.begin_weight_update())
         inflight: _InFlight | None = None
-        packer, direct, tally = self._new_packer(0), _Direct(), _Tally()
+        packer, tally = self._new_packer(0), _Tally()
+        held: list[tuple[str, torch.Tensor]] = []  # tensors to broadcast from their own memory
         failure: Exception | None = None
         checked: set[str] = set()  # name patterns already looked up on the engines
         for name, tensor in clock.timed_iter(named_tensors, "export"):
@@ -343,10 +358,7 @@ class WeightSender:
                         self._check_name(name)
                 own = direct_tensor(tensor, self._device) if self.cfg.direct else None
                 if own is not None:
-                    if direct.entries and not direct.fits(own, bucket_bytes):
-                        inflight = self._send(tally.count(direct), version, inflight, clock)
-                        direct = _Direct()
-                    direct.add(name, own)
+                    held.append((name, own))  # a reference: sent after the export, in batches
                     continue
                 if packer.entries and not packer.fits(tensor, bucket_bytes):
                     inflight = self._send(tally.count(packer), version, inflight, clock)
@@ -356,7 +368,8 @@ class WeightSender:
             except (WeightNameCheckError, WeightUpdateRefusedError) as e:
                 failure = e
         try:
-            for batch in (packer, direct):
+            batches: list[_Packer | _Direct] = [packer, *_direct_batches(held, bucket_bytes)]
+            for batch in batches:
                 if failure is None and batch.entries:
                     inflight = self._send(tally.count(batch), version, inflight, clock)
             if not isinstance(failure, WeightUpdateRefusedError):
