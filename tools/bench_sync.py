@@ -126,6 +126,11 @@ def bench_raw(nbytes: int, repeats: int) -> dict[str, Any]:
     return {"bytes": nbytes, "seconds": seconds, "gb_per_s": nbytes / seconds / 1e9}
 
 
+def _split(result: dict[str, Any]) -> str:
+    """A run's phase seconds as one line: `export 0.010, pack 0.076, ...`."""
+    return ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in result["phases"].items())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=768)
@@ -182,18 +187,16 @@ def main() -> None:
         report["direct_vs_packed"] = results["packed"]["seconds"] / results["distributed"]["seconds"]
     text = json.dumps(report, indent=2)
     print(text)
-    split = ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in first["phases"].items())
     print(
         f"tp {args.tp}, {args.bucket_mb} MiB buckets ({first['buckets']:.0f}): "
-        f"ours {first['seconds']:.3f} s ({split}); "
+        f"ours {first['seconds']:.3f} s ({_split(first)}); "
         f"raw gloo broadcast {raw['seconds']:.3f} s; ratio {report['ratio']:.2f}",
         file=sys.stderr,
     )
     if "packed" in report:
         packed = report["packed"]
-        split = ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in packed["phases"].items())
         print(
-            f"packed: {packed['seconds']:.3f} s ({split}); ratio {report['packed_ratio']:.2f}; "
+            f"packed: {packed['seconds']:.3f} s ({_split(packed)}); ratio {report['packed_ratio']:.2f}; "
             f"direct / packed time {1 / report['direct_vs_packed']:.2f}",
             file=sys.stderr,
         )

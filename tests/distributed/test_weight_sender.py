@@ -1,6 +1,6 @@
 """The trainer-side WeightSender against a real embedded engine server: several double-buffered buckets per
-push, buffers reused across pushes, large tensors broadcast from their own memory between packed buckets (or
-every tensor packed), and the engine generating exactly with the pushed weights afterwards."""
+push, buffers reused across pushes, large tensors broadcast from their own memory after the export (or every
+tensor packed), and the engine generating exactly with the pushed weights afterwards."""
 
 import asyncio
 from collections.abc import Iterator
@@ -82,7 +82,7 @@ def test_sender_pushes_buckets_and_the_engine_uses_them(tmp_path: Path, direct: 
         metrics = sender.push(_exported(state, events), version=3)
         # The next bucket is exported while the previous one is on the wire: between a bucket's send and the wait
         # for it, tensors of the next bucket were exported (a sender that waited at once would export none).
-        # Sends after the last export (what was left in the bucket and the direct batch) have nothing to overlap.
+        # Sends after the last export (what was left in the bucket, the direct batches) have nothing to overlap.
         sent = [first for kind, first in events if kind == "send"]
         assert len(sent) == metrics["sync/buckets"]
         last_export = max(i for i, (kind, _) in enumerate(events) if kind == "export")

@@ -35,14 +35,11 @@ def receive_weights(
         flat = (buffer or FlatBuffer(device)).take(layout[-1].end)
         dist.broadcast(flat, src=0, group=group)
         return unpack_bucket(flat, layout)
-    if not (len(names) == len(dtypes) == len(shapes)):
-        raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
-    if not names:
-        return []
+    if not (names or dtypes or shapes):
+        return []  # nothing broadcast (SGLang loads nothing); a bucket may not be empty
     # Each tensor lands in its own aligned slice of the reused buffer: fresh allocations would cost page faults.
     layout = bucket_layout(names, dtypes, shapes, pad_to=RECEIVE_ALIGN)
-    flat = (buffer or FlatBuffer(device)).take(layout[-1].end)
-    received = unpack_bucket(flat[: layout[-1].end], layout)
+    received = unpack_bucket((buffer or FlatBuffer(device)).take(layout[-1].end), layout)
     handles = [dist.broadcast(tensor, src=0, group=group, async_op=True) for _, tensor in received]
     for handle in handles:
         handle.wait()

@@ -178,14 +178,15 @@ class _Broadcasts:
 
 
 def _direct_batches(tensors: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[_Direct]:
-    """`tensors` in batches of at most `bucket_bytes` (a larger tensor alone), in order."""
+    """`tensors` in batches of at most `bucket_bytes` (a larger tensor alone), in order; none when empty."""
     batch = _Direct()
     for name, tensor in tensors:
         if batch.entries and not batch.fits(tensor, bucket_bytes):
             yield batch
             batch = _Direct()
         batch.add(name, tensor)
-    yield batch
+    if batch.entries:
+        yield batch
 
 
 def _nbytes(tensor: torch.Tensor | TensorPlan) -> int:
@@ -368,9 +369,9 @@ class WeightSender:
             except (WeightNameCheckError, WeightUpdateRefusedError) as e:
                 failure = e
         try:
-            batches: list[_Packer | _Direct] = [packer, *_direct_batches(held, bucket_bytes)]
-            for batch in batches:
-                if failure is None and batch.entries:
+            if failure is None:
+                batches: list[_Packer | _Direct] = [packer] if packer.entries else []
+                for batch in [*batches, *_direct_batches(held, bucket_bytes)]:
                     inflight = self._send(tally.count(batch), version, inflight, clock)
             if not isinstance(failure, WeightUpdateRefusedError):
                 self._wait(inflight, clock)  # the bucket already on its way must land (or be refused) first
