@@ -15,8 +15,9 @@ remains is the logits themselves and their gradient. The backward is closed-form
 needs no collective.
 
 Time: fp32 logits of an unpadded vocabulary are read in place (no copy); the forward exponentiates each logit once
-(log Z and the entropy's E_p[x] share the exponentials, so the entropy metric costs a multiply-add); the backward
-builds fp32 gradients in their output rows.
+(log Z and the entropy's E_p[x] share the exponentials, so the entropy metric costs a multiply-add) into one
+chunk-sized buffer reused by every chunk (a fresh large tensor per chunk costs its page faults again on CPU); the
+backward builds fp32 gradients in their output rows.
 """
 
 import torch
@@ -90,11 +91,13 @@ class _ChunkedLogprobs(torch.autograd.Function):
         log_z = torch.empty(rows, dtype=torch.float32, device=logits.device)
         target = torch.empty_like(log_z)
         expected = torch.zeros_like(log_z)  # E_p[x] under this rank's softmax, then globally
+        scratch = torch.empty(min(step, rows), width, dtype=torch.float32, device=logits.device)
         for begin in range(0, rows, step):
             end = min(begin + step, rows)
             x = _chunk(logits, begin, end, real)
             peak = x.amax(dim=-1, keepdim=True)
-            scaled = torch.exp(x - peak)  # the one exp of the forward: log Z and E_p[x] both come from it
+            # the one exp of the forward (log Z and E_p[x] both come from it), in memory reused across chunks
+            scaled = torch.sub(x, peak, out=scratch[: end - begin]).exp_()
             total = scaled.sum(dim=-1)
             log_z[begin:end] = total.log() + peak.squeeze(-1)
             target[begin:end] = x.gather(-1, index[begin:end, None]).squeeze(-1) * here[begin:end]
@@ -126,11 +129,14 @@ class _ChunkedLogprobs(torch.autograd.Function):
         rows = logits.shape[0]
         if grad_logprobs is None:
             grad_logprobs = torch.zeros_like(log_z)
+        scratch = None
+        if grad.dtype != torch.float32:
+            scratch = torch.empty(min(ctx.step, rows), logits.shape[1], dtype=torch.float32, device=logits.device)
         for begin in range(0, rows, ctx.step):
             end = min(begin + ctx.step, rows)
             x = _chunk(logits, begin, end, ctx.real)
             # fp32 logits: the gradient is built in place in its output rows, with no temporary of that size
-            g = grad[begin:end] if grad.dtype == torch.float32 else torch.empty_like(x)
+            g = grad[begin:end] if scratch is None else scratch[: end - begin]
             torch.sub(x, log_z[begin:end, None], out=g).exp_()  # p
             g_lp = grad_logprobs[begin:end, None]
             if ctx.entropy_grad and grad_entropy is not None:

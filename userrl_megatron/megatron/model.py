@@ -39,6 +39,7 @@ from userrl_megatron.config.schema import MegatronConfig
 from userrl_megatron.convert.arch import Architecture, padded_vocab_size
 from userrl_megatron.convert.rules import Converter, Split
 from userrl_megatron.convert.sharding import shard
+from userrl_megatron.megatron import kernels
 from userrl_megatron.megatron.attention import SDPAttention
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ def transformer_config(
     arch: Architecture, cfg: MegatronConfig, dtype: torch.dtype, use_te: bool, initialize: bool = False
 ) -> TransformerConfig:
     """Megatron's TransformerConfig for `arch` under the parallel layout and options of `cfg`."""
+    kernels.provide()
     return TransformerConfig(**transformer_fields(arch, cfg, dtype, use_te, initialize))
 
 
@@ -180,7 +182,7 @@ def transformer_fields(
         bias_activation_fusion=use_te,
         bias_dropout_fusion=use_te,
         masked_softmax_fusion=use_te,
-        apply_rope_fusion=use_te,
+        apply_rope_fusion=True,  # Transformer Engine's kernel, or kernels.py's where TE is absent
         gradient_accumulation_fusion=gradient_accumulation_fusion(use_te),  # weight grads straight into main_grad
         deallocate_pipeline_outputs=on_gpu,
         **recompute_settings(cfg),
