@@ -2,6 +2,8 @@
 in-place multi-tensor scale equals Megatron's fallback, and both are what Megatron calls where Transformer Engine
 and apex are absent."""
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -18,7 +20,9 @@ def _angles(rot_dim: int, interleaved: bool, generic: bool) -> torch.Tensor:
     return emb[:, None, None, :]
 
 
-def _run(fn, t: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(
+    fn: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor, grad: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     leaf = t.detach().clone().requires_grad_()
     view = leaf.view(SEQ, BATCH, HEADS, 2 * DIM)[..., :DIM]  # strided, as q comes out of the fused QKV
     out = fn(view)
@@ -77,7 +81,9 @@ def test_megatron_calls_the_rope_as_its_fused_rope_and_a_kernel_already_there_is
     assert config.apply_rope_fusion is True
     assert rope_utils.fused_apply_rotary_pos_emb is kernels.apply_rope
 
-    def kernel(t: torch.Tensor, freqs: torch.Tensor, transpose_output_memory: bool = False, interleaved: bool = False):
+    def kernel(
+        t: torch.Tensor, freqs: torch.Tensor, transpose_output_memory: bool = False, interleaved: bool = False
+    ) -> torch.Tensor:
         return t
 
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", kernel)
