@@ -15,7 +15,10 @@ from tests.support.engine_ref import hf_greedy, hf_logprobs
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import EngineError, RolloutEngine
+from userrl_megatron.server import scheduler as scheduler_module
 from userrl_megatron.server.local import LocalEngine
+from userrl_megatron.server.model import EngineModel
+from userrl_megatron.server.prefill import PrefillRow
 from userrl_megatron.server.sampling import SamplingSpec, parse_sampling_params
 from userrl_megatron.server.scheduler import Request
 from userrl_megatron.types import SamplingParams
@@ -73,7 +76,21 @@ def test_logprobs_equal_a_forward_pass(engine: LocalEngine, hf: torch.nn.Module)
     assert max(abs(a - b) for a, b in zip(sampled.output_logprobs, expected, strict=True)) < 1e-4
 
 
-def test_32_concurrent_requests_each_equal_their_single_result(engine: LocalEngine) -> None:
+@pytest.mark.parametrize("forward_tokens", [scheduler_module.CPU_PREFILL_FORWARD_TOKENS, 64])
+def test_32_concurrent_requests_each_equal_their_single_result(
+    engine: LocalEngine, forward_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also with each prefill batch cut into forwards of at most 64 padded new tokens (CPU's forward size)."""
+    monkeypatch.setattr(scheduler_module, "CPU_PREFILL_FORWARD_TOKENS", forward_tokens)
+    forwards: list[int] = []  # padded new tokens of each prefill forward of more than one row
+    prefill = scheduler_module.run_prefill
+
+    def recorded(model: EngineModel, rows: list[PrefillRow], **kwargs: bool) -> tuple:
+        if len(rows) > 1:
+            forwards.append(len(rows) * max(len(r.tokens) - r.reused for r in rows))
+        return prefill(model, rows, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "run_prefill", recorded)
     batch = prompts(32, seed=4)
     params = [GREEDY if i % 2 else SamplingParams(max_new_tokens=24, temperature=1.0, seed=i) for i in range(32)]
     single = [run(engine.generate(p, s)) for p, s in zip(batch, params, strict=True)]
@@ -84,6 +101,7 @@ def test_32_concurrent_requests_each_equal_their_single_result(engine: LocalEngi
     for alone, joint in zip(single, run(together()), strict=True):
         assert joint.output_ids == alone.output_ids
         assert max(abs(a - b) for a, b in zip(joint.output_logprobs, alone.output_logprobs, strict=True)) < 1e-4
+    assert forwards and max(forwards) <= forward_tokens
 
 
 def test_requests_joining_and_leaving_mid_decode(engine: LocalEngine, hf: torch.nn.Module) -> None:
@@ -352,3 +370,11 @@ def test_the_engine_logs_each_release_and_resume_of_its_memory(
         "memory resumed: kv_cache, cuda_graph",
     ]
     assert run(engine.generate([5, 6, 7], GREEDY)).output_ids == hf_greedy(hf, [5, 6, 7], GREEDY.max_new_tokens)
+
+
+def test_prefill_rows_are_cut_into_forwards_in_order_within_the_token_bound() -> None:
+    rows = [PrefillRow(list(range(n)), reused) for n, reused in [(10, 0), (30, 10), (12, 0), (100, 0), (5, 0), (5, 0)]]
+    groups = scheduler_module._forward_groups(rows, 40)
+    position = {id(r): i for i, r in enumerate(rows)}
+    assert [[position[id(r)] for r in g] for g in groups] == [[0, 1], [2], [3], [4, 5]]  # 2 x 20 fits; 100 alone
+    assert scheduler_module._forward_groups(rows[:1], 1) == [rows[:1]]
