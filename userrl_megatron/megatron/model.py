@@ -137,7 +137,8 @@ def gradient_accumulation_fusion(use_te: bool, kernel_importable: Callable[[str]
 def transformer_config(
     arch: Architecture, cfg: MegatronConfig, dtype: torch.dtype, use_te: bool, initialize: bool = False
 ) -> TransformerConfig:
-    """Megatron's TransformerConfig for `arch` under the parallel layout and options of `cfg`."""
+    """Megatron's TransformerConfig for `arch` under the parallel layout and options of `cfg`. The stand-in kernels
+    go in first: the config refuses `apply_rope_fusion` when no fused RoPE is installed."""
     kernels.provide()
     return TransformerConfig(**transformer_fields(arch, cfg, dtype, use_te, initialize))
 

@@ -27,9 +27,8 @@ from userrl_megatron.server.sampling import Sampled, SampleRow, SamplingSpec, sa
 log = logging.getLogger(__name__)
 
 PAUSE_MODES = ("abort", "retract", "in_place")
-# On CPU a prefill batch runs in forwards of at most this many padded new tokens (rows stay whole): activations of a
-# larger forward are allocated as fresh memory-mapped pages and pay their page faults in every layer, so 8192 tokens
-# in one forward took 7.4-8.3 s against 6.0 s in four (SmolLM2-135M, 2 cores). GPUs run the batch in one forward.
+# On CPU a prefill batch runs in forwards of at most this many padded new tokens (rows stay whole): a larger forward's
+# activations are fresh memory-mapped pages that pay their page faults in every layer (docs/engine.md).
 CPU_PREFILL_FORWARD_TOKENS = 2048
 
 
@@ -351,7 +350,7 @@ class Scheduler:
     ) -> tuple[torch.Tensor, list[LayerKV], list[torch.Tensor] | None]:
         """`run_prefill` of the rows, in consecutive groups of at most `CPU_PREFILL_FORWARD_TOKENS` padded new
         tokens on CPU (one forward elsewhere); each row gets what one forward gives it, to rounding."""
-        if self.model.device.type != "cpu" or len(rows) == 1:
+        if all_logits or self.model.device.type != "cpu":  # all_logits: one row (`_admit`)
             return run_prefill(self.model, rows, all_logits=all_logits, routing=routing)
         logits, layers, routed = [], [], []
         for group in _forward_groups(rows, CPU_PREFILL_FORWARD_TOKENS):
