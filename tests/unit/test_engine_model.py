@@ -31,3 +31,19 @@ def test_bf16_tensors_are_cast_and_bad_tensors_refused(tied: EngineModel) -> Non
     with pytest.raises(ValueError, match=r"^model.norm.weight: shape \(63,\) does not match \(64,\)$"):
         tied.load_weights([("model.norm.weight", torch.zeros(63))])
     assert tied.get_weights_by_name("nope") is None
+
+
+def test_receive_target_is_the_parameter_only_where_loading_would_copy(tied: EngineModel) -> None:
+    cpu, norm = torch.device("cpu"), tied.model.model.norm.weight
+    target = tied.receive_target("model.norm.weight", torch.float32, (64,), cpu)
+    assert target is not None and target.data_ptr() == norm.data_ptr() and target.shape == norm.shape
+    refused = {
+        "other dtype (load casts)": ("model.norm.weight", torch.bfloat16, (64,), cpu),
+        "other shape (load refuses)": ("model.norm.weight", torch.float32, (63,), cpu),
+        "other device": ("model.norm.weight", torch.float32, (64,), torch.device("meta")),
+        "unknown name": ("model.layers.9.mlp.up_proj.weight", torch.float32, (64,), cpu),
+        "skipped suffix": ("model.layers.0.self_attn.rotary_emb.inv_freq", torch.float32, (64,), cpu),
+        "tied head (the embedding)": ("lm_head.weight", torch.float32, (256, 64), cpu),
+    }
+    for what, args in refused.items():
+        assert tied.receive_target(*args) is None, what

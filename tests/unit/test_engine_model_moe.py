@@ -44,3 +44,14 @@ def test_bad_expert_names_and_shapes_are_refused(models: tuple[Path, Path]) -> N
     with pytest.raises(ValueError, match=r"experts\.1\.down_proj\.weight: shape \(32, 64\) does not match \(64, 32\)"):
         engine.load_weights([("model.layers.0.mlp.experts.1.down_proj.weight", torch.zeros(32, 64))])
     assert engine.get_weights_by_name("model.layers.0.mlp.experts.9.down_proj.weight") is None
+
+
+def test_an_expert_projection_is_received_into_its_view_of_the_fused_tensor(models: tuple[Path, Path]) -> None:
+    engine = EngineModel(models[0])
+    fused = engine.model.model.layers[0].mlp.experts
+    cpu = torch.device("cpu")
+    up = engine.receive_target("model.layers.0.mlp.experts.5.up_proj.weight", torch.float32, (32, 64), cpu)
+    assert up is not None and up.data_ptr() == fused.gate_up_proj[5, 32:].data_ptr()
+    down = engine.receive_target("model.layers.0.mlp.experts.2.down_proj.weight", torch.float32, (64, 32), cpu)
+    assert down is not None and down.data_ptr() == fused.down_proj[2].data_ptr()
+    assert engine.receive_target("model.layers.0.mlp.experts.8.gate_proj.weight", torch.float32, (32, 64), cpu) is None

@@ -24,7 +24,7 @@ from userrl_megatron.server.model import EngineModel
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import PAUSE_MODES, Request, Scheduler, engine_failed
 from userrl_megatron.server.threads import DaemonPool, start_daemon, wait_bounded
-from userrl_megatron.server.weights import receive_weights
+from userrl_megatron.server.weights import Destination, receive_weights
 from userrl_megatron.sync.bucket import FlatBuffer
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.sync.handles import Segments, decode_payload
@@ -404,17 +404,16 @@ class EngineCore:
         entry = self.groups.get(group_name)
 
         def update() -> tuple[bool, str]:
+            if entry is None:
+                return False, (
+                    f"Group {group_name} not in {list(self.groups)}. Please call `init_weights_update_group` first."
+                )
             try:
-                if entry is None:
-                    raise AssertionError(
-                        f"Group {group_name} not in {list(self.groups)}. Please call `init_weights_update_group` first."
-                    )
                 device = torch.device("cpu") if entry[1] == "gloo" else self.model.device
                 buffer = self._receive_buffers.setdefault(str(device), FlatBuffer(device))
-                weights = receive_weights(entry[0], names, dtypes, shapes, load_format, device, buffer)
-            except Exception as e:
-                return False, f"Failed to receive weights: {e}"
-            try:
+                weights = receive_weights(
+                    entry[0], names, dtypes, shapes, load_format, device, buffer, self._receive_target(device)
+                )
                 self.model.load_weights(weights)
             except Exception as e:
                 return False, (
@@ -431,6 +430,10 @@ class EngineCore:
             return True, "Succeeded to update parameter online."
 
         return await self._on_scheduler(update, needs_idle=True)
+
+    def _receive_target(self, device: torch.device) -> Destination:
+        """Where a per-tensor update on `device` lands: the model's own memory when loading it would copy it."""
+        return lambda name, dtype, shape: self.model.receive_target(name, dtype, shape, device)
 
     async def update_weights_from_tensor(
         self,

@@ -149,6 +149,19 @@ class EngineModel:
                 loaded += 1
         return loaded
 
+    def receive_target(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
+    ) -> torch.Tensor | None:
+        """The memory an incoming `name` can be received into directly (its parameter, or one expert's view of
+        the fused tensor): only where `load_weights` would make a plain copy of it (same dtype, shape and device,
+        contiguous); None otherwise, also for names it would skip or refuse."""
+        if name.endswith(SKIPPED_SUFFIXES) or (self.spec.tie_word_embeddings and name == "lm_head.weight"):
+            return None
+        target = self._tensor_of(name)
+        if target is None or (target.dtype, tuple(target.shape), target.device) != (dtype, shape, device):
+            return None
+        return target if target.is_contiguous() else None
+
     def missing_tensors(self, names: Iterable[str]) -> list[str]:
         """The model's parameters a checkpoint with tensors `names` would leave as they are (for fused MoE
         experts: unless every expert's projections are named), in the model's order."""
