@@ -27,6 +27,7 @@ from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import EngineError, SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.ports import free_port
+from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed
@@ -313,6 +314,18 @@ def test_weight_updates_over_gloo_both_formats(server: ServerProcess, models: tu
             await client.begin_weight_update()
             with pytest.raises(EngineError, match="Please call `init_weights_update_group` first"):
                 await client.update_weights_from_distributed(["lm_head.weight"], ["float32"], [[99, 64]], "gone")
+            port = free_port()
+            _, group = await asyncio.gather(  # a group that exists, and an update it cannot receive: SGLang's message
+                client.init_weights_update_group("127.0.0.1", port, 1, 2, "g-bad", "gloo"),
+                asyncio.to_thread(init_custom_process_group, "gloo", f"tcp://127.0.0.1:{port}", 2, 0, "g-bad"),
+            )
+            refused = r"^/update_weights_from_distributed: Failed to update parameter online: unsupported load_format "
+            with pytest.raises(EngineError, match=refused + r"'safetensors'.* are partially updated\."):
+                await client.update_weights_from_distributed(
+                    ["model.norm.weight"], ["float32"], [[64]], "g-bad", load_format="safetensors"
+                )
+            await client.destroy_weights_update_group("g-bad")
+            destroy_custom_process_group(group)
             await client.end_weight_update()
             return outs
 
