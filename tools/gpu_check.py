@@ -19,6 +19,8 @@ project's own modules in one process of its own (world size 1: NCCL on CUDA, glo
   logprob_mismatch  the engine's log-probs of sampled tokens against the actor's
   throughput        output tokens/s at 32 concurrent requests (and at one)
   release_resume    the engine releases its weights and KV cache (device memory freed) and resumes (same output)
+  train_largest     the engine stopped, the largest random Qwen3 (1.7B, 4B or 8B shapes) whose training the plan
+                    fits in the free device memory: tokens/s and MFU of its training steps, its peak beside the plan
 
 then `tests/gpu` (pytest, in a process of its own). Each phase has a time budget; a phase that raises is recorded
 (type, message, the last traceback lines) and the next one runs (phases that need what it would have made are

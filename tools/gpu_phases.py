@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -105,7 +106,7 @@ def phase_plan(smoke: Smoke, r: Record) -> None:
     cfg = load_config([], overrides, command="gpu-check")
     plan = plan_run(cfg)
     training = row_held(plan, "training")
-    actor_training = sum(v for k, v in training.items() if k.startswith("actor "))
+    actor_training = actor_share(training)
     engine = engine_memory(smoke.arch, cfg.rollout, cfg.model.dtype, cfg.plan)
     smoke.plan = {
         "training_bytes": sum(training.values()),
@@ -126,6 +127,11 @@ def phase_plan(smoke: Smoke, r: Record) -> None:
         f"training peak {gib(plan.phase_bytes().get('training'))} of which actor {gib(actor_training)}; "
         f"weight sync {gib(plan.phase_bytes().get('weight sync'))}"
     )
+
+
+def actor_share(training: dict[str, int]) -> int:
+    """The actor's bytes of the plan's training phase (weights, grads, optimizer, activations, logits)."""
+    return sum(v for k, v in training.items() if k.startswith("actor "))
 
 
 def phase_actor_vs_hf(smoke: Smoke, r: Record) -> None:
@@ -546,6 +552,85 @@ def phase_release_resume(smoke: Smoke, r: Record) -> None:
     r.summary = summary
 
 
+def phase_train_largest(smoke: Smoke, r: Record) -> None:
+    """The largest of `sizes.largest` whose training the plan fits in the device memory left once the engine and
+    the smaller actor are gone, randomly initialised, trained in the phases' dtype: tokens/s and MFU."""
+    import bench_train
+    import torch
+
+    from tests.support.tiny_models import tiny_config
+    from userrl_megatron.config import load_config
+    from userrl_megatron.config.schema import ModelConfig
+    from userrl_megatron.plan import plan_run
+
+    if smoke.server is not None:  # the last phase that needs it is done: its memory goes to the actor
+        smoke.server.stop(timeout_s=60)
+        smoke.server = None
+    smoke.actor = None
+    gc.collect()
+    if smoke.cuda:
+        torch.cuda.empty_cache()
+    folders, planned = {}, {}
+    for name, fields in smoke.sizes.largest:
+        folders[name] = smoke.work / "largest" / name
+        tiny_config("qwen3", **fields).save_pretrained(folders[name])  # config.json only: Megatron initialises
+        cfg = load_config([], smoke.layout_overrides(folders[name]), command="gpu-check")
+        planned[name] = actor_share(row_held(plan_run(cfg), "training"))
+    free = smoke.device_free()
+    name = largest_fitting(planned, free)
+    r.figure(device_free_bytes=free, planned_actor_bytes=planned)
+    if not r.check("a_candidate_fits", name is not None, f"free {gib(free)}, plans {planned}"):
+        return
+    folder, s = folders[name], smoke.sizes
+    if smoke.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    baseline = smoke.allocated()
+    actor = build_actor(ModelConfig(path=str(folder), dtype=s.dtype), smoke, load_weights=False)
+    try:
+        batch = bench_train.make_batch(actor.arch.vocab_size, s.episodes, s.seq_len, seed=7)
+        steps = [actor.train_step(batch) for _ in range(3)]  # the first one warms up
+        smoke.synchronize()
+        measured = torch.cuda.max_memory_allocated() - (baseline or 0) if smoke.cuda else None
+        arch = actor.arch
+    finally:
+        del actor
+        gc.collect()
+    times = [m["actor/step_time_s"] for m in steps]
+    step_s = statistics.median(times[1:])
+    tokens = sum(len(t) for t in batch.token_ids)
+    flops = bench_train.model_flops(arch, [len(t) for t in batch.token_ids])
+    peak, peak_source = bench_train.gpu_peak(s.dtype) if smoke.cuda else (None, "no device peak on CPU")
+    r.figure(
+        model=name,
+        parameters=arch.num_parameters,
+        dtype=s.dtype,
+        tokens_per_step=tokens,
+        step_times_s=times,
+        tokens_per_s=tokens / step_s,
+        model_tflops_per_s=flops / step_s / 1e12,
+        mfu=flops / step_s / peak if peak else None,
+        peak_source=peak_source,
+        measured_peak_bytes=measured,
+    )
+    r.check("finite_losses", all(math.isfinite(m["actor/loss"]) for m in steps))
+    r.summary = f"{name}, {arch.num_parameters / 1e6:,.1f}M parameters, {s.dtype}: {tokens / step_s:,.0f} tokens/s"
+    if peak:
+        r.summary += f", MFU {flops / step_s / peak:.1%}"
+    if measured is not None:
+        r.check("plan_covers_training_peak", measured <= planned[name], vs_plan(measured, planned[name]))
+        r.summary += f"; peak {gib(measured)}, plan {gib(planned[name])}"
+
+
+LARGEST_SHARE_OF_FREE = 0.9  # the plan's actor share against the free device memory: room for the allocator's slack
+
+
+def largest_fitting(planned: dict[str, int], free: int | None) -> str | None:
+    """The last (largest) candidate whose planned bytes fit `LARGEST_SHARE_OF_FREE` of `free` (any, with no
+    device memory to fit: the CPU)."""
+    fitting = [name for name, nbytes in planned.items() if free is None or nbytes <= LARGEST_SHARE_OF_FREE * free]
+    return fitting[-1] if fitting else None
+
+
 SMOKE: list[Phase] = [
     Phase("environment", (), phase_environment),
     Phase("model", (), phase_model),
@@ -559,6 +644,7 @@ SMOKE: list[Phase] = [
     Phase("logprob_mismatch", ("actor", "server"), phase_logprob_mismatch),
     Phase("throughput", ("server",), phase_throughput),
     Phase("release_resume", ("server",), phase_release_resume),
+    Phase("train_largest", (), phase_train_largest),
 ]
 MADE_BY = {"model_dir": "model", "actor": "train", "server": "engine_start"}
 PHASE_NAMES = [p.name for p in SMOKE] + ["tests_gpu"]

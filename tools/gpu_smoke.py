@@ -38,6 +38,7 @@ class Sizes:
     mismatch_requests: int
     mismatch_new_tokens: int
     read_rows: int  # rows of every tensor read back after the sync
+    largest: tuple[tuple[str, dict[str, Any]], ...]  # train_largest's candidates, smallest first: (name, config)
     budget_s: dict[str, float]  # per phase
     total_budget_s: float  # no phase starts after this
     between_phases_s: float  # longest silence of the smoke process outside a phase (its start-up: imports)
@@ -54,6 +55,15 @@ QWEN3_03B = dict(  # Qwen3-0.6B's widths and vocabulary with 10 layers: 0.31B pa
     max_position_embeddings=4096,
     tie_word_embeddings=True,
 )
+QWEN3_WIDTHS = dict(vocab_size=151936, head_dim=128, num_key_value_heads=8, max_position_embeddings=4096)
+QWEN3_LARGEST = (  # Qwen3-1.7B, -4B and -8B's shapes, random
+    ("qwen3-1.7b", dict(QWEN3_WIDTHS, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                        num_attention_heads=16, tie_word_embeddings=True)),
+    ("qwen3-4b", dict(QWEN3_WIDTHS, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                      num_attention_heads=32, tie_word_embeddings=True)),
+    ("qwen3-8b", dict(QWEN3_WIDTHS, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                      num_attention_heads=32, tie_word_embeddings=False)),
+)  # fmt: skip
 QWEN3_TINY = dict(
     vocab_size=512,
     hidden_size=64,
@@ -83,6 +93,7 @@ SIZES = {
         mismatch_requests=4,
         mismatch_new_tokens=64,
         read_rows=4,
+        largest=QWEN3_LARGEST,
         budget_s=dict(
             environment=30,
             model=60,
@@ -96,6 +107,7 @@ SIZES = {
             logprob_mismatch=30,
             throughput=60,
             release_resume=45,
+            train_largest=120,
             tests_gpu=240,
         ),
         total_budget_s=480,
@@ -117,6 +129,7 @@ SIZES = {
         mismatch_requests=2,
         mismatch_new_tokens=8,
         read_rows=4,
+        largest=(("tiny", QWEN3_TINY), ("tiny-4-layers", dict(QWEN3_TINY, num_hidden_layers=4))),
         # The CPU run (CI, tests/unit/test_gpu_check.py) shares its cores with other work and spends no lent device
         # time: its bounds are for a hang only. Each phase took 0-11 s on 2 cores, the whole check about 45 s.
         budget_s=dict(
@@ -132,6 +145,7 @@ SIZES = {
             logprob_mismatch=600,
             throughput=600,
             release_resume=600,
+            train_largest=600,
             tests_gpu=600,
         ),
         total_budget_s=3600,
@@ -201,7 +215,7 @@ class Smoke:
         if self.server is not None:
             with contextlib.suppress(Exception):
                 self.server.stop(timeout_s=20)
-        if self.actor is not None:
+        if self.port:  # build_actor initialized the parallel state
             from userrl_megatron.megatron import parallel
 
             with contextlib.suppress(Exception):
@@ -232,13 +246,13 @@ class Smoke:
         s = self.sizes
         return MegatronConfig(micro_batch_tokens=s.micro_batch_tokens, lr=s.lr, adam_eps=1e-6)
 
-    def layout_overrides(self) -> list[str]:
+    def layout_overrides(self, model_dir: Path | None = None) -> list[str]:
         """The `userrl plan` overrides of the layout the phases use: one GPU shared by the actor and one
-        embedded engine (colocated, tensor-handle sync)."""
+        embedded engine (colocated, tensor-handle sync); the model of the `model` phase unless `model_dir`."""
         s = self.sizes
         device_gb = self._device_gib() if self.cuda else 80.0
         return [
-            f"model.path={self.model_dir}",
+            f"model.path={model_dir or self.model_dir}",
             f"model.dtype={s.dtype}",
             f"megatron.micro_batch_tokens={s.micro_batch_tokens}",
             f"rollout.max_prompt_tokens={s.seq_len // 2}",  # an episode of the training batch's length
@@ -287,9 +301,10 @@ class Smoke:
         return asyncio.run(go())
 
 
-def build_actor(model: Any, smoke: Smoke) -> Any:
+def build_actor(model: Any, smoke: Smoke, load_weights: bool = True) -> Any:
     """A `MegatronActor` as rank 0 of a world of one in this process (as tests/gpu and tests/distributed build it):
-    `parallel.initialize` (NCCL on CUDA, gloo and the CPU support on CPU; again: a new layout, same group)."""
+    `parallel.initialize` (NCCL on CUDA, gloo and the CPU support on CPU; again: a new layout, same group);
+    without `load_weights`, Megatron's random initialisation (a config-only model directory)."""
     from userrl_megatron.config.schema import AlgoConfig
     from userrl_megatron.megatron import cpu, parallel
     from userrl_megatron.ports import free_port
@@ -300,7 +315,7 @@ def build_actor(model: Any, smoke: Smoke) -> Any:
     if not smoke.port:
         smoke.port = free_port()
     parallel.initialize(smoke.megatron_config(), rank=0, world_size=1, master_port=smoke.port)
-    return MegatronActor(model, smoke.megatron_config(), AlgoConfig(), seed=0)
+    return MegatronActor(model, smoke.megatron_config(), AlgoConfig(), seed=0, load_weights=load_weights)
 
 
 def train_batch(seqs: list[list[int]]) -> Any:

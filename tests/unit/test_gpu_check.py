@@ -70,6 +70,11 @@ def test_every_phase_passes_on_the_cpu_and_reports_its_figures(tmp_path: Path, g
     assert figures("logprob_mismatch")["max_abs"] < 1e-4  # fp32 on both sides
     assert figures("throughput")["output_tokens"] == 4 * 8 and figures("throughput")["tokens_per_s"] > 0
     assert "same_greedy_output_after_resume" in checks("release_resume")
+    largest = figures("train_largest")  # no device memory to fit on the CPU: the largest candidate
+    assert largest["model"] == "tiny-4-layers" and list(largest["planned_actor_bytes"]) == ["tiny", "tiny-4-layers"]
+    assert largest["planned_actor_bytes"]["tiny"] < largest["planned_actor_bytes"]["tiny-4-layers"]
+    assert largest["tokens_per_step"] == 4 * 48 and len(largest["step_times_s"]) == 3 and largest["mfu"] is None
+    assert {"a_candidate_fits", "finite_losses"} <= checks("train_largest")
     tests = figures("tests_gpu")
     assert tests["tests"] > 0 and tests["skipped"] == tests["tests"]  # collected, and skipped without CUDA
     for suffix in (".log", ".engine.log", ".pytest.log"):
@@ -79,7 +84,7 @@ def test_every_phase_passes_on_the_cpu_and_reports_its_figures(tmp_path: Path, g
     ).stdout  # what docs/gpu.md's "Reports" gets
     rows = [line for line in section.splitlines() if line.startswith("| ") and "passed" in line]
     assert [row.split(" | ")[0][2:] for row in rows] == gpu_check.PHASE_NAMES
-    assert "- train: dtype float32" in section and "13 of 13 phases passed" in section
+    assert "- train: dtype float32" in section and "14 of 14 phases passed" in section
 
 
 @pytest.mark.parametrize("no_tests", [False, True])
@@ -92,7 +97,7 @@ def test_a_check_out_of_time_skips_every_phase_naming_why(tmp_path: Path, no_tes
     reasons = [p["reason"] for p in phases.values()]
     assert set(reasons[:-1]) == {"skipped: out of time"}
     assert reasons[-1] == ("skipped: --no-tests" if no_tests else "skipped: out of time")  # tests_gpu
-    assert "0 of 13 phases passed" in done.stdout
+    assert "0 of 14 phases passed" in done.stdout
 
 
 def test_the_phase_running_when_the_time_is_up_is_stopped_and_the_rest_skipped(
@@ -174,3 +179,14 @@ def test_the_training_peak_is_broken_down_by_the_sites_live_at_it(gpu_check: Mod
         (125, "megatron/core/transformer/mlp.py:120 forward"),
         (50, "elsewhere"),
     ]
+
+
+def test_train_largest_takes_the_largest_candidate_its_plan_fits(gpu_check: ModuleType) -> None:
+    phases = load_tool("gpu_phases")  # importable once gpu_check has put tools/ on the path
+    largest_fitting, share = phases.largest_fitting, phases.LARGEST_SHARE_OF_FREE
+    planned = {"1.7b": 54, "4b": 113, "8b": 193}
+    assert largest_fitting(planned, 137) == "4b"  # 113 <= 0.9 x 137
+    assert largest_fitting(planned, 78) == "1.7b"
+    assert largest_fitting(planned, int(113 / share) - 1) == "1.7b"
+    assert largest_fitting(planned, 50) is None
+    assert largest_fitting(planned, None) == "8b"  # nothing to fit: the CPU
