@@ -222,6 +222,50 @@ def test_prefix_cache_reuses_finished_turns(tiny_dir: Path, hf: torch.nn.Module)
         eng.close()
 
 
+def test_requests_arriving_together_prefill_a_shared_prompt_once(tiny_dir: Path, hf: torch.nn.Module) -> None:
+    """Requests that wait together and share their first tokens: the first is prefilled, the others wait one round
+    and reuse its KV (SGLang's in-batch prefix caching), each with the tokens of a fresh computation. A shared start
+    shorter than SHARED_PREFIX_TOKENS is computed by each."""
+    eng = LocalEngine.launch(str(tiny_dir), EmbeddedServerConfig(device="cpu", prefix_cache_tokens=4096))
+    spec = parse_sampling_params({"max_new_tokens": 8, "temperature": 0}, hf.config.vocab_size)
+    n = scheduler_module.SHARED_PREFIX_TOKENS
+    system = prompts(1, seed=11, low=30, high=31)[0]
+    tails = prompts(4, seed=12, low=3, high=9)
+    groups = {
+        "one prompt four times (a GRPO group)": [system] * 4,
+        "a shared system prompt": [system + tail for tail in tails],
+        "a shared start one token short": [[*system[: n - 1], 90 + i, *tail] for i, tail in enumerate(tails)],
+    }
+
+    async def together(batch: list[list[int]]) -> list[Request]:
+        await eng.core.pause_generation("in_place")  # every request waits before the first is taken
+        tasks = [asyncio.ensure_future(eng.core.generate(Request(p, spec))) for p in batch]
+        while eng.core.scheduler.counts() != (0, len(batch)):
+            await asyncio.sleep(0.01)
+        await eng.core.continue_generation()
+        done = await asyncio.gather(*tasks)
+        assert await eng.core.flush_cache() == (True, "")
+        return done
+
+    def common(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+    try:
+        cached = {}
+        for what, batch in groups.items():
+            done = run(together(batch))
+            for prompt, request in zip(batch, done, strict=True):
+                assert request.output_ids == hf_greedy(hf, prompt, 8), what
+            cached[what] = [r.cached_tokens for r in done]
+        assert cached["one prompt four times (a GRPO group)"] == [0, 29, 29, 29]
+        shared = groups["a shared system prompt"]
+        assert cached["a shared system prompt"] == [0] + [min(common(p, shared[0]), len(p) - 1) for p in shared[1:]]
+        assert min(cached["a shared system prompt"][1:]) >= 30
+        assert cached["a shared start one token short"] == [0, 0, 0, 0]
+    finally:
+        eng.close()
+
+
 def test_pause_modes(engine: LocalEngine, hf: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
     prompt = prompts(1, seed=9)[0]
     expected = hf_greedy(hf, prompt, 400)

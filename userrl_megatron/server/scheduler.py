@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,9 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 # On CPU a prefill batch runs in forwards of at most this many padded new tokens (rows stay whole): a larger forward's
 # activations are fresh memory-mapped pages that pay their page faults in every layer (docs/engine.md).
 CPU_PREFILL_FORWARD_TOKENS = 2048
+# A waiting request whose first uncached tokens, this many or more, are also those of a request taken into the same
+# prefill waits for the next round and reuses that one's KV (GRPO groups and shared system prompts; docs/engine.md).
+SHARED_PREFIX_TOKENS = 16
 
 
 @dataclass(eq=False)
@@ -262,25 +265,38 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Take waiting requests (up to the free rows and `max_prefill_tokens` of padded prefill) and prefill
-        them in one forward; a request that wants prompt log-probs goes alone."""
+        them in one forward; a request that wants prompt log-probs goes alone. A request sharing at least
+        `SHARED_PREFIX_TOKENS` uncached leading tokens with one taken is left for the next round: the prompt
+        of the one taken goes into the prefix cache after its prefill, and the other then computes only what
+        differs (SGLang's in-batch prefix caching)."""
         batch: list[tuple[Request, PrefillRow]] = []
-        while len(self._running) + len(batch) < self.max_running:
-            with self._cond:
-                if not self._waiting:
-                    break
-                request = self._waiting[0]
-                row = self._prefill_row(request)
-                if batch and (_wants_input(request) or _wants_input(batch[0][0])):
-                    break
-                new = max([len(row.tokens) - row.reused] + [len(r.tokens) - r.reused for _, r in batch])
-                if batch and new * (len(batch) + 1) > self.max_prefill_tokens:
-                    break  # the first prefill of an iteration always runs
-                self._waiting.popleft()
+        keys: dict[tuple[int, ...], int] = {}  # the shared-prefix key of each row taken -> its index in `batch`
+        shared: set[int] = set()  # rows taken whose prompt a request left waiting will reuse
+        with self._cond:
+            waiting = list(self._waiting)
+        for request in waiting:
+            if len(self._running) + len(batch) >= self.max_running:
+                break
+            row = self._prefill_row(request)
+            if batch and (_wants_input(request) or _wants_input(batch[0][0])):
+                break
+            key = self._share_key(request, row)
+            if key is not None and key in keys:
+                shared.add(keys[key])
+                continue
+            new = max([len(row.tokens) - row.reused] + [len(r.tokens) - r.reused for _, r in batch])
+            if batch and new * (len(batch) + 1) > self.max_prefill_tokens:
+                break  # the first prefill of an iteration always runs
+            if key is not None:
+                keys[key] = len(batch)
             batch.append((request, row))
+        taken = {id(request) for request, _ in batch}
+        with self._cond:
+            self._waiting = deque(r for r in self._waiting if id(r) not in taken)
         if not batch:
             return
         try:
-            self._prefill(batch)
+            self._prefill(batch, shared)
         except Exception as e:
             log.exception("prefill failed")
             left = [r for r, _ in batch if not r.finished and not self._is_running(r)]
@@ -311,7 +327,17 @@ class Scheduler:
     def _routes(self, request: Request) -> bool:
         return self.records_routing and request.return_routed_experts
 
-    def _prefill(self, batch: list[tuple[Request, PrefillRow]]) -> None:
+    def _share_key(self, request: Request, row: PrefillRow) -> tuple[int, ...] | None:
+        """Its tokens up to `SHARED_PREFIX_TOKENS` past what it reuses: requests with the same key would share
+        that many more once one of them is cached. None where it could not reuse them."""
+        end = row.reused + SHARED_PREFIX_TOKENS
+        if self.prefix.max_tokens <= 0 or _wants_input(request) or self._routes(request) or len(row.tokens) <= end:
+            return None
+        return tuple(row.tokens[:end])
+
+    def _prefill(self, batch: list[tuple[Request, PrefillRow]], shared: Collection[int] = ()) -> None:
+        """Prefill the batch, sample each row's first token; rows in `shared` leave their prompt's KV in the
+        prefix cache."""
         requests = [request for request, _ in batch]
         for request, row in batch:
             if request._generator is None and not request.sampling.greedy:
@@ -339,9 +365,9 @@ class Scheduler:
         if sampled:
             self._sample_and_check([requests[i] for i in sampled], logits[sampled])
         for i in sampled:
-            if requests[i].finished:
+            if requests[i].finished or i in shared:
                 self._store_prefix(requests[i], [(k.clone(), v.clone()) for k, v in layers[i]])
-            else:
+            if not requests[i].finished:
                 self._kv.insert(layers[i])
                 self._running.append(requests[i])
 
@@ -446,7 +472,8 @@ class Scheduler:
             request.on_finish(request)
 
     def _store_prefix(self, request: Request, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Offer a finished sequence's KV (it covers the first len(KV) of prompt + output) to the prefix cache."""
+        """Offer a sequence's KV (a finished one's, or a prompt others wait to reuse; it covers the first len(KV)
+        of prompt + output) to the prefix cache."""
         if self.prefix.max_tokens > 0:
             length = layers[0][0].shape[-2]
             self.prefix.store((request.input_ids + request.output_ids)[:length], layers)
