@@ -1,4 +1,5 @@
-"""Prefix cache: the KV of finished sequences, reused by later requests that start with the same tokens.
+"""Prefix cache: the KV of finished sequences (and of prompts others wait to reuse, `Scheduler._admit`), reused by
+later requests that start with the same tokens.
 
 Multi-turn rollouts resend the whole conversation every turn; with this cache a turn prefills only the tokens
 added since the previous turn (the environment's reply), like SGLang's radix cache. Entries are whole sequences
