@@ -148,9 +148,7 @@ class EngineModel:
         loaded = 0
         with torch.no_grad():
             for name, tensor in named_tensors:
-                if name.endswith(SKIPPED_SUFFIXES):
-                    continue
-                if self.spec.tie_word_embeddings and name == "lm_head.weight":
+                if self._skipped(name):
                     continue
                 param = self._tensor_of(name)
                 if param is None:
@@ -161,13 +159,17 @@ class EngineModel:
                 loaded += 1
         return loaded
 
+    def _skipped(self, name: str) -> bool:
+        """A tensor `load_weights` ignores: rotary caches, and the LM head when it is the tied embedding."""
+        return name.endswith(SKIPPED_SUFFIXES) or (self.spec.tie_word_embeddings and name == "lm_head.weight")
+
     def receive_target(
         self, name: str, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device
     ) -> torch.Tensor | None:
         """The memory an incoming `name` can be received into directly (its parameter, or one expert's view of
         the fused tensor): only where `load_weights` would make a plain copy of it (same dtype, shape and device,
         contiguous); None otherwise, also for names it would skip or refuse."""
-        if name.endswith(SKIPPED_SUFFIXES) or (self.spec.tie_word_embeddings and name == "lm_head.weight"):
+        if self._skipped(name):
             return None
         target = self._tensor_of(name)
         if target is None or (target.dtype, tuple(target.shape), target.device) != (dtype, shape, device):
