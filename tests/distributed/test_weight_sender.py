@@ -1,6 +1,7 @@
 """The trainer-side WeightSender against a real embedded engine server: several double-buffered buckets per
-push, buffers reused across pushes, large tensors broadcast from their own memory after the export (or every
-tensor packed), and the engine generating exactly with the pushed weights afterwards."""
+push, buffers reused across pushes, large tensors broadcast from their own memory after the export and buckets
+in the per-tensor format (or every tensor packed into flattened buckets), and the engine generating exactly with
+the pushed weights afterwards."""
 
 import asyncio
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from userrl_megatron.config.schema import EmbeddedServerConfig, SyncConfig
 from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.launch import launch_embedded
 from userrl_megatron.ports import free_port
-from userrl_megatron.sync.sender import EngineEndpoint, WeightSender
+from userrl_megatron.sync.sender import EARLY_SHARE, EngineEndpoint, WeightSender
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed
@@ -40,12 +41,14 @@ def _generate(url: str, prompt: list[int], n: int) -> tuple[list[int], str]:
     return asyncio.run(go())
 
 
-def _recorded(sender: WeightSender, events: list[tuple[str, str]]) -> None:
-    """Record in `events` when the sender sends a bucket and when it waits for one (each named by its first tensor)."""
+def _recorded(sender: WeightSender, events: list[tuple[str, str]], formats: list[tuple[str | None, int]]) -> None:
+    """Record in `events` when the sender sends a bucket and when it waits for one (each named by its first tensor),
+    and in `formats` each bucket's load format and bytes."""
     send, wait = sender._send, sender._wait
 
     def sending(packer: Any, version: int, previous: Any, clock: Any) -> Any:
         events.append(("send", packer.entries[0][0]))
+        formats.append((packer.load_format, packer.nbytes))
         return send(packer, version, previous, clock)
 
     def waiting(inflight: Any, clock: Any) -> None:
@@ -64,6 +67,16 @@ def _exported(
         yield name, tensor
 
 
+def _full_buckets(sizes: list[int], bucket_bytes: int) -> list[int]:
+    """The bytes of each bucket when every bucket is filled until the next tensor would not fit (one dtype)."""
+    buckets = [0]
+    for size in sizes:
+        if buckets[-1] and buckets[-1] + size > bucket_bytes:
+            buckets.append(0)
+        buckets[-1] += size
+    return buckets
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "packed"])
 def test_sender_pushes_buckets_and_the_engine_uses_them(tmp_path: Path, direct: bool) -> None:
     a = make_tiny_model("llama", tmp_path / "a", seed=0, tokenizer="char", **SHAPE)
@@ -78,7 +91,8 @@ def test_sender_pushes_buckets_and_the_engine_uses_them(tmp_path: Path, direct: 
         sender.connect("127.0.0.1", free_port())
         state = list(hf_b.state_dict().items())
         events: list[tuple[str, str]] = []
-        _recorded(sender, events)
+        formats: list[tuple[str | None, int]] = []
+        _recorded(sender, events, formats)
         metrics = sender.push(_exported(state, events), version=3)
         # The next bucket is exported while the previous one is on the wire: between a bucket's send and the wait
         # for it, tensors of the next bucket were exported (a sender that waited at once would export none).
@@ -94,6 +108,18 @@ def test_sender_pushes_buckets_and_the_engine_uses_them(tmp_path: Path, direct: 
         mlp = sum(t.numel() * 4 for n, t in state if ".mlp." in n)
         assert metrics["sync/direct_bytes"] == (mlp if direct else 0)
         assert metrics["sync/buckets"] > 2  # 1 MB buckets of a ~5 MB model: the double buffering is exercised
+        if direct:
+            # Every bucket in the per-tensor format (the engine receives each tensor into its parameter), and the
+            # first one sent as soon as it held an eighth of a bucket, the wire being idle (the embedding and q_proj:
+            # 363,520 bytes, where a full bucket would take k, v and o too). Later ones depend on the wire's timing.
+            assert {load_format for load_format, _ in formats} == {None}
+            packed = [t.numel() * t.element_size() for n, t in state if ".mlp." not in n]
+            first = next(sum(packed[:i]) for i in range(1, len(packed)) if sum(packed[:i]) * EARLY_SHARE >= 2**20)
+            assert formats[0][1] == first == 363_520
+        else:  # one flattened bucket each, sent when the next tensor would not fit
+            assert {load_format for load_format, _ in formats} == {"flattened_bucket"}
+            sizes = [t.numel() * t.element_size() for _, t in state]
+            assert [nbytes for _, nbytes in formats] == _full_buckets(sizes, 2**20)
         assert _generate(server.url, prompt, n) == (_greedy(hf_b, prompt, n), "3")
         sender.push(list(hf_a.state_dict().items()), version=4)  # the same buffers again
         assert _generate(server.url, prompt, n) == (_greedy(hf_a, prompt, n), "4")

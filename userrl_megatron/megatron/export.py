@@ -1,8 +1,9 @@
 """HF-named tensors from a sharded Megatron model: weight sync and HF export walk the same code.
 
 `export_plans` walks this rank's pipeline stage (all its virtual chunks), gathers the tensor-parallel
-parameters' shards onto tp_rank 0 of the stage (in flat batches: each other rank sends its packed batch into a
-buffer tp_rank 0 reuses from batch to batch, while tp_rank 0's own shards stay where they are) and hands out
+parameters' shards onto tp_rank 0 of the stage (in batches: each other rank sends every shard of a batch from its
+own memory into its place in a buffer tp_rank 0 reuses from batch to batch, while tp_rank 0's own shards stay
+where they are) and hands out
 each HF tensor as a `TensorPlan`: views of the shards (fused QKV and gate/up split, vocabulary padding cut by
 the family's rules, `Converter.plans`), never a rebuilt full tensor.
 Weight sync fills each plan straight into its place in the flat bucket: one copy per byte on TP=1 (parameter ->
@@ -36,8 +37,8 @@ def _detach(param: torch.nn.Parameter) -> torch.Tensor:
     return param.detach()
 
 
-# Tensor-parallel shards are gathered in flat batches of about this size: one collective per batch instead
-# of one per parameter (per-call overhead dominated the export of small and mid-size models on gloo).
+# Tensor-parallel shards are gathered in batches of about this size, each batch's transfers posted together
+# and awaited once (a blocking collective per parameter cost more than the bytes for small and mid-size models).
 GATHER_BATCH_BYTES = 16 * 1024 * 1024
 
 
@@ -74,24 +75,39 @@ class _Gather:
         return self._recv[: self.size * n] if self.receives else None
 
     def shards(self, tensors: list[torch.Tensor]) -> list[list[torch.Tensor]] | None:
-        """Every rank's `tensors` (rank order; each rank's list alike in shapes), on the receiving ranks. To rank
-        0 the other ranks send their packed batch, and rank 0's own shards are its tensors as they are: no copy."""
+        """Every rank's `tensors` (rank order; each rank's list alike in shapes), on the receiving ranks. The other
+        ranks send each tensor from its own memory into its place in a buffer rank 0 reuses, and rank 0's own
+        shards are its tensors as they are: no copy on either side of the transfer."""
         if self.everywhere:
             gathered = self(self.pack(tensors))
             assert gathered is not None
             n = gathered.numel() // self.size
             return [_views(gathered[r * n : (r + 1) * n], tensors) for r in range(self.size)]
         if not self.receives:
-            torch.distributed.send(self.pack(tensors), group=self.group, group_dst=0)
+            _wait_all(
+                [
+                    torch.distributed.P2POp(torch.distributed.isend, t.contiguous(), group=self.group, group_peer=0)
+                    for t in tensors
+                ]
+            )
             return None
         n = sum(t.numel() for t in tensors)
         self._recv = _room(self._recv, (self.size - 1) * n, tensors[0])
-        slots = [self._recv[(r - 1) * n : r * n] for r in range(1, self.size)]
-        pending = [torch.distributed.irecv(slot, group=self.group, group_src=r + 1) for r, slot in enumerate(slots)]
-        for work in pending:
-            assert work is not None
-            work.wait()
-        return [tensors] + [_views(slot, tensors) for slot in slots]
+        slots = [_views(self._recv[(r - 1) * n : r * n], tensors) for r in range(1, self.size)]
+        _wait_all(
+            [
+                torch.distributed.P2POp(torch.distributed.irecv, view, group=self.group, group_peer=r)
+                for r, views in enumerate(slots, start=1)
+                for view in views
+            ]
+        )
+        return [tensors, *slots]
+
+
+def _wait_all(ops: list[torch.distributed.P2POp]) -> None:
+    """Run point-to-point transfers together (one launch on NCCL) and wait for all of them."""
+    for work in torch.distributed.batch_isend_irecv(ops):
+        work.wait()
 
 
 def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:

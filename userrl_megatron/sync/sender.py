@@ -3,10 +3,12 @@
 The source rank of a pipeline stage joins a dedicated process group as rank 0 together with every engine rank
 (created once with `init_weights_update_group`), packs the stage's HF-named tensors into buckets of
 `sync.bucket_mb`, and for each bucket posts `update_weights_from_distributed` to every engine while it
-broadcasts the flat bucket. With `sync.direct`, a large HF tensor that is one contiguous piece of memory the
-export keeps (a parameter at TP 1: gate, up, o, down, the embedding) is not copied: after the export, such tensors
-go in batches sent in SGLang's per-tensor format, one broadcast from its own memory each. One bucket or batch is
-in flight at a time. Engines are paused and flushed by the caller.
+broadcasts the flat bucket. With `sync.direct` (the default), a large HF tensor that is one contiguous piece of
+memory the export keeps (a parameter at TP 1: gate, up, o, down, the embedding) is not copied: after the export,
+such tensors go in batches sent in SGLang's per-tensor format, one broadcast from its own memory each; the
+buckets go in that format too (one broadcast per tensor from its place in the bucket, which an engine can receive
+straight into its parameter), and one goes before it is full when the wire would otherwise idle. One bucket or
+batch is in flight at a time. Engines are paused and flushed by the caller.
 
 Defences against what real SGLang 0.5.23 does (docs/engine.md, "Tested against SGLang"):
 - it accepts a tensor name its model does not have, reports success and loads nothing: before the first push
@@ -50,9 +52,15 @@ READ_BACK_MAX_ELEMENTS = 2**24
 VOCAB_SIZED = ("embed_tokens", "lm_head", "word_embeddings", "output_layer")
 REFUSAL_GRACE_S = 30.0  # after a refusal, how long the other engines' replies to the same bucket are awaited
 NAME_CHECK_TIMEOUT_S = 600.0  # a live engine answers a name check, a busy one late: only a hang waits this long
-# A tensor goes on the wire from its own memory from this size on; smaller ones are packed (a broadcast per
-# small tensor would cost more in per-call latency, NCCL's above all, than the copy it saves).
+# A tensor goes on the wire from its own memory from this size on; smaller ones are copied into the buckets
+# (holding back many small tensors until the export ends would save copies of little worth). In the per-tensor
+# format each still takes a broadcast, whose per-call latency is small beside what that format saves: the
+# engine's copy of every byte of a flattened bucket.
 DIRECT_MIN_BYTES = 2**20
+# A bucket holding this share of `sync.bucket_mb` goes on the wire before it is full when nothing else is in
+# flight: the export's first bucket, or one exported slower than the previous one travels, does not leave the
+# wire idle while it fills (at most this many times the HTTP calls of full buckets).
+EARLY_SHARE = 8
 CONTROL_TIMEOUT_S = 60.0  # deadline of the cleanup calls (session end, group teardown), whose failure is only logged
 _ABANDONED: list[Any] = []  # groups with a broadcast nobody will finish: destroying them would block on it
 
@@ -86,14 +94,21 @@ class _InFlight:
     names: list[str]
     packer: "_Packer | None" = None  # holds the bucket's memory until every engine answered (tensor handles)
 
+    def landed(self) -> bool:
+        """The broadcast is done and every engine answered (without waiting)."""
+        return self.work.is_completed() and all(reply.done() for reply in self.replies)
+
 
 class _Packer:
-    """Fills one flat bucket, tensor by tensor, in SGLang's `flattened_bucket` layout (no padding)."""
+    """Fills one flat bucket, tensor by tensor, in SGLang's `flattened_bucket` layout (no padding).
 
-    load_format = "flattened_bucket"
+    It goes on the wire as one broadcast (`flattened_bucket`), or with `per_tensor` as one broadcast per tensor from
+    its place in the bucket (SGLang's per-tensor format): an engine receives each of those straight into its
+    parameter, where a flattened bucket lands in a buffer it then copies from."""
 
-    def __init__(self, buffer: FlatBuffer) -> None:
+    def __init__(self, buffer: FlatBuffer, per_tensor: bool = False) -> None:
         self.buffer = buffer
+        self.load_format = None if per_tensor else "flattened_bucket"
         self.entries: list[tuple[str, torch.dtype, list[int], int, int]] = []  # name, dtype, shape, start, end
         self.nbytes = 0
         self._flat: torch.Tensor | None = None
@@ -129,7 +144,11 @@ class _Packer:
         return [e[0] for e in self.entries], [dtype_name(e[1]) for e in self.entries], [e[2] for e in self.entries]
 
     def broadcast(self, group: dist.ProcessGroup | None) -> Any:
-        return dist.broadcast(self.flat(), group=group, group_src=0, async_op=True)
+        if self.load_format is not None:
+            return dist.broadcast(self.flat(), group=group, group_src=0, async_op=True)
+        flat = self.flat()
+        tensors = [(name, flat[start:end].view(dtype).view(shape)) for name, dtype, shape, start, end in self.entries]
+        return _Broadcasts([dist.broadcast(t, group=group, group_src=0, async_op=True) for _, t in tensors], tensors)
 
 
 class _Direct:
@@ -338,7 +357,8 @@ class WeightSender:
         loaded (the engine, answering in the HTTP thread): two buffers, one bucket in flight. With `sync.direct`,
         tensors that can go on the wire from their own memory (`direct_tensor`) are only referenced during the
         export and sent after it, in batches of up to `sync.bucket_mb`: the packing never shares the cores with
-        their broadcasts, and holding them costs no memory."""
+        their broadcasts, and holding them costs no memory. The buckets then go in the per-tensor format too, and a
+        bucket holding 1 / EARLY_SHARE of `sync.bucket_mb` is sent at once when nothing is in flight."""
         if not self._connected:
             raise RuntimeError(f"{type(self).__name__}.connect() must run before push()")
         if self._broken:
@@ -366,6 +386,13 @@ class WeightSender:
                     packer = self._new_packer(tally.packed)
                 with clock("pack"):
                     packer.add(name, tensor, bucket_bytes)
+                if (
+                    self.cfg.direct
+                    and packer.nbytes * EARLY_SHARE >= bucket_bytes
+                    and (inflight is None or inflight.landed())
+                ):
+                    inflight = self._send(tally.count(packer), version, inflight, clock)  # the wire would idle
+                    packer = self._new_packer(tally.packed)
             except (WeightNameCheckError, WeightUpdateRefusedError) as e:
                 failure = e
         try:
@@ -393,8 +420,9 @@ class WeightSender:
         }
 
     def _new_packer(self, index: int) -> "_Packer":
-        """The packer of bucket `index` (the two flat buffers alternate)."""
-        return _Packer(self._buffers[index % 2])
+        """The packer of bucket `index` (the two flat buffers alternate); with `sync.direct`, its tensors go on the
+        wire one by one from their place in it."""
+        return _Packer(self._buffers[index % 2], per_tensor=self.cfg.direct)
 
     def _send(
         self, batch: "_Packer | _Direct", version: int, previous: "_InFlight | None", clock: "_Clock"
