@@ -190,7 +190,7 @@ class AlgoConfig:
 class SyncConfig:
     enabled: bool = True  # push trained weights to the engines after each step (off = negative control)
     bucket_mb: int = 512  # bucket size of the broadcast
-    direct: bool = True  # broadcast large HF tensors that are one contiguous parameter from their memory, unpacked
+    direct: bool = True  # large contiguous HF tensors from their own memory; buckets in the per-tensor format
     method: str = "auto"  # weight transport: auto (tensor if rollout.colocate, else distributed), distributed, tensor
     verify: bool = False  # check every sync (engine weights read back vs the export); the first sync is always checked
 
