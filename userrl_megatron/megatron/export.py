@@ -3,9 +3,8 @@
 `export_plans` walks this rank's pipeline stage (all its virtual chunks), gathers the tensor-parallel
 parameters' shards onto tp_rank 0 of the stage (in batches: each other rank sends every shard of a batch from its
 own memory into its place in a buffer tp_rank 0 reuses from batch to batch, while tp_rank 0's own shards stay
-where they are) and hands out
-each HF tensor as a `TensorPlan`: views of the shards (fused QKV and gate/up split, vocabulary padding cut by
-the family's rules, `Converter.plans`), never a rebuilt full tensor.
+where they are) and hands out each HF tensor as a `TensorPlan`: views of the shards (fused QKV and gate/up split,
+vocabulary padding cut by the family's rules, `Converter.plans`), never a rebuilt full tensor.
 Weight sync fills each plan straight into its place in the flat bucket: one copy per byte on TP=1 (parameter ->
 bucket), the gather and one copy on TP>1. `export_hf` materializes the plans for callers that keep tensors
 (the HF directory, gradients in tests, checksums).

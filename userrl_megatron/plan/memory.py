@@ -262,9 +262,10 @@ def export_working_set(arch: Architecture, tp: int, dtype: str) -> int:
     """Device bytes the weight sync's export (`megatron/export.py`) holds beside the buckets it fills.
 
     TP 1: nothing (each HF tensor is copied from the parameters straight into its bucket, q, k and v as strided
-    copies of the fused QKV). TP > 1: one gather's reused buffers, the rank's flat batch of shards and the TP
-    batches gathered from the group (a batch is `EXPORT_GATHER_BYTES`, or one shard of the largest tensor when
-    that is larger); the HF tensors are filled from the gathered shards, never rebuilt whole."""
+    copies of the fused QKV). TP > 1: one gather's reused buffers, the rank's flat batch of shards (colocated
+    sync, where every rank gathers) and the TP batches gathered from the group (a batch is `EXPORT_GATHER_BYTES`,
+    or one shard of the largest tensor when that is larger); the HF tensors are filled from the gathered shards,
+    never rebuilt whole."""
     if tp == 1:
         return 0
     width = DTYPE_BYTES[dtype]
