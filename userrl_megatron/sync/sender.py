@@ -148,7 +148,7 @@ class _Packer:
             return dist.broadcast(self.flat(), group=group, group_src=0, async_op=True)
         flat = self.flat()
         tensors = [(name, flat[start:end].view(dtype).view(shape)) for name, dtype, shape, start, end in self.entries]
-        return _Broadcasts([dist.broadcast(t, group=group, group_src=0, async_op=True) for _, t in tensors], tensors)
+        return _Broadcasts.start(tensors, group)
 
 
 class _Direct:
@@ -176,9 +176,7 @@ class _Direct:
         )
 
     def broadcast(self, group: dist.ProcessGroup | None) -> "_Broadcasts":
-        return _Broadcasts(
-            [dist.broadcast(t, group=group, group_src=0, async_op=True) for _, t in self.entries], self.entries
-        )
+        return _Broadcasts.start(self.entries, group)
 
 
 class _Broadcasts:
@@ -187,6 +185,11 @@ class _Broadcasts:
     def __init__(self, works: list[Any], tensors: list[tuple[str, torch.Tensor]]) -> None:
         self._works = works
         self._tensors = tensors  # the memory on the wire stays alive until the last broadcast is done
+
+    @classmethod
+    def start(cls, tensors: list[tuple[str, torch.Tensor]], group: dist.ProcessGroup | None) -> "_Broadcasts":
+        """Broadcast each tensor from rank 0 of `group`, in order, without waiting."""
+        return cls([dist.broadcast(t, group=group, group_src=0, async_op=True) for _, t in tensors], tensors)
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self._works)
