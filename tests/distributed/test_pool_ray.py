@@ -23,6 +23,7 @@ from userrl_megatron.fleet.placement import create_placement, plan_bundles
 from userrl_megatron.fleet.pool import EngineSession, RolloutPool
 from userrl_megatron.rollout.chat import ChatTemplate
 from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
+from userrl_megatron.server import onednn
 from userrl_megatron.types import SamplingParams
 
 pytestmark = pytest.mark.distributed
@@ -100,7 +101,9 @@ def test_routing_pause_and_health_checks(
         async with RolloutPool(cfg, str(chatty), placement=placement, log_dir=tmp_path) as pool:
             assert "rollout pool: 0/2 embedded engines up, " in caplog.text  # a heartbeat while they start
             assert len(pool.urls) == 2 and len(set(pool.urls)) == 2
-            assert [(await server_info(url, pool.api_key))["cpu_threads"] for url in pool.urls] == [2, 2]
+            infos = [await server_info(url, pool.api_key) for url in pool.urls]
+            linear = "onednn" if onednn.available() else "torch"  # rollout.embedded.cpu_linear, through the launcher
+            assert [(i["cpu_threads"], i["cpu_linear"]) for i in infos] == [(2, linear), (2, linear)]
             assert pool.concurrency == 2 * cfg.max_concurrent_episodes
             a, b = pool.session("a"), pool.session("b")
             await asyncio.gather(a.generate(prompt, turn), b.generate(prompt, turn))

@@ -31,7 +31,8 @@ def launch_on(device: str, path: Path, **cfg: Any) -> tuple[LocalEngine, FakeCud
     """An engine on the CPU, or on the fake CUDA device (active on this thread while it loads, and on its
     scheduler thread from then on)."""
     if device == "cpu":
-        return LocalEngine.launch(str(path), EmbeddedServerConfig(device="cpu", **cfg)), None
+        # torch's own linear, as on the fake device (whose tensors are CPU ones): the same kernels on both sides
+        return LocalEngine.launch(str(path), EmbeddedServerConfig(device="cpu", cpu_linear="torch", **cfg)), None
     cuda = FakeCuda()
     with cuda:
         engine = LocalEngine.launch(str(path), EmbeddedServerConfig(device="cuda", **cfg))

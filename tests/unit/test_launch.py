@@ -184,6 +184,7 @@ def test_embedded_server_command() -> None:
         "--max-prefill-tokens", "8192",
         "--prefix-cache-tokens", "0",
         "--random-seed", "0",
+        "--cpu-linear", "onednn",
         "--health-check-timeout", "20.0",
         "--control-timeout", "30.0",
         "--max-request-bytes", "67108864",

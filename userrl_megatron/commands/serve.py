@@ -33,6 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
         "prefix_cache_tokens": args.prefix_cache_tokens,
         "random_seed": args.random_seed,
         "threads": args.threads,
+        "cpu_linear": args.cpu_linear,
         "enable_return_routed_experts": args.enable_return_routed_experts or None,
         "health_check_timeout_s": args.health_check_timeout,
         "control_timeout_s": args.control_timeout,
@@ -163,6 +164,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (0 disables)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores)")
     p.add_argument("--random-seed", type=int, help="seed of sampled requests without sampling_seed")
+    p.add_argument(
+        "--cpu-linear", choices=("onednn", "torch"), help="what runs float32 linear layers on CPU (default onednn)"
+    )
     p.add_argument(
         "--enable-return-routed-experts",
         action="store_true",

@@ -23,6 +23,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sft.lr_schedule": ("constant", "linear", "cosine"),
     "rollout.backend": ("embedded", "sglang"),
     "rollout.sglang.device": ("auto", "cpu", "cuda"),
+    "rollout.embedded.cpu_linear": ("onednn", "torch"),
     "rollout.router": ("none", "sglang"),
     "rollout.reply_without_tool_call": ("", "end", "action"),
     "rollout.mode": ("sync", "one_step_off"),

@@ -98,6 +98,7 @@ class EmbeddedServerConfig:
     prefix_cache_tokens: int = 16384  # tokens of finished sequences whose KV is kept for reuse (0 disables)
     random_seed: int = 0  # seed of sampled requests that carry no sampling_seed
     threads: int = 0  # torch CPU threads of an engine; 0 = cores / num_engines (half in one_step_off; Ray gave 1)
+    cpu_linear: str = "onednn"  # float32 linear layers on CPU: "onednn" (faster at decode's row counts) or "torch"
     enable_return_routed_experts: bool = False  # MoE: /generate may return routed_experts (SGLang flag of that name)
     health_check_timeout_s: float = 20.0  # /health answers 503 when no forward completes within this time
     startup_timeout_s: float = 300.0  # how long to wait for a launched server's /health_generate to answer 200

@@ -218,6 +218,7 @@ def embedded_server_command(
         "--max-prefill-tokens", str(cfg.max_prefill_tokens),
         "--prefix-cache-tokens", str(cfg.prefix_cache_tokens),
         "--random-seed", str(cfg.random_seed),
+        "--cpu-linear", cfg.cpu_linear,
         "--health-check-timeout", str(cfg.health_check_timeout_s),
         "--control-timeout", str(cfg.control_timeout_s),
         "--max-request-bytes", str(cfg.max_request_bytes),

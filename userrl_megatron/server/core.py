@@ -72,7 +72,7 @@ class EngineCore:
         self.cfg = cfg
         self.model_path = model_path
         self.served_model_name = served_model_name or model_path
-        self.model = EngineModel(model_path, dtype, resolve_device(cfg.device), cfg.context_length)
+        self.model = EngineModel(model_path, dtype, resolve_device(cfg.device), cfg.context_length, cfg.cpu_linear)
         self.scheduler = Scheduler(
             self.model,
             cfg.max_running_requests,
@@ -636,6 +636,7 @@ class EngineCore:
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
             "cpu_threads": torch.get_num_threads(),
+            "cpu_linear": self.model.cpu_linear,
             "context_length": self.model.spec.context_length,
             "max_running_requests": self.cfg.max_running_requests,
             "max_prefill_tokens": self.cfg.max_prefill_tokens,

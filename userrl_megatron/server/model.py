@@ -21,11 +21,12 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from userrl_megatron.attention_backends import SDPA_BACKENDS
-from userrl_megatron.server import attention
+from userrl_megatron.server import attention, onednn
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_LINEAR = ("onednn", "torch")  # what runs float32 linear layers on CPU (`rollout.embedded.cpu_linear`)
 # Checkpoint entries that are buffers or derived values, skipped by SGLang's loaders as well.
 SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 EXPERT_NAME = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
@@ -56,11 +57,20 @@ def _contiguous_input(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[A
 class EngineModel:
     """A transformers model on one device, in eval mode, with its tokenizer (when the directory has one)."""
 
-    def __init__(self, path: str | Path, dtype: str = "float32", device: str = "cpu", context_length: int = 0):
+    def __init__(
+        self,
+        path: str | Path,
+        dtype: str = "float32",
+        device: str = "cpu",
+        context_length: int = 0,
+        cpu_linear: str = "onednn",
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if cpu_linear not in CPU_LINEAR:
+            raise ValueError(f"cpu_linear must be one of {', '.join(CPU_LINEAR)}, got {cpu_linear!r}")
         self.dtype = DTYPES[dtype]
         attention.register()
         model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, attn_implementation=attention.NAME)
@@ -69,6 +79,11 @@ class EngineModel:
         # Where the weights landed ("cuda" -> "cuda:0"): every tensor and generator of the engine is made here.
         self.device = next(self.model.parameters()).device
         self.model.requires_grad_(False)
+        # What runs the float32 linear layers on CPU: "onednn" where asked for and available, else torch's own.
+        onednn_wanted = cpu_linear == "onednn" and self.device.type == "cpu" and self.dtype == torch.float32
+        self.cpu_linear = "onednn" if onednn_wanted and onednn.available() else "torch"
+        if self.cpu_linear == "onednn":
+            onednn.route_linears(self.model)
         self.tokenizer: Any = None
         if (Path(path) / "tokenizer_config.json").is_file() or (Path(path) / "tokenizer.json").is_file():
             self.tokenizer = AutoTokenizer.from_pretrained(path)
