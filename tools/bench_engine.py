@@ -21,7 +21,8 @@ Reported per backend, thread count and concurrency: tokens/s, TTFT mean / p50 / 
 (the old target: >= 4x at 32 on 2 CPU cores); per thread count and concurrency, embedded / SGLang for tokens/s
 (target: >= 1, the embedded engine never slower) and for TTFT (<= 1 is the embedded engine answering first).
 `matmul` is the machine's fp32 matmul rate, measured in this process before any server starts, on the thread count
-the servers get (torch.mm of two `--matmul-size` square matrices, `--matmul-count` in a row, best of 5 such runs);
+the servers get (two `--matmul-size` square matrices, `--matmul-count` products in a row, best of 5 such runs, with
+torch.mm and with oneDNN's matmul where available: the faster kernel's rate);
 each level's `matmul_share` is its decode rate in FLOP/s (2 x the model's matmul parameters per generated token,
 counted from its HF config: the tied embedding once, as the LM head; attention's own FLOPs not counted) as a share
 of that rate (target: >= 0.7 at concurrency 32).
@@ -36,6 +37,9 @@ profiles as many with torch.profiler on the scheduler thread and splits a step's
 attention, other ops and Python, the sampler, and the scheduler's own work (KV-cache bookkeeping, Python):
 
     python tools/bench_engine.py --profile-decode --concurrency 32 --out runs/profile_decode.json
+
+`--cpu-linear torch` runs the embedded engine's float32 linear layers on torch's own kernel instead of oneDNN's
+(`rollout.embedded.cpu_linear`), for an A/B of the two.
 """
 
 import argparse
@@ -56,14 +60,23 @@ MATMUL_TRIALS = 5
 MIN_KV_TOKENS = 16384
 # What the JSON keeps of each server's /server_info (the keys it has).
 SERVER_KEYS = (
-    "cpu_threads", "max_running_requests", "max_prefill_tokens", "prefix_cache_tokens", "attention_backend",
-    "max_total_num_tokens", "chunked_prefill_size", "sampling_backend", "disable_radix_cache", "version",
+    "cpu_threads", "cpu_linear", "max_running_requests", "max_prefill_tokens", "prefix_cache_tokens",
+    "attention_backend", "max_total_num_tokens", "chunked_prefill_size", "sampling_backend", "disable_radix_cache",
+    "version",
 )  # fmt: skip
 TTFT_METHOD = (
     "client-side: from sending POST /generate (stream: true, stream_interval = max_new_tokens) to reading the first "
     "server-sent event that carries an output token; every turn of every episode of the level"
 )
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
+MATMUL_OPS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::matmul",
+    "aten::linear",
+    "mkldnn::_linear_pointwise",
+)
 
 
 @dataclass(frozen=True)
@@ -184,6 +197,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--min-episodes", type=int, default=4, help="episodes at each level (at least c)")
     parser.add_argument("--threads", type=int, nargs="+", default=[0], help="server CPU threads (0: every core)")
+    parser.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn", help="the embedded engine's")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens every turn generates (ignore_eos)")
     parser.add_argument("--matmul-size", type=int, default=2048)
@@ -203,24 +217,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def measure_matmul(threads: int, size: int, count: int, trials: int = MATMUL_TRIALS) -> dict:
-    """The best of `trials` runs of `count` fp32 `size` x `size` matmuls on `threads` torch threads."""
+    """The best of `trials` runs of `count` fp32 `size` x `size` matmuls on `threads` torch threads, for each CPU
+    kernel the engine may use (torch's `mm`; oneDNN's, where available); the machine's rate is the faster one."""
     import torch
+
+    from userrl_megatron.server import onednn
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    kernels = {"torch.mm": lambda: torch.mm(a, b)}
+    if onednn.available():
+        kernels["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+    rates = {}
     try:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        torch.mm(a, b)  # warm-up
-        best = math.inf
-        for _ in range(trials):
-            start = time.perf_counter()
-            for _ in range(count):
-                torch.mm(a, b)
-            best = min(best, time.perf_counter() - start)
+        for name, kernel in kernels.items():
+            kernel()  # warm-up
+            best = math.inf
+            for _ in range(trials):
+                start = time.perf_counter()
+                for _ in range(count):
+                    kernel()
+                best = min(best, time.perf_counter() - start)
+            rates[name] = matmul_rate(size, count, best)
     finally:
         torch.set_num_threads(previous)
-    return {"threads": threads, "size": size, "count": count, "best_seconds": best,
-            "flops_per_s": matmul_rate(size, count, best)}  # fmt: skip
+    return {"threads": threads, "size": size, "count": count, "kernels_flops_per_s": rates,
+            "flops_per_s": max(rates.values())}  # fmt: skip
 
 
 async def stream_turn(session: Any, url: str, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
@@ -305,7 +328,7 @@ def start_server(backend: str, path: str, threads: int, kv: int, args: argparse.
     if backend == "embedded":
         cfg = EmbeddedServerConfig(
             device="cpu", max_running_requests=running, threads=threads, prefix_cache_tokens=kv,
-            startup_timeout_s=args.startup_timeout,
+            startup_timeout_s=args.startup_timeout, cpu_linear=args.cpu_linear,
         )  # fmt: skip
         return launch_embedded(path, cfg, args.port, "float32", log_path=log), {"log": str(log)}
     sglang = SGLangConfig(
@@ -464,7 +487,8 @@ def profile_decode(args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(path)
     if threads:
         torch.set_num_threads(threads)  # as `userrl serve --threads`
-    engine = LocalEngine.launch(path, EmbeddedServerConfig(device="cpu", max_running_requests=rows), "float32")
+    cfg = EmbeddedServerConfig(device="cpu", max_running_requests=rows, cpu_linear=args.cpu_linear)
+    engine = LocalEngine.launch(path, cfg, "float32")
     scheduler = engine.core.scheduler
 
     def labelled(label: str, fn: Any) -> Any:
@@ -520,6 +544,7 @@ def profile_decode(args: argparse.Namespace) -> dict:
         "model": args.model,
         "rows": rows,
         "threads": torch.get_num_threads(),
+        "cpu_linear": engine.core.model.cpu_linear,
         "steps_profiled": profiled,
         "step_ms_unprofiled": plain_s * 1000.0 / plain_steps,
         "step_ms_profiled": wall * 1000.0 / profiled,  # the scheduler loop's wall time a step, profiler on
