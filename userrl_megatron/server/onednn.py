@@ -2,10 +2,10 @@
 
 torch runs a float32 `linear` on CPU as a BLAS sgemm (MKL in the x86 wheels); at the row counts of decoding (one
 to a few hundred rows against each weight matrix) oneDNN's matmul, the kernel torch already uses for bfloat16 on
-CPU, is faster: on the project's 2-core machine a SmolLM2-135M decode step at 32 rows took 101-109 ms instead of
-140-145 ms (docs/benchmarks.md). The weights stay the module's own parameters, unpacked: a weight update written
-into a parameter is what the next forward reads, and read-back is unchanged. The results differ from torch's
-only in the order of the sums (about 1e-5 relative in float32).
+CPU, is faster: on the project's 2-core machine SmolLM2-135M generated 1.3-1.4x the tokens/s (docs/benchmarks.md).
+The weights stay the module's own parameters, unpacked: a weight update written into a parameter is what the next
+forward reads, and read-back is unchanged. The results differ from torch's only in the order of the sums (about
+1e-5 relative in float32).
 """
 
 import functools
