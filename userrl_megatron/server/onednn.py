@@ -10,7 +10,6 @@ forward reads, and read-back is unchanged. The results differ from torch's only 
 
 import functools
 import platform
-from typing import Any
 
 import torch
 
@@ -25,21 +24,15 @@ def available() -> bool:
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    weight = module.weight
-    if x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() == 0 or torch.is_grad_enabled():
-        return torch.nn.functional.linear(x, weight, module.bias)
-    rows = x.reshape(-1, x.shape[-1])
-    out = torch.ops.mkldnn._linear_pointwise(rows, weight, module.bias, "none", [], "")
-    return out.view(*x.shape[:-1], weight.shape[0])
+    if x.dtype != torch.float32 or x.numel() == 0 or torch.is_grad_enabled():
+        return torch.nn.functional.linear(x, module.weight, module.bias)
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), module.weight, module.bias, "none", [], "")
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def route_linears(model: torch.nn.Module) -> int:
-    """Send every float32 `nn.Linear` of `model` on CPU through oneDNN (other inputs still take torch's own
-    `linear`); returns how many were routed."""
-    routed = 0
+def route_linears(model: torch.nn.Module) -> None:
+    """Send every float32 `nn.Linear` of `model` (on CPU) through oneDNN; other inputs still take torch's own
+    `linear`."""
     for module in model.modules():
-        weight: Any = getattr(module, "weight", None)
-        if type(module) is torch.nn.Linear and weight.dtype == torch.float32 and weight.device.type == "cpu":
+        if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32:
             module.forward = functools.partial(_forward, module)  # type: ignore[method-assign]
-            routed += 1
-    return routed
