@@ -25,7 +25,10 @@ the servers get (two `--matmul-size` square matrices, `--matmul-count` products 
 torch.mm and with oneDNN's matmul where available: the faster kernel's rate);
 each level's `matmul_share` is its decode rate in FLOP/s (2 x the model's matmul parameters per generated token,
 counted from its HF config: the tied embedding once, as the LM head; attention's own FLOPs not counted) as a share
-of that rate (target: >= 0.7 at concurrency 32).
+of that rate (target: >= 0.7 at concurrency 32). `matmul[].ceiling` is what that share could be at most with these
+kernels: the model's own weight matrices (every layer's q, k, v, o, gate, up and down, then the LM head; each its own
+tensor, as in the model, so none is still in cache when it is read again) multiplied by 32 rows, best of 5 passes,
+per kernel; its `share` is that rate over the machine's (dense models only: a mixture of experts reports none).
 
     python tools/bench_engine.py --backend embedded sglang --concurrency 1 8 32 128 --out runs/bench_engine_peer.json
     python tools/bench_engine.py --out runs/bench_engine.json  # the embedded engine alone, concurrency 1 and 32
@@ -57,6 +60,7 @@ from typing import Any
 FEEDBACK = "\nThe user says: that is not quite right, try again and be more specific.\n"
 BACKENDS = ("embedded", "sglang")
 MATMUL_TRIALS = 5
+SHARE_AT = 32  # the concurrency whose matmul share has the target, and the rows of the ceiling's matmuls
 MIN_KV_TOKENS = 16384
 # What the JSON keeps of each server's /server_info (the keys it has).
 SERVER_KEYS = (
@@ -136,6 +140,16 @@ def matmul_share(tokens_per_s: float, flops_per_token: float, matmul_flops_per_s
     return tokens_per_s * flops_per_token / matmul_flops_per_s
 
 
+def linear_shapes(arch: Any) -> list[tuple[int, int]] | None:
+    """(out, in) of every weight matrix a decoded token is multiplied with, in the model's order (each layer's q, k,
+    v, o, gate, up, down, then the LM head); None for a mixture of experts, whose experts share a row count."""
+    if arch.is_moe:
+        return None
+    h, f = arch.hidden_size, arch.ffn_hidden_size
+    q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    return [(q, h), (kv, h), (kv, h), (h, q), (f, h), (f, h), (h, f)] * arch.num_layers + [(arch.vocab_size, h)]
+
+
 def kv_tokens(max_concurrency: int, longest_episode: int) -> int:
     """KV-cache tokens each server gets (SGLang's `--max-total-tokens`, the embedded prefix cache): twice what the
     largest level's episodes hold at their end, at least MIN_KV_TOKENS."""
@@ -176,7 +190,7 @@ def annotate(levels: list[dict], matmul: dict[int, float], flops_per_token: floa
         r["matmul_share"] = matmul_share(r["tokens_per_s"], flops_per_token, matmul[r["threads"]])
 
 
-def targets(levels: Sequence[dict], peers: Sequence[dict], share_at: int = 32) -> dict:
+def targets(levels: Sequence[dict], peers: Sequence[dict], share_at: int = SHARE_AT) -> dict:
     """Whether the embedded engine was never slower than SGLang, and each backend's matmul share at `share_at`."""
     shares: dict[str, dict[str, float]] = {}
     for r in levels:
@@ -221,29 +235,61 @@ def measure_matmul(threads: int, size: int, count: int, trials: int = MATMUL_TRI
     kernel the engine may use (torch's `mm`; oneDNN's, where available); the machine's rate is the faster one."""
     import torch
 
-    from userrl_megatron.server import onednn
-
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size), torch.randn(size, size)
-    kernels = {"torch.mm": lambda: torch.mm(a, b)}
-    if onednn.available():
-        kernels["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
     rates = {}
     try:
-        for name, kernel in kernels.items():
-            kernel()  # warm-up
+        for name, kernel in cpu_kernels().items():
+            kernel(a, b)  # warm-up
             best = math.inf
             for _ in range(trials):
                 start = time.perf_counter()
                 for _ in range(count):
-                    kernel()
+                    kernel(a, b)
                 best = min(best, time.perf_counter() - start)
             rates[name] = matmul_rate(size, count, best)
     finally:
         torch.set_num_threads(previous)
     return {"threads": threads, "size": size, "count": count, "kernels_flops_per_s": rates,
             "flops_per_s": max(rates.values())}  # fmt: skip
+
+
+def cpu_kernels() -> dict[str, Any]:
+    """The fp32 matmul kernels the embedded engine may run on CPU, as `kernel(a, b)` = a @ b.T."""
+    import torch
+
+    from userrl_megatron.server import onednn
+
+    kernels: dict[str, Any] = {"torch.mm": lambda a, b: torch.mm(a, b.t())}
+    if onednn.available():
+        kernels["onednn"] = lambda a, b: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+    return kernels
+
+
+def measure_ceiling(shapes: list[tuple[int, int]], rows: int, threads: int, trials: int = MATMUL_TRIALS) -> dict:
+    """The best of `trials` passes of `rows` rows through fp32 weight matrices of `shapes` on `threads` threads, for
+    each kernel: the FLOP/s of a decode step that would be nothing but its matmuls."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    weights = [torch.randn(out, inp) for out, inp in shapes]
+    inputs = {inp: torch.randn(rows, inp) for inp in {inp for _, inp in shapes}}
+    seconds = {}
+    try:
+        for name, kernel in cpu_kernels().items():
+            best = math.inf
+            for _ in range(trials + 1):  # the first pass warms up
+                start = time.perf_counter()
+                for w in weights:
+                    kernel(inputs[w.shape[1]], w)
+                best = min(best, time.perf_counter() - start)
+            seconds[name] = best
+    finally:
+        torch.set_num_threads(previous)
+    flops = 2.0 * rows * sum(out * inp for out, inp in shapes)
+    return {"rows": rows, "kernels_seconds": seconds, "flops_per_s": flops / min(seconds.values())}
 
 
 async def stream_turn(session: Any, url: str, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
@@ -402,7 +448,11 @@ async def main(args: argparse.Namespace) -> dict:
     kv = kv_tokens(max(args.concurrency), longest)
     default_threads = torch.get_num_threads()  # what a server given 0 threads runs on (torch's default)
     matmul = [measure_matmul(t or default_threads, args.matmul_size, args.matmul_count) for t in args.threads]
+    shapes = linear_shapes(arch)
     for t, m in zip(args.threads, matmul, strict=True):
+        if shapes is not None:
+            ceiling = measure_ceiling(shapes, SHARE_AT, t or default_threads)
+            m["ceiling"] = ceiling | {"share": ceiling["flops_per_s"] / m["flops_per_s"]}
         print(json.dumps({"matmul": m, "for_threads": t}), flush=True)
     levels, servers = [], []
     for threads in args.threads:  # one server per backend and thread count (0: every core)

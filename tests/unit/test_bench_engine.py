@@ -55,6 +55,23 @@ def test_matmul_rate_parameters_and_share() -> None:
     assert bench.matmul_share(200.0, 2.0 * tied, 2.0 * 134_515_008 * 1000) == 0.2
 
 
+def test_ceiling_multiplies_the_models_own_matrices() -> None:
+    shapes = bench.linear_shapes(Architecture.from_hf_config(SMOLLM2))
+    assert len(shapes) == 30 * 7 + 1 and shapes[:7] == [
+        (576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)
+    ] and shapes[-1] == (49152, 576)  # fmt: skip
+    norms = 30 * 2 * 576 + 576  # two RMSNorm weights a layer and the final one: the only parameters left out
+    assert sum(o * i for o, i in shapes) == 134_515_008 - norms
+    moe = SMOLLM2 | {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+    assert bench.linear_shapes(Architecture.from_hf_config(moe)) is None
+
+    ceiling = bench.measure_ceiling([(64, 32), (32, 64)], rows=4, threads=1, trials=2)
+    assert ceiling["rows"] == 4 and set(ceiling["kernels_seconds"]) <= {"torch.mm", "onednn"}
+    assert "torch.mm" in ceiling["kernels_seconds"]
+    fastest = min(ceiling["kernels_seconds"].values())
+    assert ceiling["flops_per_s"] == 2.0 * 4 * (64 * 32 + 32 * 64) / fastest
+
+
 def test_kv_budget_holds_twice_the_largest_levels_episodes() -> None:
     assert bench.kv_tokens(128, 254) == 65_024
     assert bench.kv_tokens(8, 254) == bench.MIN_KV_TOKENS == 16_384
