@@ -334,10 +334,10 @@ def phase_weight_sync(smoke: Smoke, r: Record) -> None:
         torch.cuda.reset_peak_memory_stats()
     try:
         metrics = sender.push(actor.export_hf_weights(), version=1)
+        smoke.synchronize()
+        after = smoke.allocated()  # a GPU sender gives its segments back at the end of each push
     finally:
         sender.close()
-    smoke.synchronize()
-    after = smoke.allocated()
     peak = torch.cuda.max_memory_allocated() - (before or 0) if smoke.cuda else None
 
     async def read() -> tuple[str, dict[str, Any]]:

@@ -1,9 +1,9 @@
 """Colocated weight sync (`TensorSender`, SGLang's `/update_weights_from_tensor`) on both backends: buckets of
 mixed dtypes handed over as shared-memory handles, read back bit-exact by name, generation with the new weights,
-the weight version, the sender's two shared-memory segments reused across pushes and removed when it closes; the
-refusals both backends share. Real SGLang 0.5.23
-dies on a wrong shape or an unknown load format on this path (the embedded server refuses those instead:
-tests/e2e/test_server_http.py), so no test here sends one."""
+the weight version, the sender's two shared-memory segments reused across pushes (as a GPU sender's: dropped after
+each) and removed when it closes; the refusals both backends share. Real SGLang 0.5.23 dies on a wrong shape or an
+unknown load format on this path (the embedded server refuses those instead: tests/e2e/test_server_http.py), so no
+test here sends one."""
 
 import base64
 import os
@@ -57,6 +57,9 @@ def test_buckets_through_handles_load_bit_exact_through_reused_segments(
     assert our_segments() - before == kept  # written in place again, no new file
     assert metrics["sync/buckets"] == 3  # each tensor alone: 1 MB buckets, and the dtype changes between them
     assert metrics["sync/bytes"] == sum(t.numel() * t.element_size() for t in changed.values())
+    sender.keep_segments = False  # a GPU sender's: the segments last one push, dropped after `end_weight_update`
+    sender.push(list(changed.items()), version=12)
+    assert our_segments() == before
     got = run(read_back(engine.url, list(changed), rows=4))
     for name, tensor in changed.items():
         assert torch.equal(got[name], tensor[:4].float()), name
@@ -71,7 +74,7 @@ def test_buckets_through_handles_load_bit_exact_through_reused_segments(
             hf.get_parameter(name).copy_(tensor.float())
     prompt = chat_ids(smol_dir)
     generation = run(generate())
-    assert generation.output_ids == hf_greedy(hf, prompt, 4) and generation.weight_version == "11"
+    assert generation.output_ids == hf_greedy(hf, prompt, 4) and generation.weight_version == "12"
 
 
 def test_whole_model_in_one_bucket_reads_back(engine: Engine, hf: Any) -> None:

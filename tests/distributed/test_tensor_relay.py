@@ -50,6 +50,9 @@ def _rank(rank: int, world: int, port: int, urls: list[str], state_file: str) ->
             out["bad"] = str(e)
         out["metrics"] = sender.push(state, version=5)
         out["kept"] = len(_segments() - before)  # the two alternating segments, kept for the next push
+        sender.keep_segments = False  # a GPU sender's: both members drop them once the engines closed the push
+        sender.push(state, version=6)
+        out["kept_one_push"] = len(_segments() - before)
     finally:
         sender.close()
         out["left"] = sorted(_segments() - before)
@@ -84,7 +87,8 @@ def test_two_ranks_hand_each_engine_its_own_copy(tmp_path: Path) -> None:
     assert metrics["sync/bytes"] == sum(t.numel() * t.element_size() for _, t in state)
     assert metrics["sync/buckets"] >= 4 and metrics["sync/handles_from_peers"] == metrics["sync/buckets"]
     assert (source["kept"], peer["kept"]) == (2, 2)
+    assert (source["kept_one_push"], peer["kept_one_push"]) == (0, 0)
     assert source["left"] == [] and peer["left"] == []  # closing the sender removed its files
     for version, got in read_back:
-        assert version == "5"
+        assert version == "6"
         assert all(torch.equal(torch.tensor(got[n]), t[:2]) for n, t in state)

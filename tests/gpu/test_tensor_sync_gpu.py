@@ -1,6 +1,7 @@
 """Colocated weight sync on one GPU (skipped without CUDA): `TensorSender` hands an embedded engine on the same
 GPU CUDA IPC handles (device named by UUID) through `/update_weights_from_tensor`; the weights read back
-bit-exact and the sender's bucket memory is given back once the engine answered. The CPU twin of this test is
+bit-exact, and after each push the sender's two segments are given back (the engine closed its handles at
+`/end_weight_update`), so a second push allocates them again and frees them again. The CPU twin of this test is
 tests/conformance/test_tensor_sync.py (shared-memory files instead of IPC handles, every other line the same)."""
 
 import asyncio
@@ -34,9 +35,11 @@ def test_cuda_ipc_buckets_load_bit_exact_and_are_freed(tmp_path: Path) -> None:
         gc.collect()  # garbage of earlier tests in this process, collected during the push, would read as freed
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
-        metrics = sender.push(state, version=3)
-        torch.cuda.synchronize()
-        assert torch.cuda.memory_allocated() == before  # every bucket dropped after its answer
+        assert not sender.keep_segments  # on GPU the segments last one push
+        for version in (2, 3):
+            metrics = sender.push(state, version=version)
+            torch.cuda.synchronize()
+            assert torch.cuda.memory_allocated() == before  # both segments freed once the engine closed them
         assert metrics["sync/bytes"] == sum(t.numel() * t.element_size() for _, t in state)
         assert metrics["sync/buckets"] >= 3 and "sync/broadcast_s" not in metrics  # 1 MiB buckets
 

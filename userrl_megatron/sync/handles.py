@@ -9,11 +9,12 @@ engine answers:
   strategy is): an unrelated process (the engine server) can map it, where a file descriptor could only be
   passed to a child process.
 
-Persistent segments. The sender keeps its bucket memory across buckets and pushes; on CPU it holds a shared
-`flock` on each of its files for as long as it keeps it (`hold`), and removes the file's name itself when it lets
-go (`retire`). An engine keeps what it mapped of such a file (`Segments`), so later payloads naming it map nothing
-(torch's `shared_cache` returns the live storage); it lets go of a segment a push did not use (the sender grew
-it) and of one whose lock nobody holds any more (the sender is gone: the engine removes the name). A file's
+Persistent segments. The sender keeps its bucket memory across buckets and, on CPU, across pushes (on GPU it
+gives it back after each push: `tensor_sender.py`). On CPU it holds a shared `flock` on each of its files for as
+long as it keeps it (`hold`), and removes the file's name itself when it lets go (`retire`). An engine keeps what
+it mapped (`Segments`), so later payloads naming it map nothing (torch's `shared_cache` returns the live
+storage); it lets go of a segment a push did not use (the sender grew it), of every CUDA segment when the push
+ends, and of a file whose lock nobody holds any more (the sender is gone: the engine removes the name). A file's
 memory goes with its last mapping. Segments are registered by name (`SEGMENT_REGISTRY`), and a sender that starts
 removes those nobody holds (`sweep_segments`): torch's `torch_shm_manager` would remove them once every process
 that registered them exited, but Ray kills it with the actor.
@@ -215,7 +216,8 @@ class Segments:
             self._used.add(handle)
 
     def keep_cuda(self, key: tuple[bytes, int], storage: torch.UntypedStorage) -> None:
-        """Keep an opened CUDA IPC storage (torch keys its cache by handle and offset)."""
+        """Keep an opened CUDA IPC storage until the push ends (torch keys its cache by handle and offset): the
+        sender frees its GPU segments after each push, and memory a consumer keeps open cannot be freed."""
         with self._lock:
             self._kept[key] = storage
             self._used.add(key)
@@ -227,10 +229,10 @@ class Segments:
 
     def end_push(self) -> None:
         """After a push: remove dead senders' files, then let go of what the push did not read (the sender grew or
-        dropped it)."""
+        dropped it) and of every CUDA storage (the sender drops its GPU segments now)."""
         self.reap()
         with self._lock:
-            for key in [k for k in self._kept if k not in self._used]:
+            for key in [k for k in self._kept if k not in self._used or not isinstance(k, bytes)]:
                 del self._kept[key]
             self._used.clear()
 

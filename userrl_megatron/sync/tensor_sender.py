@@ -8,7 +8,10 @@ broadcast path (SGLang's `flattened_bucket` layout), but each bucket lives in me
 rank naming that memory. The engine copies the tensors into its weights and answers. Buckets alternate between two
 segments kept across buckets and pushes (`SharedBuffer`), and one bucket is in flight while the next is packed, so
 a segment is written again only after every engine answered for the bucket in it; the embedded engine keeps its
-mapping of each segment (`handles.Segments`), so nothing is created, mapped or removed per bucket.
+mapping of each segment (`handles.Segments`), so nothing is created, mapped or removed per bucket. On CPU the
+segments stay from push to push. On GPU they last one push: once the engines closed the push's handles
+(`/end_weight_update`) the segments are dropped and their device memory goes back to rollout and training, which
+on a colocated GPU need it more than the next push needs to skip two allocations and two IPC opens.
 
 Which memory an engine TP rank maps: engine TP rank j of an engine whose first device is d sits on device d + j;
 actor rank r sits on device r (`fleet/placement.py`). When that actor rank belongs to the stage (whatever its TP,
@@ -156,6 +159,7 @@ class TensorSender(WeightSender):
         self.holders = payload_holders(engines, peers.ranks if peers else [0])
         self.mine = sum(row.count(self.rank) for row in self.holders)  # payloads this member makes per bucket
         self._segments = (SharedBuffer(self.device), SharedBuffer(self.device))  # alternate, as `_buffers`
+        self.keep_segments = self.device.type == "cpu"  # across pushes; on GPU one push only (module docstring)
         if self.device.type == "cpu" and (swept := sweep_segments()):
             log.info("removed %d shared-memory segments of senders that are gone: %s", len(swept), swept)
 
@@ -198,9 +202,14 @@ class TensorSender(WeightSender):
         if state.failure is not None:
             self._end_sessions()
             raise state.failure
+        try:
+            if self.source:
+                self._all(lambda c: c.end_weight_update())
+        finally:
+            if not state.stopped and not self.keep_segments:
+                self._give_back_segments()
         if not self.source:
             return {}
-        self._all(lambda c: c.end_weight_update())
         self._names_checked = True
         seconds = clock.elapsed()
         return {
@@ -307,6 +316,15 @@ class TensorSender(WeightSender):
     def _end_sessions(self) -> None:
         if self.source:
             super()._end_sessions()
+
+    def _give_back_segments(self) -> None:
+        """After the engines' `end_weight_update` (members wait for the source's word): drop both segments, whose
+        memory nobody maps any more, so that it is freed now."""
+        if self.peers:
+            self.peers.announce(None)
+        self._release_segments()
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # CUDA IPC memory a consumer had open is freed here, once it closed it
 
     def _release_segments(self) -> None:
         for segment in self._segments:
