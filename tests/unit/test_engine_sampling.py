@@ -1,6 +1,6 @@
 """The embedded engine's batched sampler (`server/sampling.py`): the distribution it draws from, the tokens top-k,
 top-p and min-p keep (against a per-row reference), greedy rows, seeded rows that do not depend on their batch,
-a row that fails alone, and one device-to-host copy a step."""
+a row that fails alone, and one device-to-host copy a step and no op that waits for the GPU inside it."""
 
 import math
 from typing import Any
@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.support.fake_cuda import CUDA, FakeCuda
 from userrl_megatron.server.sampling import (
@@ -364,3 +365,40 @@ def test_one_step_copies_to_the_host_once() -> None:
     assert list(out.failed) == [4]
     assert str(out.failed[4]) == "Expected a 'cuda' device type for generator but found 'cpu'"
     assert all(0 <= t < vocab for t in out.tokens) and out.tokens[5] == int(logits[5].argmax())
+
+
+class WaitingOps(TorchDispatchMode):
+    """Records the ops whose CUDA kernels read device values on the host before they return (a synchronisation
+    that no copy in Python shows): the accumulating index_put_ (CUDA's sorting kernel checks the indices' range
+    with `.item()`), nonzero and what is built on it, `item`."""
+
+    WAITING = ("aten.nonzero", "aten.masked_select", "aten._local_scalar_dense", "aten.unique", "aten.repeat_interleave")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = str(func)
+        accumulate = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
+        if name.startswith(self.WAITING) or (name.startswith("aten.index_put") and accumulate):
+            self.seen.append(name)
+        return func(*args, **kwargs)
+
+
+def test_a_step_calls_no_op_that_waits_for_the_device() -> None:
+    vocab = 40
+    params = {"temperature": 0.8, "top_k": 10, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.2,
+              "frequency_penalty": 0.5, "presence_penalty": 0.3, "logit_bias": {"3": 1.0, "7": -2.0}}  # fmt: skip
+    sampled, greedy = parse_sampling_params(params, vocab), parse_sampling_params({"temperature": 0.0}, vocab)
+    rows = [
+        SampleRow(sampled if i < 4 else greedy, [1, 2, 2], torch.Generator().manual_seed(i) if i % 2 else None, (4,))
+        for i in range(6)
+    ]
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(0))
+    edited = logits.clone()
+    with WaitingOps() as ops:
+        out = sample(edited, rows, top_logprobs=2)
+    assert ops.seen == [] and not out.failed
+    assert torch.equal(edited[:4, [3, 7]], (logits[:4, [3, 7]] + torch.tensor([1.0, -2.0])))  # no penalty on 3, 7

@@ -329,9 +329,9 @@ def _edit_logits(
         picked = logits[rows, ids]
         picked = torch.where(picked > 0, picked / repetition, picked * repetition)
         logits[rows, ids] = picked - frequency * penalized[:, 2].to(logits.dtype) - presence
-    if biased.shape[0]:
-        index = (biased[:, 0].long(), biased[:, 1].long())
-        logits.index_put_(index, biased[:, 2].to(logits.dtype), accumulate=True)
+    if biased.shape[0]:  # unique (row, id) pairs: a plain indexed add (CUDA's accumulating index_put_ syncs)
+        rows, ids = biased[:, 0].long(), biased[:, 1].long()
+        logits[rows, ids] += biased[:, 2].to(logits.dtype)
     if banned.shape[0]:
         logits[banned[:, 0].long(), banned[:, 1].long()] = float("-inf")
 
