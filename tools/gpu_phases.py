@@ -333,7 +333,7 @@ def phase_weight_sync(smoke: Smoke, r: Record) -> None:
     if smoke.cuda:
         torch.cuda.reset_peak_memory_stats()
     try:
-        metrics = sender.push(actor.export_hf_weights(), version=1)
+        metrics = sender.push(actor.export_hf_plans(), version=1)  # as `MegatronWorker.push_weights` does
         smoke.synchronize()
         after = smoke.allocated()  # a GPU sender gives its segments back at the end of each push
     finally:

@@ -1,6 +1,6 @@
 """The embedded engine on a device that is not the default one, on a CPU-only machine (`tests/support/fake_cuda.py`):
-every kind of request gives the tokens and log-probs of the same engine on the CPU; and the health rule counts
-requests that got tokens, not forwards."""
+every kind of request gives the tokens and log-probs of the same engine on the CPU, and a tensor-handle update waits
+for its copies before it answers; the health rule counts requests that got tokens, not forwards."""
 
 import asyncio
 from collections.abc import Iterator
@@ -17,6 +17,9 @@ from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.server.local import LocalEngine
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import Request
+from userrl_megatron.sync.handles import flattened_bucket, serialize
+from userrl_megatron.sync.sender import _Packer
+from userrl_megatron.sync.tensor_sender import SharedBuffer, bucket_entries
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"
@@ -178,6 +181,35 @@ def test_batched_decoding_prefix_reuse_and_weight_release_on_another_device(tiny
     finally:
         close(cuda, guard)
         cpu.close()
+
+
+def test_a_tensor_update_on_the_device_waits_for_its_copies(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine on a GPU answers a tensor-handle update only after its copies out of the sender's segment ran: the
+    sender writes the next bucket but one there as soon as it has the answer."""
+    waited: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(torch.device(device)))
+    engine, guard = launch_on("cuda", tiny_dir)
+    name = "model.norm.weight"
+    value = torch.full(tuple(engine.core.model.model.get_parameter(name).shape), 0.5)
+    buffer = SharedBuffer("cpu")
+    packer = _Packer(buffer)  # type: ignore[arg-type]
+    packer.add(name, value, 1 << 20)
+    payload = serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries)))
+
+    async def update() -> tuple[bool, str]:
+        await engine.core.begin_weight_update()
+        try:
+            return await engine.core.update_weights_from_tensor([payload], "flattened_bucket", flush_cache=False)
+        finally:
+            await engine.core.end_weight_update()
+
+    try:
+        assert asyncio.run(update()) == (True, "Success")
+        assert waited == [CUDA]
+        assert torch.equal(engine.core.model.model.get_parameter(name).detach(), value)
+    finally:
+        close(engine, guard)
+        buffer.release()
 
 
 # ---- the health rule ----

@@ -372,7 +372,13 @@ class WaitingOps(TorchDispatchMode):
     that no copy in Python shows): the accumulating index_put_ (CUDA's sorting kernel checks the indices' range
     with `.item()`), nonzero and what is built on it, `item`."""
 
-    WAITING = ("aten.nonzero", "aten.masked_select", "aten._local_scalar_dense", "aten.unique", "aten.repeat_interleave")
+    WAITING = (
+        "aten.nonzero",
+        "aten.masked_select",
+        "aten._local_scalar_dense",
+        "aten.unique",
+        "aten.repeat_interleave",
+    )
 
     def __init__(self) -> None:
         super().__init__()

@@ -215,19 +215,6 @@ def test_segments_are_reused_and_the_engine_maps_each_once() -> None:
         buffer.release()
 
 
-def test_the_engine_keeps_a_cuda_segment_until_the_push_ends() -> None:
-    # A GPU sender frees its segments after each push, and CUDA IPC memory stays allocated while a consumer has it
-    # open: the engine lets go of every CUDA storage at `/end_weight_update`, even one the push read.
-    segments = handles.Segments()
-    storage = torch.UntypedStorage(16)  # stands for an opened IPC storage: `Segments` keeps it by (handle, offset)
-    segments.keep_cuda((b"handle", 0), storage)
-    alive = reductions.StorageWeakRef(storage)
-    del storage
-    assert not alive.expired()  # kept between the buckets of a push
-    segments.end_push()
-    assert alive.expired()
-
-
 def test_no_segment_is_left_after_the_engine_is_killed() -> None:
     before = our_segments()
     engine, buffer = EngineProcess(), SharedBuffer("cpu")

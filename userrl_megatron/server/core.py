@@ -445,8 +445,8 @@ class EngineCore:
     ) -> tuple[bool, str]:
         """SGLang's colocated path: this engine's payload (entry 0; it is TP rank 0) names tensors in memory the
         sender shares (`sync/handles.py`); they are mapped and copied into the weights before the answer, and the
-        mapping of a sender's persistent segment is kept for its next pushes (`Segments`). Where SGLang 0.5.23's
-        server dies (a payload it cannot read, an unknown load format, a wrong shape) this one refuses."""
+        mapping of a sender's persistent shared-memory file is kept for its next pushes (`Segments`). Where SGLang
+        0.5.23's server dies (a payload it cannot read, an unknown load format, a wrong shape) this one refuses."""
         if self._session is None:
             return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
         if abort_all_requests:
@@ -456,6 +456,8 @@ class EngineCore:
             try:
                 named = decode_payload(serialized_named_tensors, load_format, 0, self.payload_limit, self.segments)
                 self.model.load_weights(named)
+                if self.model.device.type == "cuda":  # the copies out of the sender's segment have run before
+                    torch.cuda.synchronize(self.model.device)  # the answer lets the sender write there again
             except Exception as e:
                 return False, f"Failed to update parameter online: {e}"
             if weight_version is not None:

@@ -12,10 +12,12 @@ engine answers:
 Persistent segments. The sender keeps its bucket memory across buckets and, on CPU, across pushes (on GPU it
 gives it back after each push: `tensor_sender.py`). On CPU it holds a shared `flock` on each of its files for as
 long as it keeps it (`hold`), and removes the file's name itself when it lets go (`retire`). An engine keeps what
-it mapped (`Segments`), so later payloads naming it map nothing (torch's `shared_cache` returns the live
-storage); it lets go of a segment a push did not use (the sender grew it), of every CUDA segment when the push
-ends, and of a file whose lock nobody holds any more (the sender is gone: the engine removes the name). A file's
-memory goes with its last mapping. Segments are registered by name (`SEGMENT_REGISTRY`), and a sender that starts
+it mapped of such a file (`Segments`), so later payloads naming it map nothing (torch's `shared_cache` returns the
+live storage); it lets go of a segment a push did not use (the sender grew it) and of one whose lock nobody holds
+any more (the sender is gone: the engine removes the name). A file's memory goes with its last mapping. A CUDA
+segment is opened for each payload and closed once loaded, as SGLang does: CUDA IPC memory stays allocated while
+a consumer has it open (a segment the sender grew away from would stay until the push ended), and opening one
+costs little beside the copy. Segments are registered by name (`SEGMENT_REGISTRY`), and a sender that starts
 removes those nobody holds (`sweep_segments`): torch's `torch_shm_manager` would remove them once every process
 that registered them exited, but Ray kills it with the actor.
 
@@ -199,13 +201,13 @@ def _held(handle: bytes) -> bool | None:
 
 class Segments:
     """The sender memory an engine keeps mapped between pushes: shared-memory files whose sender holds them
-    (`hold`), by name, and CUDA IPC storages, by handle. Mapping costs page faults (CPU) or an IPC open (GPU)
-    per bucket otherwise; a kept storage makes torch's rebuild find it in its `shared_cache`."""
+    (`hold`), by name. Mapping costs page faults per bucket otherwise; a kept storage makes torch's rebuild find
+    it in its `shared_cache`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._kept: dict[Any, torch.UntypedStorage] = {}
-        self._used: set[Any] = set()  # keys the open push read
+        self._kept: dict[bytes, torch.UntypedStorage] = {}
+        self._used: set[bytes] = set()  # files the open push read
 
     def keep_file(self, handle: bytes, storage: torch.UntypedStorage) -> None:
         """Keep a mapped shared-memory file if its sender holds it (a file nobody holds is mapped per payload)."""
@@ -215,31 +217,24 @@ class Segments:
             self._kept[handle] = storage
             self._used.add(handle)
 
-    def keep_cuda(self, key: tuple[bytes, int], storage: torch.UntypedStorage) -> None:
-        """Keep an opened CUDA IPC storage until the push ends (torch keys its cache by handle and offset): the
-        sender frees its GPU segments after each push, and memory a consumer keeps open cannot be freed."""
-        with self._lock:
-            self._kept[key] = storage
-            self._used.add(key)
-
     def names(self) -> list[bytes]:
         """The shared-memory files kept."""
         with self._lock:
-            return [k for k in self._kept if isinstance(k, bytes)]
+            return list(self._kept)
 
     def end_push(self) -> None:
         """After a push: remove dead senders' files, then let go of what the push did not read (the sender grew or
-        dropped it) and of every CUDA storage (the sender drops its GPU segments now)."""
+        dropped it)."""
         self.reap()
         with self._lock:
-            for key in [k for k in self._kept if k not in self._used or not isinstance(k, bytes)]:
+            for key in [k for k in self._kept if k not in self._used]:
                 del self._kept[key]
             self._used.clear()
 
     def reap(self) -> None:
         """Let go of files their sender removed, and remove those of a sender that is gone."""
         with self._lock:
-            for handle in [k for k in self._kept if isinstance(k, bytes)]:
+            for handle in list(self._kept):
                 held = _held(handle)
                 if held is False:
                     retire(self._kept[handle])
@@ -437,10 +432,7 @@ def _rebuild_cuda_tensor(budget: _Budget, *args: Any) -> torch.Tensor:
         if not matches:
             raise ValueError(f"Invalid device_uuid={device}")
         args_list[CUDA_DEVICE_ARG] = matches[0]
-    tensor = reductions.rebuild_cuda_tensor(*args_list)
-    if budget.segments is not None and args[7] is not None:
-        budget.segments.keep_cuda((args[7], args[9]), tensor.untyped_storage())
-    return tensor
+    return reductions.rebuild_cuda_tensor(*args_list)
 
 
 def _load_storage_bytes(budget: _Budget, data: Any) -> torch.TypedStorage | torch.UntypedStorage:

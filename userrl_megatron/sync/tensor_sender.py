@@ -6,12 +6,12 @@ GPU. Here a pipeline stage's HF-named tensors are packed into buckets of `sync.b
 broadcast path (SGLang's `flattened_bucket` layout), but each bucket lives in memory another process can map
 (`handles.py`: CUDA IPC on GPU, a named shared-memory file on CPU), and every engine gets one small payload per TP
 rank naming that memory. The engine copies the tensors into its weights and answers. Buckets alternate between two
-segments kept across buckets and pushes (`SharedBuffer`), and one bucket is in flight while the next is packed, so
-a segment is written again only after every engine answered for the bucket in it; the embedded engine keeps its
-mapping of each segment (`handles.Segments`), so nothing is created, mapped or removed per bucket. On CPU the
-segments stay from push to push. On GPU they last one push: once the engines closed the push's handles
-(`/end_weight_update`) the segments are dropped and their device memory goes back to rollout and training, which
-on a colocated GPU need it more than the next push needs to skip two allocations and two IPC opens.
+segments kept across buckets (`SharedBuffer`), and one bucket is in flight while the next is packed, so a segment
+is written again only after every engine answered for the bucket in it. On CPU the segments also stay from push to
+push and the embedded engine keeps its mapping of each (`handles.Segments`), so nothing is created, mapped or
+removed per bucket. On GPU an engine opens a bucket's IPC handle for that bucket only, and the segments last one
+push: after the engines' `/end_weight_update` they are dropped and their device memory goes back to rollout and
+training, which on a colocated GPU need it more than the next push needs to skip two allocations.
 
 Which memory an engine TP rank maps: engine TP rank j of an engine whose first device is d sits on device d + j;
 actor rank r sits on device r (`fleet/placement.py`). When that actor rank belongs to the stage (whatever its TP,
@@ -231,7 +231,7 @@ class TensorSender(WeightSender):
         posts this one (unless the push failed), then says whether the previous one landed."""
         state.sent, state.buckets = state.sent + packer.nbytes, state.buckets + 1
         with clock("serialize"):
-            if self.device.type == "cuda":  # an engine that kept the handle open reads without waiting on an event
+            if self.device.type == "cuda":  # the engines read what is written, whether or not they wait on the event
                 torch.cuda.synchronize(self.device)
             bucket = flattened_bucket(packer.flat(), bucket_entries(packer.entries))
             mine = [serialize(bucket) for _ in range(self.mine)]
