@@ -31,11 +31,11 @@ def _rank(rank: int, world_size: int, port: int) -> dict[str, Any]:
     got = gather.shards(first)
     report["first"] = None if got is None else [[t.tolist() for t in mine] for mine in got]
     report["own kept"] = got is not None and all(a is b for a, b in zip(got[0], first, strict=True))
-    recv_at = gather._recv.data_ptr()
+    recv_at = gather._buffers["recv"].data_ptr()
     got = gather.shards(_tensors(rank, 2.0)[:1])  # a smaller batch: the same buffer
     report["second"] = None if got is None else [[t.tolist() for t in mine] for mine in got]
-    report["buffer reused"] = gather._recv.data_ptr() == recv_at
-    report["packed bytes"] = gather._send.numel()
+    report["buffer reused"] = gather._buffers["recv"].data_ptr() == recv_at
+    report["packed bytes"] = gather._buffers["send"].numel()
     everywhere = _Gather(group, 2, everywhere=True).shards(_tensors(rank, 3.0))
     report["everywhere"] = None if everywhere is None else [[t.tolist() for t in mine] for mine in everywhere]
     dist.destroy_process_group()

@@ -41,6 +41,10 @@ def _detach(param: torch.nn.Parameter) -> torch.Tensor:
 GATHER_BATCH_BYTES = 16 * 1024 * 1024
 
 
+# torch >= 2.13 names it all_gather_single; the GPU machines' 2.11 has only the older name.
+_all_gather_flat = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
+
+
 class _Gather:
     """Gathers a flat batch from every rank of a group into buffers reused from batch to batch, on the group's
     rank 0 (on every rank with `everywhere`)."""
@@ -49,14 +53,12 @@ class _Gather:
         self.group, self.size, self.everywhere = group, size, everywhere
         self.root = torch.distributed.get_global_rank(group, 0)
         self.receives = everywhere or torch.distributed.get_rank(group) == 0
-        self._send = torch.empty(0)
-        self._recv = torch.empty(0)
+        self._buffers = {"send": torch.empty(0), "recv": torch.empty(0)}
 
     def pack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The tensors back to back in the reused send buffer."""
         n = sum(t.numel() for t in tensors)
-        self._send = _room(self._send, n, tensors[0])
-        flat = self._send[:n]
+        flat = _room(self._buffers, "send", n, tensors[0])[:n]
         for target, t in zip(_views(flat, tensors), tensors, strict=True):
             target.copy_(t)
         return flat
@@ -64,14 +66,13 @@ class _Gather:
     def __call__(self, flat: torch.Tensor) -> torch.Tensor | None:
         """Every rank's `flat` (all the same size) in rank order, on the receiving ranks; None elsewhere."""
         n = flat.numel()
-        if self.receives:
-            self._recv = _room(self._recv, self.size * n, flat)
-        parts = [self._recv[r * n : (r + 1) * n] for r in range(self.size)] if self.receives else None
-        if self.everywhere:
-            torch.distributed.all_gather(parts, flat, group=self.group)
+        out = _room(self._buffers, "recv", self.size * n, flat)[: self.size * n] if self.receives else None
+        if self.everywhere:  # into one tensor: a list of outputs costs NCCL a flat copy of them all
+            _all_gather_flat(out, flat, group=self.group)
         else:
+            parts = [out[r * n : (r + 1) * n] for r in range(self.size)] if out is not None else None
             torch.distributed.gather(flat, parts, dst=self.root, group=self.group)
-        return self._recv[: self.size * n] if self.receives else None
+        return out
 
     def shards(self, tensors: list[torch.Tensor]) -> list[list[torch.Tensor]] | None:
         """Every rank's `tensors` (rank order; each rank's list alike in shapes), on the receiving ranks. The other
@@ -91,8 +92,8 @@ class _Gather:
             )
             return None
         n = sum(t.numel() for t in tensors)
-        self._recv = _room(self._recv, (self.size - 1) * n, tensors[0])
-        slots = [_views(self._recv[(r - 1) * n : r * n], tensors) for r in range(1, self.size)]
+        received = _room(self._buffers, "recv", (self.size - 1) * n, tensors[0])
+        slots = [_views(received[(r - 1) * n : r * n], tensors) for r in range(1, self.size)]
         _wait_all(
             [
                 torch.distributed.P2POp(torch.distributed.irecv, view, group=self.group, group_peer=r)
@@ -118,12 +119,16 @@ def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def _room(buffer: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
-    """`buffer` if it holds `n` elements of `like`'s dtype on its device, else a new one (the old one freed first)."""
+def _room(buffers: dict[str, torch.Tensor], key: str, n: int, like: torch.Tensor) -> torch.Tensor:
+    """`buffers[key]` if it holds `n` elements of `like`'s dtype on its device, else a new one made after the old
+    one is dropped (so the two never coexist)."""
+    buffer = buffers[key]
     if buffer.numel() >= n and buffer.dtype == like.dtype and buffer.device == like.device:
         return buffer
     del buffer
-    return torch.empty(n, dtype=like.dtype, device=like.device)
+    buffers[key] = torch.empty(0)
+    buffers[key] = torch.empty(n, dtype=like.dtype, device=like.device)
+    return buffers[key]
 
 
 def export_plans(
