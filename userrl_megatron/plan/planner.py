@@ -120,7 +120,7 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
         bundles.actor_bundles,
         bucket,
         sync_bytes=sync_buckets(arch, bucket, dtype),
-        kept_buckets=method == "distributed",  # the broadcast's flat buffers stay; a GPU's handle segments go
+        kept_buckets=method == "distributed",  # the broadcast keeps its buffers; tensor handles free theirs per sync
         export_bytes=export_working_set(arch, cfg.megatron.tensor_model_parallel_size, dtype),
         host=host_memory(arch, cfg.megatron, dtype, world, kl=cfg.algo.kl_coef > 0),
     )
