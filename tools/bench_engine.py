@@ -230,29 +230,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ---- measuring ----
 
 
-def measure_matmul(threads: int, size: int, count: int, trials: int = MATMUL_TRIALS) -> dict:
-    """The best of `trials` runs of `count` fp32 `size` x `size` matmuls on `threads` torch threads, for each CPU
-    kernel the engine may use (torch's `mm`; oneDNN's, where available); the machine's rate is the faster one."""
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's CPU thread count set to `threads` inside the block."""
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    rates = {}
     try:
-        for name, kernel in cpu_kernels().items():
-            kernel(a, b)  # warm-up
-            best = math.inf
-            for _ in range(trials):
-                start = time.perf_counter()
-                for _ in range(count):
-                    kernel(a, b)
-                best = min(best, time.perf_counter() - start)
-            rates[name] = matmul_rate(size, count, best)
+        yield
     finally:
         torch.set_num_threads(previous)
-    return {"threads": threads, "size": size, "count": count, "kernels_flops_per_s": rates,
-            "flops_per_s": max(rates.values())}  # fmt: skip
+
+
+def best_seconds(run: Any, trials: int) -> float:
+    """The fastest of `trials` calls of `run()`, after one call that warms up."""
+    run()
+    best = math.inf
+    for _ in range(trials):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def cpu_kernels() -> dict[str, Any]:
@@ -263,8 +262,23 @@ def cpu_kernels() -> dict[str, Any]:
 
     kernels: dict[str, Any] = {"torch.mm": lambda a, b: torch.mm(a, b.t())}
     if onednn.available():
-        kernels["onednn"] = lambda a, b: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+        kernels["onednn"] = onednn.linear
     return kernels
+
+
+def measure_matmul(threads: int, size: int, count: int, trials: int = MATMUL_TRIALS) -> dict:
+    """The best of `trials` runs of `count` fp32 `size` x `size` matmuls on `threads` torch threads, for each CPU
+    kernel the engine may use (torch's `mm`; oneDNN's, where available); the machine's rate is the faster one."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    with torch_threads(threads):
+        rates = {
+            name: matmul_rate(size, count, best_seconds(lambda k=kernel: [k(a, b) for _ in range(count)], trials))
+            for name, kernel in cpu_kernels().items()
+        }
+    return {"threads": threads, "size": size, "count": count, "kernels_flops_per_s": rates,
+            "flops_per_s": max(rates.values())}  # fmt: skip
 
 
 def measure_ceiling(shapes: list[tuple[int, int]], rows: int, threads: int, trials: int = MATMUL_TRIALS) -> dict:
@@ -272,22 +286,13 @@ def measure_ceiling(shapes: list[tuple[int, int]], rows: int, threads: int, tria
     each kernel: the FLOP/s of a decode step that would be nothing but its matmuls."""
     import torch
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
     weights = [torch.randn(out, inp) for out, inp in shapes]
     inputs = {inp: torch.randn(rows, inp) for inp in {inp for _, inp in shapes}}
-    seconds = {}
-    try:
-        for name, kernel in cpu_kernels().items():
-            best = math.inf
-            for _ in range(trials + 1):  # the first pass warms up
-                start = time.perf_counter()
-                for w in weights:
-                    kernel(inputs[w.shape[1]], w)
-                best = min(best, time.perf_counter() - start)
-            seconds[name] = best
-    finally:
-        torch.set_num_threads(previous)
+    with torch_threads(threads):
+        seconds = {
+            name: best_seconds(lambda k=kernel: [k(inputs[w.shape[1]], w) for w in weights], trials)
+            for name, kernel in cpu_kernels().items()
+        }
     flops = 2.0 * rows * sum(out * inp for out, inp in shapes)
     return {"rows": rows, "kernels_seconds": seconds, "flops_per_s": flops / min(seconds.values())}
 

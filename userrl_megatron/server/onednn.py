@@ -23,10 +23,15 @@ def available() -> bool:
     )
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` for a 2-D float32 `x` on CPU, by oneDNN's matmul (without autograd)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or x.numel() == 0 or torch.is_grad_enabled():
         return torch.nn.functional.linear(x, module.weight, module.bias)
-    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), module.weight, module.bias, "none", [], "")
+    out = linear(x.reshape(-1, x.shape[-1]), module.weight, module.bias)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
