@@ -25,7 +25,9 @@ the servers get (two `--matmul-size` square matrices, `--matmul-count` products 
 torch.mm and with oneDNN's matmul where available: the faster kernel's rate);
 each level's `matmul_share` is its decode rate in FLOP/s (2 x the model's matmul parameters per generated token,
 counted from its HF config: the tied embedding once, as the LM head; attention's own FLOPs not counted) as a share
-of that rate (target: >= 0.7 at concurrency 32). `matmul[].ceiling` is what that share could be at most with these
+of that rate (target: >= 0.7 at concurrency 32). Its `work_share` counts, beside the generated tokens, every prompt
+token the server computed (`prompt_tokens - cached_tokens` of each turn, summed in `prefilled_tokens`): the share
+of the machine the server used, prefills included. `matmul[].ceiling` is what that share could be at most with these
 kernels: the model's own weight matrices (every layer's q, k, v, o, gate, up and down, then the LM head; each its own
 tensor, as in the model, so none is still in cache when it is read again) multiplied by 32 rows, best of 5 passes,
 per kernel; its `share` is that rate over the machine's (dense models only: a mixture of experts reports none).
@@ -85,10 +87,12 @@ MATMUL_OPS = (
 
 @dataclass(frozen=True)
 class Turn:
-    """One streamed request: how many tokens it generated and when the first one arrived."""
+    """One streamed request: how many tokens it generated, when the first one arrived, and how many of its prompt's
+    tokens the server computed (those its prefix cache did not hold: `prompt_tokens - cached_tokens`)."""
 
     tokens: int
     ttft_s: float
+    prefilled: int = 0
 
 
 # ---- the figures (pure functions) ----
@@ -117,6 +121,7 @@ def level_summary(concurrency: int, episodes: int, turns: Sequence[Turn], second
         "episodes": episodes,
         "requests": len(turns),
         "tokens": tokens,
+        "prefilled_tokens": sum(t.prefilled for t in turns),
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
         "ttft_s": spread([t.ttft_s for t in turns]),
@@ -182,12 +187,15 @@ def peer_rows(levels: Sequence[dict]) -> list[dict]:
 
 
 def annotate(levels: list[dict], matmul: dict[int, float], flops_per_token: float) -> None:
-    """Add each level's matmul share and its tokens/s over its server's first level."""
+    """Add each level's matmul share, the share of all the tokens it computed (generated and prefilled), and its
+    tokens/s over its server's first level."""
     first: dict[tuple[str, int], float] = {}
     for r in levels:
         base = first.setdefault((r["backend"], r["threads"]), r["tokens_per_s"])
         r["ratio_to_first"] = r["tokens_per_s"] / base
         r["matmul_share"] = matmul_share(r["tokens_per_s"], flops_per_token, matmul[r["threads"]])
+        computed_per_s = (r["tokens"] + r["prefilled_tokens"]) / r["seconds"]
+        r["work_share"] = matmul_share(computed_per_s, flops_per_token, matmul[r["threads"]])
 
 
 def targets(levels: Sequence[dict], peers: Sequence[dict], share_at: int = SHARE_AT) -> dict:
@@ -297,8 +305,8 @@ def measure_ceiling(shapes: list[tuple[int, int]], rows: int, threads: int, tria
     return {"rows": rows, "kernels_seconds": seconds, "flops_per_s": flops / min(seconds.values())}
 
 
-async def stream_turn(session: Any, url: str, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
-    """One streamed `/generate` of exactly `max_new_tokens` sampled tokens: (output ids, time to first token)."""
+async def stream_turn(session: Any, url: str, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], Turn]:
+    """One streamed `/generate` of exactly `max_new_tokens` sampled tokens: (output ids, the turn's figures)."""
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "ignore_eos": True,
                 "stream_interval": max_new_tokens}  # fmt: skip
     body = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, "stream": True}
@@ -319,15 +327,16 @@ async def stream_turn(session: Any, url: str, input_ids: list[int], max_new_toke
     reason = (last["meta_info"].get("finish_reason") or {}).get("type")
     if reason not in ("length", "stop"):
         raise RuntimeError(f"{url}/generate ended with {last['meta_info'].get('finish_reason')}")
-    return list(last["output_ids"]), first
+    meta = last["meta_info"]
+    return list(last["output_ids"]), Turn(len(last["output_ids"]), first, meta["prompt_tokens"] - meta["cached_tokens"])
 
 
 async def episode(session: Any, url: str, prompt: list[int], feedback: list[int], turns: int, max_new: int) -> list:
     """`turns` turns, each resending the conversation so far plus the environment's reply."""
     ids, done = list(prompt), []
     for _ in range(turns):
-        output, ttft = await stream_turn(session, url, ids, max_new)
-        done.append(Turn(len(output), ttft))
+        output, turn = await stream_turn(session, url, ids, max_new)
+        done.append(turn)
         ids = ids + output + feedback
     return done
 

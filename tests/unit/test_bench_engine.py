@@ -31,13 +31,14 @@ def test_percentiles_interpolate_between_ranks() -> None:
 
 def test_level_summary_counts_tokens_ttft_and_short_turns() -> None:
     ttfts = [0.5, 1.5, 1.0, 3.0, 2.0, 4.0]
-    turns = [bench.Turn(40 if i == 2 else 48, t) for i, t in enumerate(ttfts)]
+    turns = [bench.Turn(40 if i == 2 else 48, t, prefilled=10 * i) for i, t in enumerate(ttfts)]
     level = bench.level_summary(concurrency=2, episodes=2, turns=turns, seconds=2.0, max_new_tokens=48)
     assert level == {
         "concurrency": 2,
         "episodes": 2,
         "requests": 6,
         "tokens": 280,
+        "prefilled_tokens": 150,
         "seconds": 2.0,
         "tokens_per_s": 140.0,
         "ttft_s": {"mean": 2.0, "p50": 1.75, "p90": 3.5},
@@ -79,6 +80,7 @@ def test_kv_budget_holds_twice_the_largest_levels_episodes() -> None:
 
 def level(backend: str, threads: int, concurrency: int, tokens_per_s: float, ttft: tuple[float, ...]) -> dict[str, Any]:
     return {"backend": backend, "threads": threads, "concurrency": concurrency, "tokens_per_s": tokens_per_s,
+            "tokens": 100, "prefilled_tokens": 60, "seconds": 2.0,
             "ttft_s": dict(zip(("mean", "p50", "p90"), ttft, strict=True))}  # fmt: skip
 
 
@@ -93,6 +95,8 @@ def test_peer_ratios_shares_and_targets() -> None:
     bench.annotate(levels, {0: 400.0}, flops_per_token=1.0)
     assert [r["ratio_to_first"] for r in levels] == [1.0, 8.0, 9.6, 1.0, 12.5]
     assert [r["matmul_share"] for r in levels] == [0.0625, 0.5, 0.6, 0.05, 0.625]
+    # 100 generated and 60 prefilled tokens in 2 s at 1 FLOP a token, of 400 FLOP/s
+    assert [r["work_share"] for r in levels] == [0.2] * 5
     peers = bench.peer_rows(levels)
     assert peers == [  # concurrency 128 ran on the embedded engine only
         {"threads": 0, "concurrency": 1, "tokens_per_s_ratio": 1.25, "ttft_mean_ratio": 0.5, "ttft_p50_ratio": 0.5,
