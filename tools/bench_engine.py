@@ -92,7 +92,7 @@ class Turn:
 
     tokens: int
     ttft_s: float
-    prefilled: int = 0
+    prefilled: int
 
 
 # ---- the figures (pure functions) ----

@@ -1,6 +1,21 @@
-"""Weight-update payloads as a client that never imported megatron.core writes them."""
+"""Weight-update payloads: tensors packed into a shared-memory bucket as the tensor-handle sender packs them, and
+pickles as a client that never imported megatron.core writes them."""
 
 import pickle
+
+import torch
+
+from userrl_megatron.sync.sender import _Packer
+from userrl_megatron.sync.tensor_sender import SharedBuffer
+
+
+def packed(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = 1 << 20) -> _Packer:
+    """`named` packed back to back into a bucket of a fresh CPU shared-memory segment (`packer.buffer.release()`
+    gives it back)."""
+    packer = _Packer(SharedBuffer("cpu"))  # type: ignore[arg-type]
+    for name, tensor in named:
+        packer.add(name, tensor, bucket_bytes)
+    return packer
 
 
 def plain_pickle(obj: object) -> bytes:

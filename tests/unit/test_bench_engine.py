@@ -31,7 +31,7 @@ def test_percentiles_interpolate_between_ranks() -> None:
 
 def test_level_summary_counts_tokens_ttft_and_short_turns() -> None:
     ttfts = [0.5, 1.5, 1.0, 3.0, 2.0, 4.0]
-    turns = [bench.Turn(40 if i == 2 else 48, t, prefilled=10 * i) for i, t in enumerate(ttfts)]
+    turns = [bench.Turn(40 if i == 2 else 48, t, 10 * i) for i, t in enumerate(ttfts)]
     level = bench.level_summary(concurrency=2, episodes=2, turns=turns, seconds=2.0, max_new_tokens=48)
     assert level == {
         "concurrency": 2,

@@ -12,14 +12,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.support.fake_cuda import CUDA, FakeCuda
+from tests.support.payloads import packed
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.server.local import LocalEngine
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import Request
 from userrl_megatron.sync.handles import flattened_bucket, serialize
-from userrl_megatron.sync.sender import _Packer
-from userrl_megatron.sync.tensor_sender import SharedBuffer, bucket_entries
+from userrl_megatron.sync.tensor_sender import bucket_entries
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"
@@ -191,9 +191,7 @@ def test_a_tensor_update_on_the_device_waits_for_its_copies(tiny_dir: Path, monk
     engine, guard = launch_on("cuda", tiny_dir)
     name = "model.norm.weight"
     value = torch.full(tuple(engine.core.model.model.get_parameter(name).shape), 0.5)
-    buffer = SharedBuffer("cpu")
-    packer = _Packer(buffer)  # type: ignore[arg-type]
-    packer.add(name, value, 1 << 20)
+    packer = packed([(name, value)])
     payload = serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries)))
 
     async def update() -> tuple[bool, str]:
@@ -209,7 +207,7 @@ def test_a_tensor_update_on_the_device_waits_for_its_copies(tiny_dir: Path, monk
         assert torch.equal(engine.core.model.model.get_parameter(name).detach(), value)
     finally:
         close(engine, guard)
-        buffer.release()
+        packer.buffer.release()
 
 
 # ---- the health rule ----

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing.reductions as reductions
 
-from tests.support.payloads import plain_pickle
+from tests.support.payloads import packed, plain_pickle
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync import handles
 from userrl_megatron.sync.handles import decode_payload, flattened_bucket, serialize
@@ -50,13 +50,6 @@ def receive(payload: str, out: Path, load_format: str | None = "flattened_bucket
     done = subprocess.run(cmd, input=payload, text=True, capture_output=True, timeout=600)  # a hang only
     assert done.returncode == 0, done.stderr
     return torch.load(out)
-
-
-def packed(named: list[tuple[str, torch.Tensor]], bucket_bytes: int = 1 << 20) -> _Packer:
-    packer = _Packer(SharedBuffer("cpu"))  # type: ignore[arg-type]
-    for name, tensor in named:
-        packer.add(name, tensor, bucket_bytes)
-    return packer
 
 
 def test_bucket_read_bit_exact_by_another_process_then_freed(tmp_path: Path) -> None:
