@@ -352,57 +352,6 @@ def test_a_payload_holds_at_most_max_bytes_of_tensors() -> None:
         decode_payload([payload], None, max_bytes=100)
 
 
-class _NameEngine:
-    """An engine as the sender's name check sees it: knows `known`, refuses other names as the server does
-    (400), or never answers (`hang`: a busy or wedged engine)."""
-
-    def __init__(self, known: set[str], hang: bool = False) -> None:
-        self.known, self.hang, self.ended = known, hang, 0
-
-    async def begin_weight_update(self) -> None: ...
-
-    async def end_weight_update(self) -> None:
-        self.ended += 1
-
-    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
-        import asyncio
-
-        from userrl_megatron.fleet.engine import EngineError
-
-        if self.hang:
-            await asyncio.Event().wait()
-        if name not in self.known:
-            raise EngineError("/get_weights_by_name: Get parameter by name failed (HTTP 400)")
-        return [[0.0]]
-
-
-@pytest.mark.parametrize("hang", [False, True], ids=["unknown-name", "no-answer"])
-def test_the_name_check_tells_a_missing_weight_from_an_engine_that_did_not_answer(
-    hang: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import userrl_megatron.sync.sender as sender_module
-    from userrl_megatron.sync.sender import EngineEndpoint, UnknownWeightNameError, WeightNameCheckError
-    from userrl_megatron.sync.tensor_sender import TensorSender
-
-    monkeypatch.setattr(sender_module, "NAME_CHECK_TIMEOUT_S", 0.5)  # reached only by the engine that never answers
-    engine = _NameEngine({"a"}, hang=hang)
-    sender = TensorSender(SyncConfig(), [EngineEndpoint("http://e:1")], client_factory=lambda url: engine)
-    sender.connect()
-    try:
-        with pytest.raises(WeightNameCheckError) as raised:
-            sender.push([("b", torch.ones(2))], version=1)
-    finally:
-        sender.close()
-    assert isinstance(raised.value, UnknownWeightNameError) is not hang
-    if hang:
-        assert (
-            str(raised.value) == "the engine at http://e:1 did not answer within 0.5s whether it has a weight named 'b'"
-        )
-    else:
-        assert str(raised.value).startswith("the engine at http://e:1 has no weight named 'b' (/get_weights_by_name: ")
-    assert engine.ended == 1  # the failed push closed the engine's weight-update session
-
-
 LATE = RuntimeError("Shared memory manager connection has timed out\nException raised from recv at socket.h:67")
 
 

@@ -100,6 +100,7 @@ class EmbeddedServerConfig:
     threads: int = 0  # torch CPU threads of an engine; 0 = cores / num_engines (half in one_step_off; Ray gave 1)
     cpu_linear: str = "onednn"  # float32 linear layers on CPU: "onednn" (faster at decode's row counts) or "torch"
     enable_return_routed_experts: bool = False  # MoE: /generate may return routed_experts (SGLang flag of that name)
+    enable_weights_cpu_backup: bool = False  # keep weights across a release (else dropped until a push, as SGLang)
     health_check_timeout_s: float = 20.0  # /health answers 503 when no forward completes within this time
     startup_timeout_s: float = 300.0  # how long to wait for a launched server's /health_generate to answer 200
     control_timeout_s: float = 30.0  # longest wait of a blocking control call: group join, each broadcast, disk read

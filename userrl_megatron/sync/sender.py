@@ -11,8 +11,9 @@ straight into its parameter), and one goes before it is full when the wire would
 batch is in flight at a time. Engines are paused and flushed by the caller.
 
 Defences against what real SGLang 0.5.23 does (docs/engine.md, "Tested against SGLang"):
-- it accepts a tensor name its model does not have, reports success and loads nothing: before the first push
-  every name is looked up on every engine (`/get_weights_by_name`), and an unknown one fails the push;
+- it accepts a tensor name its model does not have, reports success and loads nothing: during the first push
+  every name is looked up in the checkpoint each engine loaded (`sync/served.py`; not on the engine, since
+  `/get_weights_by_name` answers for few model classes), and an unknown one fails the push;
 - it answers a refused update (no session, unknown group, wrong shape) with 400, possibly after overwriting part
   of the weights, and a refused bucket's broadcast would then wait for the group timeout (30 min): the replies
   are read while the broadcast runs and the push is abandoned at the first refusal (`WeightUpdateRefusedError`, naming
@@ -41,17 +42,16 @@ from userrl_megatron.sync.bucket import FlatBuffer, dtype_name
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.sync.handles import withdraw
 from userrl_megatron.sync.roles import EngineEndpoint, engine_offsets, group_world_size
+from userrl_megatron.sync.served import served_names
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 # What a push takes: HF-named tensors, or plans (`megatron.export.export_plans`) filled straight into the bucket.
 Exported = tuple[str, torch.Tensor | TensorPlan]
 # SGLang 0.5.23's /get_weights_by_name turns the whole tensor into a Python list before truncating it (GBs for a
-# vocab-sized matrix of a real model): name checks and read-backs skip tensors above this size and look at a sample.
-READ_BACK_MAX_ELEMENTS = 2**24
+# vocab-sized matrix of a real model): read-backs skip vocab-sized tensors and look at a sample.
 VOCAB_SIZED = ("embed_tokens", "lm_head", "word_embeddings", "output_layer")
 REFUSAL_GRACE_S = 30.0  # after a refusal, how long the other engines' replies to the same bucket are awaited
-NAME_CHECK_TIMEOUT_S = 600.0  # a live engine answers a name check, a busy one late: only a hang waits this long
 # A tensor goes on the wire from its own memory from this size on; smaller ones are copied into the buckets
 # (holding back many small tensors until the export ends would save copies of little worth). In the per-tensor
 # format each still takes a broadcast, whose per-call latency is small beside what that format saves: the
@@ -77,12 +77,8 @@ class WeightUpdateRefusedError(RuntimeError):
         return (type(self), (str(self), self.urls))
 
 
-class WeightNameCheckError(RuntimeError):
-    """An engine could not confirm that it has a pushed tensor's name (it did not answer in time)."""
-
-
-class UnknownWeightNameError(WeightNameCheckError, ValueError):
-    """A pushed tensor name the engine's model does not have (SGLang would accept it and load nothing)."""
+class UnknownWeightNameError(ValueError):
+    """A pushed tensor name the engine's checkpoint does not have (SGLang would accept it and load nothing)."""
 
 
 @dataclass
@@ -326,6 +322,13 @@ class WeightSender:
         self._device = torch.device("cuda" if backend == "nccl" else "cpu")
         self._buffers = (FlatBuffer(self._device), FlatBuffer(self._device))  # double-buffered flat buckets, reused
         self._names_checked = False  # every name was found on every engine (done during the first push)
+        self._served = [served_names(e.checkpoint) for e in engines]  # None: that engine's names are unknown
+        for engine, names in zip(engines, self._served, strict=True):
+            if names is None:
+                log.warning(
+                    "weight sync %s: the names pushed to %s are not checked: its checkpoint %r has no safetensors",
+                    group_name, engine.url, engine.checkpoint,
+                )  # fmt: skip
         self._broken = False  # a broadcast was abandoned: the group can carry nothing more
 
     @property
@@ -372,14 +375,12 @@ class WeightSender:
         packer, tally = self._new_packer(0), _Tally()
         held: list[tuple[str, torch.Tensor]] = []  # tensors to broadcast from their own memory
         failure: Exception | None = None
-        checked: set[str] = set()  # name patterns already looked up on the engines
         for name, tensor in clock.timed_iter(named_tensors, "export"):
             if failure is not None:
                 continue  # keep consuming the export: the stage's other ranks take part in its gathers
             try:
-                if not self._names_checked and _worth_checking(name, tensor, checked):
-                    with clock("check_names"):
-                        self._check_name(name)
+                if not self._names_checked:
+                    self._check_name(name)
                 own = direct_tensor(tensor, self._device) if self.cfg.direct else None
                 if own is not None:
                     held.append((name, own))  # a reference: sent after the export, in batches
@@ -396,7 +397,7 @@ class WeightSender:
                 ):
                     inflight = self._send(tally.count(packer), version, inflight, clock)  # the wire would idle
                     packer = self._new_packer(tally.packed)
-            except (WeightNameCheckError, WeightUpdateRefusedError) as e:
+            except (UnknownWeightNameError, WeightUpdateRefusedError) as e:
                 failure = e
         try:
             if failure is None:
@@ -407,7 +408,7 @@ class WeightSender:
                 self._wait(inflight, clock)  # the bucket already on its way must land (or be refused) first
             if failure is not None:
                 raise failure
-        except (WeightNameCheckError, WeightUpdateRefusedError):
+        except (UnknownWeightNameError, WeightUpdateRefusedError):
             self._end_sessions()
             raise
         self._all(lambda c: c.end_weight_update())
@@ -497,23 +498,12 @@ class WeightSender:
 
     def _check_name(self, name: str) -> None:
         """Every engine must know `name`: SGLang would accept an unknown one, bump its version and load nothing."""
-        futures = [
-            self._loop.submit(asyncio.wait_for(c.get_weights_by_name(name, truncate_size=1), NAME_CHECK_TIMEOUT_S))
-            for c in self._clients
-        ]
-        for engine, future in zip(self.engines, futures, strict=True):
-            try:
-                future.result()
-            except TimeoutError as e:  # a busy engine, not a missing weight
-                raise WeightNameCheckError(
-                    f"the engine at {engine.url} did not answer within {NAME_CHECK_TIMEOUT_S:g}s whether it has a "
-                    f"weight named {name!r}"
-                ) from e
-            except Exception as e:
+        for engine, names in zip(self.engines, self._served, strict=True):
+            if names is not None and name not in names:
                 raise UnknownWeightNameError(
-                    f"the engine at {engine.url} has no weight named {name!r} ({e}); the pushed names must be the "
-                    "engine model's Hugging Face parameter names"
-                ) from e
+                    f"the engine at {engine.url} has no weight named {name!r} (its checkpoint {engine.checkpoint} "
+                    "holds none); the pushed names must be the engine model's Hugging Face parameter names"
+                )
 
     def _end_sessions(self) -> None:
         """Close the weight-update sessions of a failed push (engines that are gone or refuse are skipped)."""
@@ -557,19 +547,9 @@ def name_pattern(name: str) -> str:
     return re.sub(r"\.\d+\.", ".N.", name)
 
 
-def _worth_checking(name: str, tensor: torch.Tensor | TensorPlan, checked: set[str]) -> bool:
-    """One lookup per name pattern (an export names every layer alike), small enough to read back cheaply; a
-    wrong name costs nothing to look up, a right one costs converting the tensor."""
-    pattern = name_pattern(name)
-    if pattern in checked or tensor.numel() > READ_BACK_MAX_ELEMENTS:
-        return False
-    checked.add(pattern)
-    return True
-
-
 def sample_names(names: Sequence[str]) -> list[str]:
     """Tensors to read back after a sync: the first, middle and last of each name pattern, vocab-sized ones left
-    out (see READ_BACK_MAX_ELEMENTS)."""
+    out (see VOCAB_SIZED)."""
     groups: dict[str, list[str]] = {}
     for name in names:
         if not any(v in name for v in VOCAB_SIZED):

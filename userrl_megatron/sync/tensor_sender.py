@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,13 +54,12 @@ from userrl_megatron.sync.sender import (
     REFUSAL_GRACE_S,
     EngineEndpoint,
     Exported,
-    WeightNameCheckError,
+    UnknownWeightNameError,
     WeightSender,
     WeightUpdateRefusedError,
     _Clock,
     _InFlight,
     _Packer,
-    _worth_checking,
 )
 
 log = logging.getLogger(__name__)
@@ -133,7 +132,6 @@ class _State:
     sent: int = 0
     buckets: int = 0
     from_peers: int = 0  # payloads another member of the group made (source)
-    checked: set[str] = field(default_factory=set)  # name patterns looked up on the engines
 
 
 class TensorSender(WeightSender):
@@ -180,12 +178,10 @@ class TensorSender(WeightSender):
         for name, tensor in clock.timed_iter(named_tensors, "export"):
             if state.stopped:
                 continue  # keep consuming the export: the stage's other ranks take part in its gathers
-            checking = self.source and state.failure is None and not self._names_checked
-            if checking and _worth_checking(name, tensor, state.checked):
+            if self.source and state.failure is None and not self._names_checked:
                 try:
-                    with clock("check_names"):
-                        self._check_name(name)
-                except WeightNameCheckError as e:
+                    self._check_name(name)
+                except UnknownWeightNameError as e:
                     state.failure = e  # announced at the next boundary; until then everyone packs alike
             if packer.entries and not packer.fits(tensor, bucket_bytes):
                 self._exchange(packer, version, state, clock)
