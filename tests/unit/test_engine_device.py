@@ -143,8 +143,10 @@ def test_unseeded_sampling_uses_the_engines_generator_on_its_device(tiny_dir: Pa
 
 def test_batched_decoding_prefix_reuse_and_weight_release_on_another_device(tiny_dir: Path) -> None:
     """Mixed requests decoded together, a second turn reusing the first's KV from the prefix cache, and the
-    weights released to the host and brought back (the GPU-only branch of memory release)."""
-    (cpu, _), (cuda, guard) = (launch_on(d, tiny_dir, prefix_cache_tokens=4096) for d in ("cpu", "cuda"))
+    weights released to their host copy and brought back (`enable_weights_cpu_backup` on a GPU)."""
+    (cpu, _), (cuda, guard) = (
+        launch_on(d, tiny_dir, prefix_cache_tokens=4096, enable_weights_cpu_backup=True) for d in ("cpu", "cuda")
+    )
     prompts = [PROMPT, [3, 4], list(range(20, 60))]
     params = [{"temperature": 0.0}, {"temperature": 1.0, "sampling_seed": 9}, {"temperature": 0.5, "top_p": 0.9}]
 

@@ -35,6 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "cpu_linear": args.cpu_linear,
         "enable_return_routed_experts": args.enable_return_routed_experts or None,
+        "enable_weights_cpu_backup": args.enable_weights_cpu_backup or None,
         "health_check_timeout_s": args.health_check_timeout,
         "control_timeout_s": args.control_timeout,
         "max_request_bytes": args.max_request_bytes,
@@ -171,6 +172,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--enable-return-routed-experts",
         action="store_true",
         help="record MoE routing so /generate can return routed_experts (as SGLang's flag)",
+    )
+    p.add_argument(
+        "--enable-weights-cpu-backup",
+        action="store_true",
+        help="keep the weights across a release of the weights memory (else they are dropped until the next "
+        "weight update, as SGLang's flag)",
     )
     p.add_argument("--health-check-timeout", type=float, help="seconds /health waits for a forward")
     p.add_argument("--control-timeout", type=float, help="seconds a blocking control call (group join) may take")

@@ -228,6 +228,8 @@ def embedded_server_command(
         command += ["--threads", str(cfg.threads)]
     if cfg.enable_return_routed_experts:
         command.append("--enable-return-routed-experts")
+    if cfg.enable_weights_cpu_backup:
+        command.append("--enable-weights-cpu-backup")
     if served_model_name:
         command += ["--served-model-name", served_model_name]
     if parent_pid is not None:

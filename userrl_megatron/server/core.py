@@ -138,7 +138,10 @@ class EngineCore:
     # ---- generation ----
 
     def check_input(self, input_ids: list[int], max_new_tokens: int) -> None:
-        """SGLang's input checks (empty input, context length) plus token-id range; raises ValueError."""
+        """SGLang's input checks (empty input, context length) plus token-id range, and weights to run on (where
+        SGLang would generate from garbage); raises ValueError."""
+        if problem := self.model.unloaded_error():
+            raise ValueError(f"Cannot generate: {problem}.")
         if not input_ids:
             raise ValueError("input_ids cannot be empty.")
         vocab = self.model.spec.vocab_size
@@ -408,6 +411,8 @@ class EngineCore:
                 return False, (
                     f"Group {group_name} not in {list(self.groups)}. Please call `init_weights_update_group` first."
                 )
+            if released := self._released_weights():
+                return False, released
             try:
                 device = torch.device("cpu") if entry[1] == "gloo" else self.model.device
                 buffer = self._receive_buffers.setdefault(str(device), FlatBuffer(device))
@@ -420,6 +425,7 @@ class EngineCore:
                     f"Failed to update parameter online: {e}. The full weights of the ModelRunner are partially "
                     "updated. Please discard the whole weights."
                 )
+            self.model.mark_loaded(names)
             if weight_version is not None:
                 self.scheduler.weight_version = weight_version
             if flush_cache and not self._try_flush():
@@ -430,6 +436,12 @@ class EngineCore:
             return True, "Succeeded to update parameter online."
 
         return await self._on_scheduler(update, needs_idle=True)
+
+    def _released_weights(self) -> str:
+        """Why a weight update cannot land now ("" when it can): the weights' memory is released."""
+        if "weights" in self._released:
+            return "the weights' memory is released: resume it (/resume_memory_occupation) before a weight update"
+        return ""
 
     def _receive_target(self, device: torch.device) -> Destination:
         """Where a per-tensor update on `device` lands: the model's own memory when loading it would copy it."""
@@ -453,6 +465,8 @@ class EngineCore:
             self.scheduler.abort(abort_all=True)
 
         def load() -> tuple[bool, str]:
+            if released := self._released_weights():
+                return False, released
             try:
                 named = decode_payload(serialized_named_tensors, load_format, 0, self.payload_limit, self.segments)
                 self.model.load_weights(named)
@@ -460,6 +474,7 @@ class EngineCore:
                     torch.cuda.synchronize(self.model.device)  # the answer lets the sender write there again
             except Exception as e:
                 return False, f"Failed to update parameter online: {e}"
+            self.model.mark_loaded(name for name, _ in named)
             if weight_version is not None:
                 self.scheduler.weight_version = weight_version
             if flush_cache and not self._try_flush():
@@ -533,10 +548,13 @@ class EngineCore:
             self.scheduler.abort(abort_all=True)
 
         def load() -> tuple[bool, str]:
+            if released := self._released_weights():
+                return False, released
             try:
                 self.model.load_weights(named_tensors)
             except Exception as e:
                 return False, f"Failed to update parameter online: {e}"
+            self.model.mark_loaded(name for name, _ in named_tensors)
             if weight_version is not None:
                 self.scheduler.weight_version = weight_version
             if flush_cache and not self._try_flush():
@@ -560,13 +578,20 @@ class EngineCore:
         await self._on_scheduler(set_version)
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any] | None:
+        """First rows of weight `name`; None for a name the model lacks, ValueError for one it holds no value of."""
+        if "weights" in self._released and not self.cfg.enable_weights_cpu_backup:
+            raise ValueError(f"{name} holds no weights: the weights' memory is released")
         return await self._on_scheduler(lambda: self.model.get_weights_by_name(name, truncate_size))
 
     # ---- memory ----
 
     async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
-        """Free the KV buffers ("kv_cache") and move weights to host memory ("weights", GPU only); holds
-        generation until resumed. Needs an idle engine (waiting requests allowed while paused)."""
+        """Free the KV buffers ("kv_cache") and the weights ("weights"); holds generation until resumed. Needs an
+        idle engine (waiting requests allowed while paused).
+
+        As SGLang 0.5.23, the weights are dropped unless `enable_weights_cpu_backup` keeps a host copy: a resume
+        then gives memory without them, and generation is refused until a weight update or disk load has filled
+        every parameter again (SGLang would generate from whatever the fresh memory holds)."""
         tags = _check_tags(tags)
 
         def release() -> None:
@@ -580,8 +605,11 @@ class EngineCore:
                 )
             if "kv_cache" in tags and self.scheduler.is_idle():
                 self.scheduler.release_kv()
-            if "weights" in tags and self.model.device.type == "cuda":
+            if "weights" in tags and not self.cfg.enable_weights_cpu_backup:
+                self.model.drop_weights()
+            elif "weights" in tags and self.model.device.type == "cuda":
                 self.model.model.to("cpu")
+            if "weights" in tags and self.model.device.type == "cuda":
                 torch.cuda.empty_cache()
             self._released.update(tags)
             self.scheduler.held = True
@@ -599,7 +627,9 @@ class EngineCore:
                     f"memory tags {held} are not released; resume only released tags (SGLang 0.5.23's scheduler "
                     "dies with a KeyError on this call)"
                 )
-            if "weights" in tags and "weights" in self._released and self.model.device.type == "cuda":
+            if "weights" in tags and not self.cfg.enable_weights_cpu_backup:
+                self.model.restore_memory()
+            elif "weights" in tags and self.model.device.type == "cuda":
                 self.model.model.to(self.model.device)
             self._released.difference_update(tags)
             self.scheduler.held = bool(self._released)

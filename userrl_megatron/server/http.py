@@ -444,7 +444,10 @@ async def update_weight_version(request: web.Request) -> web.Response:
 
 async def get_weights_by_name(request: web.Request) -> web.Response:
     body = fields(await read_json(request), {"name": (str, REQUIRED), "truncate_size": (int, 100)})
-    values = await request.app[CORE_KEY].get_weights_by_name(body["name"], body["truncate_size"])
+    try:
+        values = await request.app[CORE_KEY].get_weights_by_name(body["name"], body["truncate_size"])
+    except ValueError as e:
+        return error_message(f"Get parameter by name failed: {e}")
     if values is None:
         return error_message("Get parameter by name failed")
     return web.json_response(values)

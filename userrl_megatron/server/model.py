@@ -100,6 +100,11 @@ class EngineModel:
             experts_per_token=int(getattr(config, "num_experts_per_tok", 0) or 0),
         )
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        # A release of the weights without a host copy: each parameter's shape while its memory is gone, and the
+        # parameters not loaded since (garbage until a weight update or disk load fills them, as in SGLang).
+        self._dropped: list[tuple[torch.nn.Parameter, torch.Size]] = []
+        self.unloaded: list[str] = []
+        self._loaded_since: set[str] = set()
         self._routers = _routers(self.model, self.spec.num_layers)
         self._routing: list[torch.Tensor] | None = None  # per MoE layer, top-k ids of the running forward
         for router in self._routers:
@@ -174,6 +179,38 @@ class EngineModel:
                 loaded += 1
         return loaded
 
+    def drop_weights(self) -> None:
+        """Free every parameter's memory, keeping no copy (SGLang's release of "weights" without
+        `--enable-weights-cpu-backup`); every parameter is unloaded until loaded again."""
+        self._loaded_since = set()
+        self.unloaded = self.missing_tensors(())  # from the shapes it has now
+        self._dropped = [(p, p.shape) for p in self.model.parameters()]
+        for param, _ in self._dropped:
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+
+    def restore_memory(self) -> None:
+        """Give the dropped parameters fresh memory of their shapes, filled with NaN: SGLang's resume maps new,
+        uninitialised memory, and nothing of the old weights comes back."""
+        for param, shape in self._dropped:
+            param.data = torch.full(shape, float("nan"), dtype=param.dtype, device=param.device)
+        self._dropped = []
+
+    def mark_loaded(self, names: Iterable[str]) -> None:
+        """Tensors `names` were written by a weight update: the parameters they fill are no longer unloaded."""
+        if self.unloaded:
+            self._loaded_since.update(names)
+            self.unloaded = self.missing_tensors(self._loaded_since)
+
+    def unloaded_error(self) -> str:
+        """Why the model cannot serve ("" when it can): parameters dropped by a release and not loaded since."""
+        if not self.unloaded:
+            return ""
+        shown = ", ".join(self.unloaded[:3]) + (", ..." if len(self.unloaded) > 3 else "")
+        return (
+            f"the weights were released without a host copy and {len(self.unloaded)} of the model's parameters have "
+            f"not been loaded since ({shown}): push the weights (update_weights_from_*) or load them from disk first"
+        )
+
     def _skipped(self, name: str) -> bool:
         """A tensor `load_weights` ignores: rotary caches, and the LM head when it is the tied embedding."""
         return name.endswith(SKIPPED_SUFFIXES) or (self.spec.tie_word_embeddings and name == "lm_head.weight")
@@ -212,12 +249,15 @@ class EngineModel:
         return missing
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any] | None:
-        """The parameter as float32 nested lists, first `truncate_size` rows (SGLang's `/get_weights_by_name`)."""
+        """The parameter as float32 nested lists, first `truncate_size` rows (SGLang's `/get_weights_by_name`);
+        ValueError while it is unloaded (where SGLang would read back garbage)."""
         if self.spec.tie_word_embeddings and name == "lm_head.weight":
             name = "model.embed_tokens.weight"
         param = self._tensor_of(name)
         if param is None:
             return None
+        if self.unloaded and name not in self._loaded_since:
+            raise ValueError(f"{name} holds no weights: {self.unloaded_error()}")
         return param.detach()[:truncate_size].to("cpu", torch.float32).numpy().tolist()  # rows first: no full copy
 
     def _tensor_of(self, name: str) -> torch.Tensor | None:

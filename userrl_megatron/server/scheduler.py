@@ -197,7 +197,9 @@ class Scheduler:
                 if aborts:
                     self._apply_aborts(aborts)
                 self._run_commands(commands)
-                if not self.paused and not self.held:
+                if not self.paused and not self.held and (problem := self.model.unloaded_error()):
+                    self._apply_aborts([("", True, f"Cannot generate: {problem}.")])  # queued before the release
+                elif not self.paused and not self.held:
                     if not self._idle_command_pending():
                         self._admit()
                     if self._running:
