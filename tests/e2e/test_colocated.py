@@ -26,14 +26,27 @@ def test_colocated_run_syncs_verified_weights(tmp_path: Path) -> None:
         "rollout.health_check_interval_s=0.2",  # a probe of a held engine would hang: the pool must be paused
         "sync.verify=true",
         "algo.kl_coef=0.05",
-        "checkpoint.every_steps=2",  # a save mid-run: the engines step aside and the actor onloads for it
+        # A save every step, inside the training window; an evaluation before training and after every step,
+        # each a new best whose HF export waits for the next training window. Before the fix each save, export
+        # and the run's start released the engines' weights and resumed them without a push: the strict engine
+        # (as SGLang's memory saver) holds nothing after such a resume.
+        "checkpoint.every_steps=1",
+        "eval.before_training=true",
+        "eval.every_steps=1",
+        "eval.n_samples_per_prompt=1",
+        "eval.max_tasks=2",
         # The engine dies as step 3's rollout starts: restarted, it gets weight version 2 from the offloaded
         # actor (its weights alone come back for the push) before it serves.
         "run.faults=[kill_engine_in_rollout@3]",
     ]
     records = train([*tiny_run(model, tmp_path, "colocated", 3), *extra])
-    assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(r["sync/verify_max_rel_diff"] <= 1e-5 and r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    before, records = records[0], records[1:]
+    assert before["eval/infra_failed"] == 0 and before["eval/generated_tokens"] > 0
+    assert all(r["mismatch/abs_logprob_diff"] < 1e-4 for r in records)  # the engines hold the trainer's weights
+    assert all(r["rollout/infra_failed"] == 0 and r["eval/infra_failed"] == 0 for r in records)
+    assert "sync/verify_max_rel_diff" in records[0]  # the first push of the run is verified at its start
+    assert all(r.get("sync/verify_max_rel_diff", 0.0) <= 1e-5 for r in records)
     assert [r["train/weight_version"] for r in records] == [0, 1, 2]
     assert [r["rollout/engine_restarts"] for r in records] == [0, 0, 1]
     # sync.method auto -> tensor: buckets handed to the engine as shared-memory handles, no process group.

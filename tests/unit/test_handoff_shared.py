@@ -97,7 +97,19 @@ class Actors:
 
 def handoff(cfg: RootConfig, shared: bool = True) -> tuple[MemoryHandoff, list[str]]:
     calls: list[str] = []
-    return MemoryHandoff(cfg, Actors(calls), Pool("policy", calls), Pool("sim", calls) if shared else None), calls  # type: ignore[arg-type]
+    h = MemoryHandoff(cfg, Actors(calls), Pool("policy", calls), Pool("sim", calls) if shared else None)  # type: ignore[arg-type]
+    return with_push(h, calls), calls
+
+
+def with_push(h: MemoryHandoff, calls: list[str]) -> MemoryHandoff:
+    """`h` refilling the released weights as `WeightSync.refill` does: a push, which resumes them first."""
+
+    async def push() -> None:
+        calls.append("push")
+        await h.resume(["weights"])
+
+    h.refill = push
+    return h
 
 
 def test_both_pools_step_aside_while_the_actor_trains_and_come_back_before_the_rollout() -> None:
@@ -124,9 +136,12 @@ def test_both_pools_step_aside_while_the_actor_trains_and_come_back_before_the_r
         "policy repair",
         "policy pause",
         "actor onload",
+        "push",  # released weights come back empty: they come back only with a push, before the actor leaves
+        "policy0 resume weights",
+        "policy1 resume weights",
         "actor offload",
-        "policy0 resume kv_cache,weights,cuda_graph",
-        "policy1 resume kv_cache,weights,cuda_graph",
+        "policy0 resume kv_cache,cuda_graph",
+        "policy1 resume kv_cache,cuda_graph",
         "policy resume",
         "sim repair",  # an engine that died while released comes back before the resume (next test)
         "sim0 resume kv_cache,cuda_graph",
@@ -180,6 +195,7 @@ def test_a_simulator_engine_that_died_while_released_comes_back_released_and_is_
     if client_first:
         sim.add_restart_hook(follow)
     h = MemoryHandoff(load_config(overrides=[*COLOCATED, *SHARED]), Actors(calls), Pool("policy", calls), sim)  # type: ignore[arg-type]
+    with_push(h, calls)
     if not client_first:
         sim.add_restart_hook(follow)
 
@@ -273,3 +289,21 @@ def test_each_side_is_launched_counting_the_share_the_other_holds() -> None:
     assert simulator_restart_rollout(own) is None and policy_engine_rollout(own) is own.rollout
     embedded = load_config(overrides=["rollout.backend=embedded", "rollout.num_engines=2", *SHARED, *fractions])
     assert simulator_restart_rollout(embedded) is None and policy_engine_rollout(embedded) is embedded.rollout
+
+
+def test_released_weights_come_back_only_with_a_push() -> None:
+    """Without a host copy the engines' weights come back empty (SGLang 0.5.23's resume maps fresh memory,
+    `managers/scheduler_components/weight_updater.py:395-403`): handing the GPUs back with the weights still
+    released pushes first, and without a way to push the hand-off refuses; with a host copy nothing is pushed."""
+    calls: list[str] = []
+    h = MemoryHandoff(load_config(overrides=COLOCATED), Actors(calls), Pool("policy", calls))  # type: ignore[arg-type]
+    asyncio.run(h.enter_training())
+    with pytest.raises(RunError, match=r"^colocated engines released their weights without a host copy and nothing"):
+        asyncio.run(h.enter_rollout())
+    assert not any("resume" in c for c in calls)  # no engine got its weight memory back empty
+
+    kept = ["rollout.embedded.enable_weights_cpu_backup=true"]
+    h, calls = handoff(load_config(overrides=[*COLOCATED, *kept]), shared=False)
+    asyncio.run(h.enter_training())
+    asyncio.run(h.enter_rollout())
+    assert "push" not in calls and "policy0 resume kv_cache,weights,cuda_graph" in calls

@@ -13,6 +13,12 @@ def resolve_config(cfg: RootConfig) -> RootConfig:
     return replace(cfg, algo=_algo(cfg), rollout=_rollout(cfg))
 
 
+def keeps_weights(rollout: RolloutConfig) -> bool:
+    """Whether the engines keep a host copy of the weights they release; without one the weights come back empty
+    (SGLang's memory saver maps fresh memory on resume) and only a push or disk load fills them."""
+    return (rollout.sglang if rollout.backend == "sglang" else rollout.embedded).enable_weights_cpu_backup
+
+
 def _algo(cfg: RootConfig) -> AlgoConfig:
     """`algo.tis_cap = -1` (auto): truncated importance sampling at `ASYNC_TIS_CAP` when the rollout runs ahead of
     the trainer (turns from older weights), off in sync mode."""
@@ -22,12 +28,15 @@ def _algo(cfg: RootConfig) -> AlgoConfig:
 
 
 def _rollout(cfg: RootConfig) -> RolloutConfig:
-    """Colocated SGLang engines without weight sync keep a CPU copy of their weights, since nothing refills the
-    weight memory they release while the actor trains; routing replay needs engines that record their MoE
-    routing."""
+    """Colocated engines without weight sync keep a host copy of their weights, since nothing refills the weight
+    memory they release while the actor trains; routing replay needs engines that record their MoE routing."""
     rollout = cfg.rollout
-    if rollout.colocate and not cfg.sync.enabled and not rollout.sglang.enable_weights_cpu_backup:
-        rollout = replace(rollout, sglang=replace(rollout.sglang, enable_weights_cpu_backup=True))
+    if rollout.colocate and not cfg.sync.enabled:
+        rollout = replace(
+            rollout,
+            sglang=replace(rollout.sglang, enable_weights_cpu_backup=True),
+            embedded=replace(rollout.embedded, enable_weights_cpu_backup=True),
+        )
     if cfg.algo.routing_replay == "rollout":
         rollout = replace(
             rollout,

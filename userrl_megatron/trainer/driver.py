@@ -66,6 +66,7 @@ class Trainer:
         self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=SUMMARY_KEYS)
         self.checkpoints = CheckpointManager(self.run, cfg.checkpoint, parts.actors, self.tracker)
         self.best = float("-inf")
+        self.best_pending: tuple[int, float] | None = None  # (step, score) of a best evaluation not exported yet
         self.progress = StepProgress(cfg.run.total_steps)  # `step N/total  elapsed  ETA` after each step
         self.infra_failed_steps = 0  # steps in a row lost mostly to the infrastructure
         self.started_from: Path | None = None  # the SFT checkpoint whose weights step 0 started from
@@ -88,8 +89,8 @@ class Trainer:
         cfg, parts = self.cfg, self.parts
         async with parts.handoff.actor_on_device():  # colocated: the actor holds the GPUs for this, then steps aside
             step = self.resume()
-            if (step > 0 or self.started_from) and cfg.sync.enabled:
-                await self.sync(step)  # the engines started from the HF weights; bring them to the checkpoint's
+            if cfg.sync.enabled:  # the engines hold the HF weights (or colocated, none): the actor's go to them,
+                await self.sync(step)  # checked before the first rollout
         if step == 0 and cfg.eval.before_training and 0 not in self.run.logged_steps():
             self.tracker.log(await self.evaluate(0), 0)  # the initial policy's score: the "before" of the run
         self.version = step  # the trainer's weights: the step of their last update
@@ -121,6 +122,7 @@ class Trainer:
             prepared = self.prepare(fresh, step, finished)
             if prepared is not None:
                 await parts.handoff.enter_training()
+                self.export_best()  # the weights the last evaluation scored, before this update changes them
                 if self.needs_scoring():
                     with timers("logprobs"):
                         await self.score(prepared.batch)
@@ -128,6 +130,9 @@ class Trainer:
                     metrics |= await self.update(prepared.batch, step)
                 self.version = step
                 metrics |= prepared.metrics  # the actor reports the rollout/trainer mismatch/*
+                if self.checkpoint_due(step):  # inside the training window: the engines' weights are pushed next
+                    with timers("checkpoint"):  # (the record: what the step knows so far, its rollout and update)
+                        self.save(step, metrics | rollout_metrics([e for g in finished for e in g.episodes]))
             if self.ahead is not None and not cfg.rollout.partial:
                 with timers("rollout_wait"):  # the engines finish the next step's episodes before the push
                     await asyncio.wait([self.ahead[0]])
@@ -140,8 +145,8 @@ class Trainer:
                 with timers("eval"):
                     metrics |= await self.evaluate(step)
         metrics = self.summarize(step, finished, metrics | timers.pop())
-        if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-            with timers("checkpoint"):  # with async_save: until the tensors are copied to host memory
+        if prepared is None and self.checkpoint_due(step):  # no training window this step
+            with timers("checkpoint"):
                 async with parts.handoff.actor_on_device():
                     self.save(step, metrics)
             metrics |= timers.pop()
@@ -246,6 +251,10 @@ class Trainer:
         """Pause the engines, push the trained weights bucket by bucket, flush their caches, resume."""
         return await self.parts.weights.push(version)
 
+    def checkpoint_due(self, step: int) -> bool:
+        every = self.cfg.checkpoint.every_steps
+        return bool(every) and step % every == 0
+
     def save(self, step: int, record: dict[str, float] | None = None) -> None:
         """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them).
         With `checkpoint.async_save` the files are written while the run goes on (`CheckpointManager.commit`).
@@ -264,12 +273,18 @@ class Trainer:
         score = metrics.get("eval/reward_mean", float("-inf"))
         if score > self.best:
             self.best = score
-            if step == 0:
-                return metrics  # the initial policy is the model the run started from: nothing to export
-            async with self.parts.handoff.actor_on_device():
-                self.checkpoints.export_hf("best")
-            self.run.best.write_text(json.dumps({"step": step, "eval/reward_mean": score}))
+            if step > 0:  # the initial policy is the model the run started from: nothing to export
+                self.best_pending = (step, score)
         return metrics
+
+    def export_best(self) -> None:
+        """Export the weights of a new best evaluation as `hf/best`, in the training window after it (the actor is
+        on the devices and its weights are still those evaluated), or at the end of the run."""
+        if self.best_pending is not None:
+            step, score = self.best_pending
+            self.checkpoints.export_hf("best")
+            self.run.best.write_text(json.dumps({"step": step, "eval/reward_mean": score}))
+            self.best_pending = None
 
     def summarize(self, step: int, groups: list[EpisodeGroup], metrics: dict[str, float]) -> dict[str, float]:
         """The step's full metrics; also writes the rollout dump of the step."""
@@ -315,6 +330,7 @@ class Trainer:
     async def finish(self, step: int) -> None:
         """Save the final checkpoint (unless just saved) and export HF weights."""
         await self.parts.handoff.enter_training()  # colocated: the export gathers the actor's weights on the GPUs
+        self.export_best()
         every = self.cfg.checkpoint.every_steps
         if step > 0 and not (every and step % every == 0):
             self.save(step)  # its metrics are already logged

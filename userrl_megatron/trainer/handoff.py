@@ -4,6 +4,11 @@ Colocated, the actor and the engines share every GPU: entering training, the eng
 memory (`MEMORY_TAGS`) and, with `megatron.offload`, the actor's state returns from host memory; entering the
 rollout, the reverse. Each release pairs with exactly one resume. Disaggregated, every hand-off is a no-op.
 
+Released weights come back empty unless the engines keep a host copy (SGLang's `--enable-weights-cpu-backup`,
+forced on when sync is off): a resume maps fresh memory. So weights never come back without a push: the weight
+sync resumes them and pushes, and a hand-off back to the rollout that finds them still released pushes the
+current weights first (`refill`).
+
 The user simulator's engines on the same GPUs (`user_sim.engines.placement: policy_engines`, the `shared` pool)
 take the same turns: paused (which also stops their generation probes) and their KV cache and CUDA graphs released
 (`FROZEN_MEMORY_TAGS`) while the actor trains, resumed before the rollout. They keep their weights: a frozen model
@@ -19,6 +24,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+from userrl_megatron.config.resolve import keeps_weights
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.errors import RunError
 from userrl_megatron.trainer.seams import Actors, EngineClient, EnginePool
@@ -53,6 +59,8 @@ class MemoryHandoff:
         self.cfg, self.actors, self.pool = cfg, actors, pool
         self.shared = shared  # the user simulator's engines on the policy engines' GPUs (None: none there)
         self.colocated = cfg.rollout.colocate
+        self.keeps_weights = keeps_weights(cfg.rollout)
+        self.refill: Callable[[], Awaitable[Any]] | None = None  # pushes the current weights (`WeightSync`)
         self.released: set[str] = set()  # engine memory tags released and not resumed yet
         self.shared_released = False  # the shared engines' FROZEN_MEMORY_TAGS released and not resumed yet
         # The run's hand-offs so far: releases of memory the engines held, and resumes that gave all of it back.
@@ -75,6 +83,8 @@ class MemoryHandoff:
         """Colocated mode: with `megatron.offload` the actor's state goes to host memory; the engines take their
         memory back and resume."""
         if self.colocated:
+            if "weights" in self.released and not self.keeps_weights:
+                await self._refill()  # before the actor's weights leave: the push exports them
             if self.cfg.megatron.offload:
                 await asyncio.to_thread(self.actors.offload)
             await self.resume(MEMORY_TAGS)
@@ -83,8 +93,9 @@ class MemoryHandoff:
 
     @contextlib.asynccontextmanager
     async def actor_on_device(self) -> AsyncIterator[None]:
-        """Colocated: a checkpoint save or an HF export reads the actor's state, which is offloaded while the
-        engines hold their memory: the engines step aside for it, then take their memory back."""
+        """Colocated: a checkpoint save or an HF export outside the training window reads the actor's state, which
+        is offloaded while the engines hold their memory: the engines step aside for it, then take their memory
+        back (their weights refilled by a push)."""
         if not self.colocated:
             yield
             return
@@ -93,6 +104,17 @@ class MemoryHandoff:
             yield
         finally:
             await self.enter_rollout()
+
+    async def _refill(self) -> None:
+        """Push the current weights into the engines' released weight memory (the push resumes it)."""
+        if self.refill is None:
+            raise RunError(
+                "colocated engines released their weights without a host copy and nothing can push them back: "
+                "enable sync, or the engines' enable_weights_cpu_backup"
+            )
+        await self.refill()
+        if "weights" in self.released:
+            raise RunError("the weight push left the engines' weight memory released")
 
     def metrics(self) -> dict[str, float]:
         """Colocated: the run's hand-offs so far, per pool (none disaggregated, where nothing steps aside)."""

@@ -107,6 +107,11 @@ class EnginePool(Protocol):
     def api_key(self) -> str: ...
 
     @property
+    def model_path(self) -> str:
+        """The checkpoint directory every engine loads at start."""
+        ...
+
+    @property
     def concurrency(self) -> int: ...
 
     @property
