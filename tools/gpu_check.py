@@ -18,7 +18,8 @@ project's own modules in one process of its own (world size 1: NCCL on CUDA, glo
   engine_requests   greedy, seeded sampled, penalised and prompt-log-prob requests
   logprob_mismatch  the engine's log-probs of sampled tokens against the actor's
   throughput        output tokens/s at 32 concurrent requests (and at one)
-  release_resume    the engine releases its weights and KV cache (device memory freed) and resumes (same output)
+  release_resume    the trainer's hand-off: the engine releases everything (device memory freed), its weights come
+                    back empty (generation refused) until the actor's are pushed (same output)
   train_largest     the engine stopped, the largest random Qwen3 (1.7B, 4B or 8B shapes) whose training the plan
                     fits in the free device memory: tokens/s and MFU of its training steps, its peak beside the plan
 

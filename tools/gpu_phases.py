@@ -309,35 +309,43 @@ def phase_engine_start(smoke: Smoke, r: Record) -> None:
     r.summary = f"healthy after {seconds:.1f} s" + ("" if used is None else f", {gib(used)} on the device")
 
 
+def push_actor(smoke: Smoke, version: int) -> dict[str, float]:
+    """Push the actor's weights to the engine as the trainer does: what `MegatronWorker.connect_engines(...,
+    "tensor")` sets up for the only rank of a world of one (handles to memory on its device, to the engine on the
+    same device, names checked against the engine's checkpoint), then `export_hf_plans()` as `push_weights` does."""
+    import torch
+
+    from userrl_megatron.config.schema import SyncConfig
+    from userrl_megatron.sync.sender import EngineEndpoint
+    from userrl_megatron.sync.tensor_sender import TensorSender
+
+    device = f"cuda:{torch.cuda.current_device()}" if smoke.cuda else "cpu"
+    engine = EngineEndpoint(smoke.server.url, tp_size=1, first_device=0, checkpoint=str(smoke.model_dir))
+    sender = TensorSender(SyncConfig(), [engine], f"gpu_check_v{version}", device)
+    sender.connect()
+    try:
+        metrics = sender.push(smoke.actor.export_hf_plans(), version=version)
+        smoke.synchronize()
+        return metrics
+    finally:
+        sender.close()
+
+
 def phase_weight_sync(smoke: Smoke, r: Record) -> None:
     import asyncio
 
     import torch
     from safetensors import safe_open
 
-    from userrl_megatron.config.schema import SyncConfig
-    from userrl_megatron.sync.sender import EngineEndpoint
-    from userrl_megatron.sync.tensor_sender import TensorSender
-
     rows = smoke.sizes.read_rows
     actor = smoke.actor
-    # What `MegatronWorker.connect_engines(..., "tensor")` sets up for the only rank of a world of one: a sender of
-    # handles to memory on its device, to the engine on the same device.
-    device = f"cuda:{torch.cuda.current_device()}" if smoke.cuda else "cpu"
-    engine = EngineEndpoint(smoke.server.url, tp_size=1, first_device=0)
-    sender = TensorSender(SyncConfig(), [engine], "gpu_check_pp0", device)
-    sender.connect()
     expected = {name: t[:rows].detach().to("cpu", torch.float32).clone() for name, t in actor.export_hf_weights()}
     smoke.synchronize()
     before = smoke.allocated()
     if smoke.cuda:
         torch.cuda.reset_peak_memory_stats()
-    try:
-        metrics = sender.push(actor.export_hf_plans(), version=1)  # as `MegatronWorker.push_weights` does
-        smoke.synchronize()
-        after = smoke.allocated()  # a GPU sender gives its segments back at the end of each push
-    finally:
-        sender.close()
+    metrics = push_actor(smoke, version=1)
+    after = smoke.allocated()  # a GPU sender gives its segments back at the end of each push
     peak = torch.cuda.max_memory_allocated() - (before or 0) if smoke.cuda else None
 
     async def read() -> tuple[str, dict[str, Any]]:
@@ -506,33 +514,48 @@ def phase_throughput(smoke: Smoke, r: Record) -> None:
 
 
 def phase_release_resume(smoke: Smoke, r: Record) -> None:
+    """The trainer's colocated hand-off on the engine, which keeps no copy of its weights (as SGLang without
+    `--enable-weights-cpu-backup`): every tag released for training (`MemoryHandoff.enter_training`), the weights
+    resumed and pushed (`WeightSync.push`), the rest resumed (`enter_rollout`). Between the resume and the push the
+    engine holds no weights and must refuse to generate."""
     import asyncio
 
+    from userrl_megatron.fleet.engine import EngineError
+    from userrl_megatron.trainer.handoff import MEMORY_TAGS
     from userrl_megatron.types import SamplingParams
 
     prompt = smoke.random_prompts(1, smoke.sizes.prompt_len, seed=51)[0]
     greedy = SamplingParams(max_new_tokens=smoke.sizes.new_tokens, temperature=0.0)
-    tags = ["weights", "kv_cache"]
+    rest = [t for t in MEMORY_TAGS if t != "weights"]
 
     async def run() -> dict[str, Any]:
         async with smoke.client() as client:
             before = await client.generate(prompt, greedy)
             free = smoke.device_free()
             start = time.perf_counter()
-            await client.release_memory(tags)
+            await client.release_memory(list(MEMORY_TAGS))
             release_s = time.perf_counter() - start
             released = smoke.device_free()
             start = time.perf_counter()
-            await client.resume_memory(tags)
+            await client.resume_memory(["weights"])
             resume_s = time.perf_counter() - start
+            try:
+                await client.generate(prompt, greedy)
+                refused = ""
+            except EngineError as e:
+                refused = str(e)
+            push = await asyncio.to_thread(push_actor, smoke, 2)
+            await client.resume_memory(rest)
             resumed = smoke.device_free()
             after = await client.generate(prompt, greedy)
         return {
             "same": before.output_ids == after.output_ids,
+            "refused": refused,
             "freed": None if free is None else (released or 0) - free,
             "regained": None if released is None else released - (resumed or 0),
             "release_s": release_s,
             "resume_s": resume_s,
+            "push_s": push.get("sync/seconds", 0.0),
         }
 
     out = asyncio.run(run())
@@ -541,9 +564,12 @@ def phase_release_resume(smoke: Smoke, r: Record) -> None:
         device_regained_bytes=out["regained"],
         release_s=out["release_s"],
         resume_s=out["resume_s"],
+        push_s=out["push_s"],
+        refused=out["refused"][:120],
     )
-    r.check("same_greedy_output_after_resume", out["same"])
-    summary = f"release {out['release_s']:.2f} s, resume {out['resume_s']:.2f} s"
+    r.check("refused_before_the_push", "Cannot generate" in out["refused"], out["refused"][:120] or "it generated")
+    r.check("same_greedy_output_after_the_push", out["same"])
+    summary = f"release {out['release_s']:.2f} s, resume {out['resume_s']:.2f} s, push {out['push_s']:.2f} s"
     if out["freed"] is not None:
         weights = smoke.plan["engine_weights_bytes"] if smoke.plan else smoke.arch.num_parameters * 2
         r.figure(engine_weights_bytes=weights)
@@ -643,7 +669,7 @@ SMOKE: list[Phase] = [
     Phase("engine_requests", ("server",), phase_engine_requests),
     Phase("logprob_mismatch", ("actor", "server"), phase_logprob_mismatch),
     Phase("throughput", ("server",), phase_throughput),
-    Phase("release_resume", ("server",), phase_release_resume),
+    Phase("release_resume", ("actor", "server"), phase_release_resume),
     Phase("train_largest", (), phase_train_largest),
 ]
 MADE_BY = {"model_dir": "model", "actor": "train", "server": "engine_start"}
