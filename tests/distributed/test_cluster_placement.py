@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from userrl_megatron.config import load_config
+from userrl_megatron.config import ConfigError, load_config
 from userrl_megatron.errors import UserError
 from userrl_megatron.fleet.sglang import KEY_ENTRY
 from userrl_megatron.trainer.dry_run import BringUp, bring_up, format_placement, simulated_cluster
@@ -100,7 +100,7 @@ def spanning(command: list[str], nnodes: int, node_rank: int, address: str) -> l
 
 def tensor_groups(result: BringUp) -> list[tuple]:
     """(group, members, holders) of each tensor-handle sync group, as its source rank records it; every member
-    recorded its part."""
+    recorded its part, and every handle is to a GPU its engine sees (`unseen_handles`)."""
     groups = []
     for role in result.sync:
         assert role.method == "tensor"
@@ -108,7 +108,34 @@ def tensor_groups(result: BringUp) -> list[tuple]:
             groups.append((role.group, role.members, role.holders))
     for group, members, _ in groups:
         assert sorted(r.rank for r in result.sync if r.group == group) == members
+    assert unseen_handles(result) == []
     return groups
+
+
+def unseen_handles(result: BringUp) -> list[str]:
+    """Each engine TP rank whose tensor handle is to memory on a GPU its engine process does not see, as the
+    launcher placed them: the holder rank's node and `CUDA_VISIBLE_DEVICES` against those of the engine's process
+    on the TP rank's node (an engine spanning nodes runs one process per node, its TP ranks in node order). SGLang
+    0.5.23 opens a handle only on a GPU it sees (sglang/srt/utils/patch_torch.py:89-97, "Invalid device_uuid")."""
+    parts: dict[int, list] = {}
+    for process in result.engines:
+        parts.setdefault(process.engine, []).append(process)
+    found = []
+    for role in result.sync:
+        if role.method != "tensor" or role.rank != role.members[0]:
+            continue
+        for engine, holders in enumerate(role.holders):
+            per_part = len(holders) // len(parts[engine])
+            for j, holder in enumerate(holders):
+                part = parts[engine][j // per_part]
+                rank = result.ranks[holder]
+                gpus = part.launch.env["CUDA_VISIBLE_DEVICES"].split(",")
+                if rank.ip != part.ip or rank.visible_devices not in gpus:
+                    found.append(
+                        f"{role.group}: engine {engine} TP rank {j} (node {part.ip}, GPUs {gpus}) maps rank {holder} "
+                        f"(node {rank.ip}, GPU {rank.visible_devices})"
+                    )
+    return found
 
 
 # ---- one node of 8 GPUs ----
@@ -188,6 +215,24 @@ def test_qwen3_30b_a3b_h200_on_one_node(cluster: list[str], config: str) -> None
 
 
 @pytest.mark.parametrize("cluster", [1], indirect=True)
+def test_handles_to_gpus_an_engine_does_not_see_are_found(cluster: list[str]) -> None:
+    """Issue 55, item 3: eight TP1 engines colocated with four actor ranks (the config check refuses it; brought up
+    unchecked here): engines 4-7 see GPUs 4-7, where no actor rank is, and are handed rank 0's copy on GPU 0."""
+    overrides = ["megatron.devices_per_node=4", "megatron.tensor_model_parallel_size=2"]
+    with pytest.raises(ConfigError) as refused:
+        up("configs/layout/qwen3-8b-h100x8.yaml", *overrides)
+    assert [p for p in refused.value.problems if p.startswith("sync.method = auto")] != []
+    cfg = load_config([str(REPO / "configs/layout/qwen3-8b-h100x8.yaml")], overrides, check=False)
+    with ThreadPoolExecutor(1) as pool:
+        result = pool.submit(bring_up, cfg).result(timeout=HANG_S)
+    [(_, members, holders)] = [(r.group, r.members, r.holders) for r in result.sync if r.rank == r.members[0]]
+    assert members == [0, 1, 2, 3] and holders == [[0], [1], [2], [3], [0], [0], [0], [0]]
+    assert [line.split(" (node")[0] for line in unseen_handles(result)] == [
+        f"userrl_sync_g0_pp0: engine {e} TP rank 0" for e in range(4, 8)
+    ]
+
+
+@pytest.mark.parametrize("cluster", [1], indirect=True)
 def test_a_layout_larger_than_the_cluster_fails_in_one_line(cluster: list[str]) -> None:
     with pytest.raises(UserError) as failure:
         up("configs/layout/qwen3-32b-h100x16.yaml")
@@ -241,6 +286,8 @@ def test_qwen3_32b_with_the_user_simulator_on_the_policy_engines_gpus(cluster: l
         command[2] = "USERRL_USER_SIM_ENGINE_KEY"
         return [*command, "--context-length", "32768", "--enable-memory-saver"]
 
+    holders = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(16)), holders)]
     assert all(e.launch.watch for e in result.simulator)
     sims = [(e.engine, node, e.node_rank, e.launch.env) for e in result.simulator for node in [cluster.index(e.ip)]]
     policy = [(e.engine, node, e.node_rank, e.launch.env) for e in result.engines for node in [cluster.index(e.ip)]]

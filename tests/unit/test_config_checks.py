@@ -419,3 +419,96 @@ def test_shared_sglang_engines_split_each_gpu() -> None:
     assert load_config(overrides=[*base, fraction, "user_sim.engines.mem_fraction_static=0.4"])
     embedded_sim = [*base, fraction, "user_sim.engines.mem_fraction_static=0.5", "user_sim.engines.backend=embedded"]
     assert load_config(overrides=embedded_sim)  # an embedded engine sizes its cache in tokens, not in a fraction
+
+
+LAYOUT_8B = str(REPO / "configs" / "layout" / "qwen3-8b-h100x8.yaml")
+LAYOUT_30B = str(REPO / "configs" / "layout" / "qwen3-30b-a3b-h100x8.yaml")
+
+
+def layout_problems(layout: str, overrides: list[str]) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load_config([layout], overrides)
+    return e.value.problems
+
+
+def test_tensor_handles_only_to_gpus_the_engine_sees() -> None:
+    """An SGLang engine opens a CUDA IPC handle only on a GPU its process sees: the handle names its GPU by UUID and
+    SGLang 0.5.23 looks that UUID up among its visible devices (`_device_from_maybe_uuid`,
+    sglang/srt/utils/patch_torch.py:89-97, "Invalid device_uuid"). Engines on GPUs of their own never see an actor
+    rank's GPU; colocated engines beyond the actor's GPUs, or beside another pipeline stage, map a rank's copy on
+    another GPU. Refused naming `sync.method` for GPU engines, whatever `auto` would pick; on CPU (shared memory)
+    handles reach every process on the node."""
+    from userrl_megatron.config.checks import check_config
+
+    [disaggregated] = layout_problems(LAYOUT_8B, ["rollout.colocate=false", "sync.method=tensor"])
+    assert disaggregated.startswith("sync.method = tensor hands engine 0 a CUDA IPC handle to actor rank 0's memory")
+    assert "on GPU 0 of node 0" in disaggregated and "sees only GPU 0 of node 1" in disaggregated
+    assert "sync.method = distributed" in disaggregated
+    load_config([LAYOUT_8B], ["rollout.colocate=false"])  # auto picks the broadcast there
+    # 16 engine GPUs colocated with 8 actor ranks: engines 4-7 sit on the second node's GPUs, with no actor rank
+    [beyond] = layout_problems(LAYOUT_30B, ["rollout.num_engines=8"])
+    assert beyond.startswith("sync.method = auto (tensor handles for colocated engines) hands engine 4 a CUDA IPC")
+    assert "sees only GPUs 0,1 of node 1" in beyond and "rollout.num_engines x rollout.engine_tp" in beyond
+    # pipeline stage 0 (ranks 0-3) hands TP1 engine 4, on GPU 4, the copy of its source rank 0 on GPU 0
+    [stages] = layout_problems(LAYOUT_8B, ["megatron.pipeline_model_parallel_size=2"])
+    assert "hands engine 4 a CUDA IPC handle to actor rank 0's memory on GPU 0 of node 0" in stages
+    # the same configs on CPU: shared-memory handles reach every engine process on the node
+    cpu = ["rollout.colocate=false", "sync.method=tensor", "rollout.sglang.device=cpu"]
+    check_config(load_config([LAYOUT_8B], cpu, check=False), on_gpu=None)
+    sglang = ["rollout.backend=sglang", "sync.method=tensor"]  # one actor rank, one engine on a device of its own
+    check_config(load_config(overrides=sglang, check=False), on_gpu=False)
+    assert problems(sglang)[0].startswith("sync.method = tensor hands engine 0")  # not known to be CPU: refused
+    embedded = ["rollout.colocate=true", "rollout.num_engines=2", "rollout.backend=embedded", "megatron.offload=true"]
+    check_config(load_config(overrides=embedded), on_gpu=False)  # two engines beside one CPU rank
+    with pytest.raises(ConfigError) as e:  # the same on GPUs: engine 1 on a GPU with no actor rank
+        check_config(load_config(overrides=embedded), on_gpu=True)
+    assert (
+        [p for p in e.value.problems if p.startswith("sync.method")]
+        == [p for p in e.value.problems if "engine 1 a CUDA IPC handle to actor rank 0's memory" in p]
+        != []
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((REPO / "configs" / "layout").glob("*.yaml")) + sorted((REPO / "examples").glob("*/config.yaml")),
+    ids=lambda p: p.stem if p.parent.name == "layout" else p.parent.name,
+)
+def test_every_shipped_layout_hands_engines_only_gpus_they_see(path: Path) -> None:
+    from userrl_megatron.config.checks import check_config
+
+    check_config(load_config([str(path)]), on_gpu=True)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["rollout.colocate=false", "sync.method=tensor"],
+        ["rollout.num_engines=8"],
+        ["megatron.pipeline_model_parallel_size=2"],
+        ["rollout.num_engines=2", "rollout.engine_tp=4", "megatron.pipeline_model_parallel_size=2"],
+        ["megatron.nnodes=2", "rollout.num_engines=4", "rollout.engine_tp=4", "megatron.tensor_model_parallel_size=4"],
+    ],
+)
+def test_the_check_reads_handles_as_the_sender_hands_them(overrides: list[str]) -> None:
+    """The config check's holders (config must not import `sync`, which imports it) are the sender's own:
+    `sync.roles.payload_holders` over each pipeline stage's ranks, with the endpoints `WeightSync` makes."""
+    from userrl_megatron.config.checks import _unseen_handle
+    from userrl_megatron.sync.roles import EngineEndpoint, payload_holders
+
+    cfg = load_config([LAYOUT_30B], overrides, check=False)
+    m, r = cfg.megatron, cfg.rollout
+    world, per_node, pp = m.nnodes * m.devices_per_node, m.devices_per_node, m.pipeline_model_parallel_size
+    start = 0 if r.colocate else world
+    engines = [EngineEndpoint("", r.engine_tp, start + e * r.engine_tp) for e in range(r.num_engines)]
+    unseen = None
+    for stage in range(pp):
+        ranks = list(range(stage * world // pp, (stage + 1) * world // pp))
+        for e, holders in enumerate(payload_holders(engines, ranks)):
+            for j, holder in enumerate(holders):
+                device = start + e * r.engine_tp + j
+                seen = [d for d in range(device - j, device - j + r.engine_tp) if d // per_node == device // per_node]
+                if holder not in seen and unseen is None:
+                    unseen = (e, holder, seen)
+    assert _unseen_handle(cfg) == unseen

@@ -277,3 +277,12 @@ def test_an_embedded_engine_holds_no_request_beyond_its_context_length() -> None
     assert plan_run(_layout(H100_32B, *base)).simulator_kv_tokens == [64 * 2048 + 16384]
     short = plan_run(_layout(H100_32B, *base, "user_sim.engines.context_length=1024"))
     assert short.simulator_kv_tokens == [64 * 1024 + 16384]
+
+
+def test_plan_refuses_tensor_handles_to_a_gpu_the_engine_cannot_see(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 55, item 3: the 8B layout's engines on a second node, handed tensor handles to rank 0's memory."""
+    code = main(["plan", "--config", str(H100_8B), "rollout.colocate=false", "sync.method=tensor"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    [line] = err.splitlines()
+    assert line.startswith("userrl: error: sync.method = tensor hands engine 0 a CUDA IPC handle")

@@ -166,13 +166,17 @@ def _engine_problems(cfg: RootConfig) -> list[str]:
 
 
 def _sync_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
-    """Weight-sync transports that cannot work for the placement (docs/engine.md, "Weight sync")."""
+    """Weight-sync transports that cannot work for the placement (docs/trainer.md, "Weight sync")."""
     method, problems = cfg.sync.method, []
     if method == "distributed" and cfg.rollout.colocate and on_gpu:
         problems.append(
             "sync.method = distributed cannot sync colocated engines on GPUs (NCCL refuses a group whose ranks share "
             "a GPU); use auto or tensor"
         )
+    handles = method == "tensor" or (method == "auto" and cfg.rollout.colocate)
+    unseen = _unseen_handle(cfg) if handles and _engines_on_gpu(cfg, on_gpu) else None
+    if unseen is not None:
+        return [*problems, _unseen_handle_problem(cfg, *unseen)]
     if method == "tensor" and not cfg.rollout.colocate and cfg.megatron.nnodes > 1:
         problems.append(
             "sync.method = tensor hands engines handles to memory on the trainer's node: it needs rollout.colocate = "
@@ -186,6 +190,67 @@ def _sync_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
             "rollout.colocate = false)"
         )
     return problems
+
+
+def _engines_on_gpu(cfg: RootConfig, on_gpu: bool | None) -> bool:
+    """Whether the engines get GPUs, where a tensor handle is a CUDA IPC handle: SGLang engines unless told
+    `device: cpu` or the run is known to be on CPU (as `userrl plan` plans them); embedded engines when the run is
+    known to be on GPUs or they are told a CUDA device."""
+    r = cfg.rollout
+    if on_gpu is False:
+        return False
+    if r.backend == "sglang":
+        return r.sglang.device != "cpu"
+    return r.embedded.device.startswith("cuda") or (on_gpu is True and r.embedded.device != "cpu")
+
+
+def _unseen_handle(cfg: RootConfig) -> tuple[int, int, list[int]] | None:
+    """The first engine handed a tensor handle on a GPU it does not see: (engine, the actor rank whose copy it
+    maps, the GPUs the engine's process sees on that TP rank's node), as global device indices; None when every
+    handle is on a GPU its engine sees. Actor rank r is on device r; engine e's TP ranks on the `engine_tp` devices
+    from 0 (colocated) or after the actor's, e x `engine_tp` on (`fleet.placement.plan_bundles`), each node's
+    process seeing the engine's devices on its node (`fleet.sglang.sglang_env`). An engine TP rank maps the copy of
+    the stage's rank on its own device, else the stage source's (`sync.roles.payload_holders`, which imports the
+    config: tests/unit/test_config_checks.py holds the two to the same answer); Megatron's order puts PP outermost,
+    so stage s is a contiguous block of ranks, its source first."""
+    m, r = cfg.megatron, cfg.rollout
+    world, per_node = m.nnodes * m.devices_per_node, m.devices_per_node
+    pp = m.pipeline_model_parallel_size
+    if min(world, per_node, pp, r.engine_tp) < 1 or world % (m.tensor_model_parallel_size * pp):
+        return None  # the layout checks report this
+    start = 0 if r.colocate else world
+    per_stage = world // pp
+    for stage in range(pp):
+        ranks = range(stage * per_stage, (stage + 1) * per_stage)
+        for e in range(r.num_engines):
+            first = start + e * r.engine_tp
+            for device in range(first, first + r.engine_tp):
+                holder = device if device in ranks else ranks[0]
+                seen = [d for d in range(first, first + r.engine_tp) if d // per_node == device // per_node]
+                if holder not in seen:
+                    return e, holder, seen
+    return None
+
+
+def _unseen_handle_problem(cfg: RootConfig, engine: int, rank: int, seen: list[int]) -> str:
+    m, r = cfg.megatron, cfg.rollout
+    per_node = m.devices_per_node
+    which = "tensor" if cfg.sync.method == "tensor" else "auto (tensor handles for colocated engines)"
+    gpus = ",".join(str(d % per_node) for d in seen)
+    where = (
+        f"sync.method = {which} hands engine {engine} a CUDA IPC handle to actor rank {rank}'s memory on GPU "
+        f"{rank % per_node} of node {rank // per_node}, and the engine sees only GPU{'s' if len(seen) > 1 else ''} "
+        f"{gpus} of node {seen[0] // per_node} (SGLang maps a handle only on a GPU it sees)"
+    )
+    if not r.colocate:
+        return f"{where}: use sync.method = distributed, or auto, which picks it for engines on GPUs of their own"
+    world = m.nnodes * per_node
+    return (
+        f"{where}: colocated engines on GPUs need an actor rank of every pipeline stage on the GPUs they see; keep "
+        f"rollout.num_engines x rollout.engine_tp ({r.num_engines * r.engine_tp}) <= megatron.nnodes x "
+        f"megatron.devices_per_node ({world}) with pipeline_model_parallel_size = 1 (the broadcast cannot serve "
+        "colocated engines on GPUs either)"
+    )
 
 
 def _sglang_gpu_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
