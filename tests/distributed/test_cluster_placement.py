@@ -162,17 +162,18 @@ def test_qwen3_8b_on_one_node(cluster: list[str], config: str) -> None:
 
 @pytest.mark.parametrize("cluster", [1], indirect=True)
 def test_qwen3_30b_a3b_h100_on_one_node_with_the_router(cluster: list[str]) -> None:
-    """TP2 x EP4 over DP4: EP rank = DP rank; four TP2 engines, engine e on GPUs 2e and 2e + 1; sglang-router in
-    front of them on the driver's node."""
+    """TP2 x EP4 over DP4: EP rank = DP rank; four TP2 engines, engine e on GPUs 2e and 2e + 1, their CUDA-graph
+    pool released while the actor trains; sglang-router in front of them on the driver's node."""
     head = cluster[DRIVER_NODE]
     result = up("configs/layout/qwen3-30b-a3b-h100x8.yaml", "rollout.router=sglang")
     assert ranks(result, cluster) == [
         (0, str(r), r, 8, "cuda:0", "nccl", head, (r % 2, 0, 0, r // 2, r // 2)) for r in range(8)
     ]
     urls = [f"http://127.0.0.1:{30000 + e}" for e in range(4)]
+    graphs = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}  # rollout.sglang.release_cuda_graph: the pool leaves for training
     assert engines(result, cluster) == [
-        (e, 0, 0, {"CUDA_VISIBLE_DEVICES": f"{2 * e},{2 * e + 1}"}, urls[e],
-         sglang("/models/Qwen3-30B-A3B", 30000 + e, 2, 0.6))
+        (e, 0, 0, {"CUDA_VISIBLE_DEVICES": f"{2 * e},{2 * e + 1}"} | graphs, urls[e],
+         [*sglang("/models/Qwen3-30B-A3B", 30000 + e, 2, 0.6), "--disable-prefill-cuda-graph"])
         for e in range(4)
     ]  # fmt: skip
     assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(8)), [[0, 1], [2, 3], [4, 5], [6, 7]])]

@@ -62,6 +62,27 @@ def test_memory_saver_only_for_an_engine_colocated_on_cuda() -> None:
     assert "--enable-memory-saver" not in sglang_command(off, "/m", 1, 30000, python="py", colocated=True)
 
 
+def test_the_cuda_graph_pool_is_released_only_as_slime_runs_sglang() -> None:
+    """`rollout.sglang.release_cuda_graph`: SGLang 0.5.23 captures its decode graphs in the memory saver's region
+    only with `SGLANG_MEMORY_SAVER_CUDA_GRAPH` set (model_executor/runner_backend/full_cuda_graph_backend.py:121-124,
+    185-195), and its default prefill graphs (breakable on CUDA, model_executor/cuda_graph_config.py:119-123) then
+    refuse to start (runner_backend/breakable_cuda_graph_backend.py:84-95): slime sets the variable, and the prefill
+    graphs go (`--disable-prefill-cuda-graph`). Only for an engine colocated on CUDA with the memory saver."""
+    cfg = SGLangConfig(release_cuda_graph=True)
+    launch = sglang_launch(cfg, "/m", 2, 30000, "bfloat16", "cuda", ["0", "1"], colocated=True)
+    assert launch.env == {"CUDA_VISIBLE_DEVICES": "0,1", "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
+    assert launch.command[-2:] == ["--enable-memory-saver", "--disable-prefill-cuda-graph"]
+    for unreleased in (
+        sglang_launch(SGLangConfig(), "/m", 2, 30000, "bfloat16", "cuda", ["0", "1"], colocated=True),
+        sglang_launch(cfg, "/m", 2, 30000, "bfloat16", "cuda", ["0", "1"]),  # not colocated: nothing released
+        sglang_launch(SGLangConfig(release_cuda_graph=True, enable_memory_saver=False), "/m", 1, 1, gpus=["0"]),
+    ):
+        assert unreleased.env == {"CUDA_VISIBLE_DEVICES": unreleased.env["CUDA_VISIBLE_DEVICES"]}
+        assert "--disable-prefill-cuda-graph" not in unreleased.command
+    on_cpu = sglang_launch(cfg, "/m", 1, 30000, device="cpu", colocated=True)
+    assert "SGLANG_MEMORY_SAVER_CUDA_GRAPH" not in on_cpu.env and "--disable-prefill-cuda-graph" not in on_cpu.command
+
+
 def test_an_engine_wider_than_a_node_names_its_nodes() -> None:
     """An engine of TP16 on 8-GPU nodes: one process per node, each with --nnodes, its --node-rank and node rank
     0's rendezvous address (item 5 of issue 27)."""

@@ -120,15 +120,24 @@ H100_8B = REPO / "configs" / "layout" / "qwen3-8b-h100x8.yaml"
 H100_32B = REPO / "configs" / "layout" / "qwen3-32b-h100x16.yaml"
 H100_32B_USERSIM = REPO / "configs" / "layout" / "qwen3-32b-h100x24-usersim.yaml"
 H100_32B_SHARED = REPO / "configs" / "layout" / "qwen3-32b-h100x16-usersim-shared.yaml"
+H100_30B = REPO / "configs" / "layout" / "qwen3-30b-a3b-h100x8.yaml"
+QWEN3_8B = Architecture.from_hf_config(PUBLISHED_SHAPES["qwen3-8b"])
+KV_TOKEN_8B = 2 * 36 * 8 * 128 * 2  # K and V of 36 layers, 8 KV heads of 128, bf16: one TP1 engine GPU
 
 
 def test_engines_starting_beside_a_resident_actor_get_no_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started beside the actor's resident state, an engine keeps the pool it sized then: the 8B layout's engines a
+    quarter of theirs, the 30B-A3B H100 layout's none (SGLang refuses to start)."""
+    fitting = plan_run(_layout(H100_8B)).kv_tokens
+
     async def engines_first(parts: components.Components) -> None:  # the start-up order before the fix
         await parts.pool.start()
         await parts.weights.connect()
 
     monkeypatch.setattr(components, "bring_up", engines_first)
-    problems = plan_problems(plan_run(_layout(H100_8B)))
+    beside = plan_run(_layout(H100_8B))
+    assert beside.kv_tokens == [beside.restarts["engine"].kv_tokens] * 8 and beside.kv_tokens[0] < fitting[0] // 3
+    problems = plan_problems(plan_run(_layout(H100_30B)))
     assert any("engine 0 starts with" in p and "no room for a KV cache" in p for p in problems), problems
 
 
@@ -136,7 +145,7 @@ def test_sync_frees_grads_and_optimizer_before_engine_weights_return(monkeypatch
     # TP2 engines (the layout's first version) on 70 GiB: the old order needed their 30.5 GiB of weights back
     # beside the actor's grads and optimizer state (78.8 GiB when the plan counted one 512 MiB sync bucket; the
     # two live buckets hold the embedding and the LM head, 1.45 GiB each: 81.2 GiB; the export's TP gather of the
-    # embedding's shards beside them: 82.8 GiB).
+    # embedding's shards beside them: 82.8 GiB; the CUDA-graph pool SGLang keeps through training: 85.8 GiB).
     cfg = _layout(H100_32B, "plan.device_memory_gb=70", "rollout.engine_tp=2", "rollout.num_engines=8")
     assert plan_problems(plan_run(cfg)) == []
     offload = LedgerActors.offload
@@ -147,7 +156,7 @@ def test_sync_frees_grads_and_optimizer_before_engine_weights_return(monkeypatch
 
     monkeypatch.setattr(LedgerActors, "offload", weights_only)
     problems = plan_problems(plan_run(cfg))
-    assert problems and problems[0].startswith("weight sync: GPU 0 needs 82.8 GiB, 12.8 GiB more than"), problems
+    assert problems and problems[0].startswith("weight sync: GPU 0 needs 85.8 GiB, 15.8 GiB more than"), problems
 
 
 def test_saves_and_exports_onload_the_actor(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,18 +214,19 @@ def test_the_usersim_layout_serves_the_simulator_on_a_node_of_its_own() -> None:
     [row] = plan.simulator
     device = int(79.6 * GIB)
     weights = Architecture.from_hf_config(PUBLISHED_SHAPES["qwen3-32b"]).num_parameters * 2 // 2
-    kv = device - GIB - weights - int(device * (1 - 0.85))  # SGLang keeps 0.15 of the GPU outside its pool
+    free = device - GIB  # its CUDA context: SGLang keeps 0.15 of what is free then outside its pool
+    kv = free - weights - int(free * (1 - 0.85))
     assert row.held == {
         "CUDA contexts": GIB,
         "engine weights": weights,
         "engine KV cache": kv,
         "engine runtime": 3 * GIB,
     }
-    assert plan.simulator_kv_tokens == [kv // (2 * 64 * 4 * 128 * 2)] * 4 == [296_123] * 4  # 4 of 8 KV heads a GPU
+    assert plan.simulator_kv_tokens == [kv // (2 * 64 * 4 * 128 * 2)] * 4 == [297_352] * 4  # 4 of 8 KV heads a GPU
     lines = format_plan(plan, cfg).splitlines()
     assert lines[-2:] == [
-        "user simulator: 4 engine(s) TP2 of /models/Qwen3-32B on GPUs of their own (8 more): 70.7 GiB per GPU "
-        "(engine KV cache 36.1, engine weights 30.5, engine runtime 3.0, CUDA contexts 1.0); KV cache 296,123 tokens "
+        "user simulator: 4 engine(s) TP2 of /models/Qwen3-32B on GPUs of their own (8 more): 70.8 GiB per GPU "
+        "(engine KV cache 36.3, engine weights 30.5, engine runtime 3.0, CUDA contexts 1.0); KV cache 297,352 tokens "
         "per engine",
         "the run takes 3 nodes of 8 GPUs (megatron.devices_per_node): 24 GPUs, 16 for the actor and the policy's "
         "engines and 8 for the user simulator's engines",
@@ -226,39 +236,43 @@ def test_the_usersim_layout_serves_the_simulator_on_a_node_of_its_own() -> None:
         "the run takes 2 nodes of 8 GPUs (megatron.devices_per_node): 16 GPUs"
     )
     at_policy_fraction = plan_run(load_config([str(H100_32B_USERSIM)], ["user_sim.engines.mem_fraction_static=0"]))
-    assert at_policy_fraction.simulator[0].held["engine KV cache"] == device - GIB - weights - int(device * (1 - 0.6))
+    assert at_policy_fraction.simulator[0].held["engine KV cache"] == free - weights - int(free * (1 - 0.6))
 
 
 def test_the_shared_layout_serves_the_simulator_on_the_policy_engines_gpus() -> None:
     """Four TP4 simulator engines on the four policy engines' GPUs (user_sim.engines.placement: policy_engines): they
-    start first, with 0.35 of each GPU; the policy's engines start after the actor's offload with 0.45 of their own
-    (SGLang told 0.8: both shares); while the actor trains the simulator holds only its weights; no GPU added."""
+    start first, with 0.35 of what is free; the policy's engines start after the actor's offload, SGLang told 0.8
+    (both shares) of what is free then; while the actor trains the simulator keeps its weights and its CUDA-graph
+    pool (SGLang frees it only with `rollout.sglang.release_cuda_graph`); no GPU added."""
     cfg = load_config([str(H100_32B_SHARED)])
     plan = plan_run(cfg)
     assert plan_problems(plan) == [] and plan.devices == 16 and plan.simulator == []
     device = int(79.6 * GIB)
     weights = Architecture.from_hf_config(PUBLISHED_SHAPES["qwen3-32b"]).num_parameters * 2 // 4
     contexts = 3 * GIB  # the actor rank's, the policy engine's and the simulator engine's
-    sim_kv = device - contexts - weights - int(device * (1 - 0.35))
+    free = device - contexts
+    sim_kv = free - weights - int(free * (1 - 0.35))
     kv_token = 2 * 64 * 2 * 128 * 2  # 2 of 8 KV heads a GPU
-    assert plan.simulator_kv_tokens == [sim_kv // kv_token] * 4 == [157_351] * 4
+    assert plan.simulator_kv_tokens == [sim_kv // kv_token] * 4 == [189_299] * 4
     sim = {"user sim weights": weights, "user sim KV cache": sim_kv, "user sim runtime": 3 * GIB}
     assert plan.simulator_shared == sim | {"CUDA contexts": GIB}
-    policy_kv = device - contexts - sum(sim.values()) - weights - int(device * (1 - 0.8))
-    assert plan.kv_tokens == [policy_kv // kv_token] * 4 == [287_767] * 4
+    policy_free = free - sum(sim.values())
+    policy_kv = policy_free - weights - int(policy_free * (1 - 0.8))
+    assert plan.kv_tokens == [policy_kv // kv_token] * 4 == [363_330] * 4
     rows = {row.phase: row for row in plan.rows}
     assert set(rows) == {"start-up", "rollout", "training", "weight sync", "checkpoint", "HF export"}
     assert {row.kind for row in plan.rows} == {"shared"}
     policy = {"engine weights": weights, "engine KV cache": policy_kv, "engine runtime": 3 * GIB}
     assert rows["rollout"].held == sim | policy | {"CUDA contexts": contexts}
-    held = rows["training"].held  # the simulator's KV cache and CUDA graphs released, its weights kept
-    assert held["user sim weights"] == weights and not {"user sim KV cache", "user sim runtime"} & set(held)
+    held = rows["training"].held  # the simulator's KV cache released, its weights and CUDA-graph pool kept
+    assert held["user sim weights"] == weights and held["user sim runtime"] == 3 * GIB
+    assert "user sim KV cache" not in held
     assert {"user sim KV cache", "actor optimizer"} <= set(rows["start-up"].held)  # the actor loads beside them
     lines = format_plan(plan, cfg).splitlines()
     assert lines[-2:] == [
-        "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 28.9 GiB "
-        "per GPU while serving (user sim weights 15.3, user sim KV cache 9.6, user sim runtime 3.0, CUDA contexts "
-        "1.0); KV cache 157,351 tokens per engine",
+        "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 30.8 GiB "
+        "per GPU while serving (user sim weights 15.3, user sim KV cache 11.6, user sim runtime 3.0, CUDA contexts "
+        "1.0); KV cache 189,299 tokens per engine",
         "the run takes 2 nodes of 8 GPUs (megatron.devices_per_node): 16 GPUs",
     ]
     even = plan_run(
@@ -267,7 +281,7 @@ def test_the_shared_layout_serves_the_simulator_on_the_policy_engines_gpus() -> 
             ["rollout.sglang.mem_fraction_static=0.4", "user_sim.engines.mem_fraction_static=0.4"],
         )
     )
-    assert plan_problems(even) == ["start-up: GPU 0 needs 80.6 GiB, 1.0 GiB more than plan.device_memory_gb = 79.6"]
+    assert plan_problems(even) == ["start-up: GPU 0 needs 82.4 GiB, 2.8 GiB more than plan.device_memory_gb = 79.6"]
 
 
 def test_an_embedded_engine_holds_no_request_beyond_its_context_length() -> None:
@@ -286,3 +300,50 @@ def test_plan_refuses_tensor_handles_to_a_gpu_the_engine_cannot_see(capsys: pyte
     assert code == 2 and out == ""
     [line] = err.splitlines()
     assert line.startswith("userrl: error: sync.method = tensor hands engine 0 a CUDA IPC handle")
+
+
+def test_sglang_sizes_its_kv_pool_from_the_memory_free_at_its_start() -> None:
+    """SGLang 0.5.23 keeps (1 - mem_fraction_static) of the memory free before it loads its weights, not of the
+    device: `pre_model_load_memory` is measured once torch.distributed is up, before the weights
+    (model_executor/model_runner.py:1261-1264, distributed/bootstrap.py:193-223, the minimum over the engine's TP
+    ranks), and the pool gets what is free after the weights less `pre_model_load_memory x (1 - fraction)`
+    (mem_cache/kv_cache_configurator.py:3007, 3038). The 8B layout's engine starts beside the actor rank's CUDA
+    context and its own: 77.6 GiB free of 79.6."""
+    assert sglang_kv_pool(50 * GIB, 70 * GIB, 0.5) == 15 * GIB  # 70 GiB free at start: 35 kept outside the pool
+    plan = plan_run(_layout(H100_8B))
+    free = int(79.6 * GIB) - 2 * GIB
+    weights = QWEN3_8B.num_parameters * 2
+    kv = free - weights - int(free * (1 - 0.5))
+    assert plan.kv_tokens == [kv // KV_TOKEN_8B] * 8 == [171_439] * 8
+
+
+def test_sglang_keeps_its_cuda_graph_pool_through_training_unless_its_environment_frees_it() -> None:
+    """SGLang 0.5.23 captures its CUDA graphs in the memory saver's region, which a release of "cuda_graph" frees,
+    only with `SGLANG_MEMORY_SAVER_CUDA_GRAPH` set (model_executor/runner_backend/full_cuda_graph_backend.py:121-124,
+    185-195); otherwise the release frees nothing (managers/scheduler_components/weight_updater.py:376-377 pauses
+    an empty region) and the pool stays beside the training actor. `rollout.sglang.release_cuda_graph` sets it, as
+    slime does, and then the pool is backed up in host memory while released (`enable_cpu_backup=True`)."""
+    kept = {row.phase: row for row in plan_run(_layout(H100_8B)).rows}
+    assert kept["training"].held["engine runtime"] == 3 * GIB
+    assert kept["checkpoint"].held["engine runtime"] == 3 * GIB
+    released = plan_run(_layout(H100_8B, "rollout.sglang.release_cuda_graph=true"))
+    assert "engine runtime" not in {row.phase: row for row in released.rows}["training"].held
+    assert released.host[0].held["engine CUDA graph backup"] == 8 * 3 * GIB
+    disaggregated = _layout(H100_8B, "rollout.colocate=false", "megatron.offload=false")
+    assert "engine CUDA graph backup" not in plan_run(disaggregated).host[0].held  # nothing released
+
+
+def test_an_engine_restarted_inside_the_push_sizes_its_kv_cache_beside_the_resident_actor() -> None:
+    """The weight sync first restarts dead engines (trainer/weight_sync.py, `repair_engines` at the start of
+    `push`), after training, when the actor's weights, grads and optimizer state are on every GPU: an engine
+    restarted there measures its free memory beside them and keeps that pool for its life."""
+    cfg = _layout(H100_8B)
+    plan = plan_run(cfg)
+    actor = actor_memory(QWEN3_8B, cfg.megatron, "bfloat16", world=8)
+    free = int(79.6 * GIB) - 2 * GIB - actor.state  # the actor rank's and the new engine's CUDA contexts
+    kv = free - QWEN3_8B.num_parameters * 2 - int(free * (1 - 0.5))
+    restart = plan.restarts["engine"]  # after the phase the trainer recorded last before the push (its order's)
+    assert (restart.free, restart.kv_tokens) == (free, kv // KV_TOKEN_8B) and restart.after in plan.phase_bytes()
+    assert 0 < restart.kv_tokens < min(plan.kv_tokens) // 3
+    line = f"an engine restarted after {restart.after} gets {kv // KV_TOKEN_8B:,} KV tokens (43.3 GiB free before"
+    assert line in format_plan(plan, cfg)

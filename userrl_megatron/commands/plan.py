@@ -9,7 +9,7 @@ from userrl_megatron.commands.config import add_config_args
 
 def _plan(args: argparse.Namespace) -> int:
     from userrl_megatron.config import load_config
-    from userrl_megatron.plan import format_plan, plan_problems, plan_run
+    from userrl_megatron.plan import format_plan, plan_problems, plan_run, plan_warnings
 
     cfg = load_config(args.config, args.overrides)
     if args.placement:
@@ -23,6 +23,8 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     plan = plan_run(cfg)
     print(format_plan(plan, cfg))
+    for warning in plan_warnings(plan):
+        print(f"userrl: warning: {warning}", file=sys.stderr)
     problems = plan_problems(plan)
     for problem in problems:
         print(f"userrl: error: {problem}", file=sys.stderr)

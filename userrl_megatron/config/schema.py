@@ -85,6 +85,7 @@ class SGLangConfig:
     context_length: int = 0  # longest prompt + output served (--context-length); 0 = the model's
     enable_weights_cpu_backup: bool = False  # keep weights across memory release (forced on: colocated with sync off)
     enable_return_routed_experts: bool = False  # MoE: record routing for return_routed_experts (on: routing replay)
+    release_cuda_graph: bool = False  # colocated: a release frees the CUDA-graph pool (slime's env; prefill graphs off)
 
 
 @dataclass

@@ -25,6 +25,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VENV_PYTHON = PROJECT_ROOT / ".venv-sglang" / "bin" / "python"
 KEY_ENTRY = Path(__file__).with_name("key_entry.py")  # runs a module with `--api-key` taken from the environment
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+GRAPH_RELEASE_ENV = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}  # CUDA graphs in the memory saver's region (slime sets it)
 OMP_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"  # the cores of each TP rank on CPU, "0-3|4-7"
 
 
@@ -51,6 +52,18 @@ def resolve_device(cfg: SGLangConfig, has_gpu: bool) -> str:
     if cfg.device == "auto":
         return "cuda" if has_gpu else "cpu"
     return cfg.device
+
+
+def releases_cuda_graphs(cfg: SGLangConfig, colocated: bool, device: str = "cuda") -> bool:
+    """Whether a release of "cuda_graph" frees the engine's CUDA-graph pool. SGLang 0.5.23 captures its graphs in
+    the memory saver's region only with `SGLANG_MEMORY_SAVER_CUDA_GRAPH` set and the memory saver on
+    (model_executor/runner_backend/full_cuda_graph_backend.py:121-124, 185-195); otherwise the release pauses an
+    empty region (managers/scheduler_components/weight_updater.py:376-377) and the pool stays for the engine's
+    life. With it set, the prefill graphs (breakable by default on CUDA, model_executor/cuda_graph_config.py:119-123)
+    must be off (`--disable-prefill-cuda-graph`, arg_groups/fields/exec_.py:662-665): their backend refuses the
+    memory saver (runner_backend/breakable_cuda_graph_backend.py:84-95). Asked for with
+    `rollout.sglang.release_cuda_graph`, for engines colocated on CUDA."""
+    return cfg.release_cuda_graph and cfg.enable_memory_saver and colocated and device != "cpu"
 
 
 def sglang_command(
@@ -98,6 +111,8 @@ def sglang_command(
         command += ["--context-length", str(cfg.context_length)]
     if cfg.enable_memory_saver and colocated and device != "cpu":  # torch-memory-saver frees CUDA memory only
         command.append("--enable-memory-saver")
+    if releases_cuda_graphs(cfg, colocated, device):
+        command.append("--disable-prefill-cuda-graph")
     if cfg.enable_weights_cpu_backup:
         command.append("--enable-weights-cpu-backup")
     if cfg.enable_return_routed_experts:
@@ -151,7 +166,10 @@ def sglang_launch(
     )  # fmt: skip
     leader = span is None or span.node_rank == 0
     url = f"http://{connect_host(cfg.host, node_ip)}:{port}" if leader else ""
-    return ProcessLaunch(command, sglang_env(device, gpus, per_node), url, watch=True, secrets=secrets)
+    env = sglang_env(device, gpus, per_node)
+    if releases_cuda_graphs(cfg, colocated, device):
+        env |= GRAPH_RELEASE_ENV
+    return ProcessLaunch(command, env, url, watch=True, secrets=secrets)
 
 
 def launch_sglang(

@@ -34,6 +34,7 @@ class Ledger:
     held: list[dict[str, int]]
     peaks: dict[str, list[tuple[int, dict[str, int]]]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    phase: str = ""  # the phase recorded last: where the run is now
 
     @classmethod
     def of(cls, devices: int, device_bytes: int) -> "Ledger":
@@ -50,6 +51,7 @@ class Ledger:
 
     def record(self, phase: str, temporaries: dict[int, dict[str, int]] | None = None) -> None:
         """The devices' holdings (plus this call's temporaries) as a candidate for `phase`'s peak."""
+        self.phase = phase
         peaks = self.peaks.setdefault(phase, [(0, {}) for _ in self.held])
         for device, holding in enumerate(self.held):
             now = dict(holding)
@@ -62,6 +64,17 @@ class Ledger:
     def complain(self, problem: str) -> None:
         if problem not in self.problems:
             self.problems.append(problem)
+
+
+@dataclass(frozen=True)
+class Restart:
+    """An engine the trainer restarts: after which phase, the memory free on its GPUs before it loads its weights
+    (SGLang sizes its KV pool from it, for the engine's life), and its KV pool in tokens (0: none; SGLang refuses
+    to start, and the pool gives the engine up after `rollout.engine_max_restarts`)."""
+
+    after: str
+    free: int
+    kv_tokens: int
 
 
 class LedgerActors:
@@ -198,6 +211,9 @@ class LedgerClient:
 
     async def release_memory(self, tags: list[str]) -> None:
         for tag in tags:
+            if tag == "cuda_graph" and not self.pool.frees_graphs:  # SGLang pauses an empty region: nothing freed
+                self.released[tag] = 0
+                continue
             for device in self.pool.devices_of(self.index):
                 self.released[tag] = self.pool.ledger.free(device, self.pool.labels[tag])
 
@@ -226,9 +242,17 @@ class LedgerPool:
         devices: list[list[int]],
         labels: dict[str, str] | None = None,
         name: str = "engine",
+        restart_rollout: Any = None,
     ) -> None:
+        from userrl_megatron.fleet.sglang import releases_cuda_graphs
+
         self.ledger, self.memory, self.rollout, self.engine_devices = ledger, memory, rollout, devices
         self.labels, self.name = labels or ENGINE_TAGS, name
+        self.restart_rollout = restart_rollout or rollout  # the settings a restarted engine is launched with
+        # SGLang frees its CUDA-graph pool on release only when the launcher asked for it; the embedded engine has
+        # none, and its release of weights empties torch's cache of what its decode steps held.
+        self.frees_graphs = rollout.backend != "sglang" or releases_cuda_graphs(rollout.sglang, rollout.colocate)
+        self.smallest_restart: Restart | None = None  # the smallest KV pool an engine restarted by the trainer gets
         self.clients = [LedgerClient(self, e) for e in range(len(devices))]
         self.urls = [c.base_url for c in self.clients]
         self.kv_tokens: list[int] = []
@@ -240,17 +264,17 @@ class LedgerPool:
         return self.engine_devices[engine]
 
     async def start(self) -> None:
-        """Each engine loads its weights, then sizes its KV pool from what is free on its GPUs at that moment."""
+        """Each engine loads its weights, then sizes its KV pool from what was free on its GPUs when it started."""
         m = self.memory
         for engine, devices in enumerate(self.engine_devices):
+            at_start = min(self.ledger.device_bytes - sum(self.ledger.held[d].values()) for d in devices)
             for device in devices:
                 self.ledger.book(device, self.labels["weights"], m.weights)
-            free = min(self.ledger.device_bytes - sum(self.ledger.held[d].values()) for d in devices)
-            kv = self._kv_bytes(free)
+            kv = self._kv_bytes(at_start - m.weights, at_start, self.rollout)
             if kv <= 0:
                 self.ledger.complain(
-                    f"{self.name} {engine} starts with {free / 2**30:.1f} GiB free after its weights on GPU "
-                    f"{devices[0]}: no room for a KV cache"
+                    f"{self.name} {engine} starts with {(at_start - m.weights) / 2**30:.1f} GiB free after its "
+                    f"weights on GPU {devices[0]}: no room for a KV cache"
                 )
                 kv = 0
             self.kv_tokens.append(kv // m.kv_token)
@@ -259,13 +283,13 @@ class LedgerPool:
                 self.ledger.book(device, self.labels["cuda_graph"], m.runtime)
         self.ledger.record("start-up")
 
-    def _kv_bytes(self, free: int) -> int:
-        if self.rollout.backend == "sglang":
-            return sglang_kv_pool(free, self.ledger.device_bytes, self.rollout.sglang.mem_fraction_static)
-        if self.rollout.sglang.max_total_tokens:
-            return self.rollout.sglang.max_total_tokens * self.memory.kv_token
-        embedded = self.rollout.embedded  # a running request's KV grows to its context; finished ones are cached
-        context = self.rollout.max_prompt_tokens + self.rollout.max_response_tokens
+    def _kv_bytes(self, free_after_weights: int, free_at_start: int, rollout: Any) -> int:
+        if rollout.backend == "sglang":
+            return sglang_kv_pool(free_after_weights, free_at_start, rollout.sglang.mem_fraction_static)
+        if rollout.sglang.max_total_tokens:
+            return rollout.sglang.max_total_tokens * self.memory.kv_token
+        embedded = rollout.embedded  # a running request's KV grows to its context; finished ones are cached
+        context = rollout.max_prompt_tokens + rollout.max_response_tokens
         if embedded.context_length:  # no request grows beyond what the engine serves
             context = min(context, embedded.context_length)
         return (embedded.max_running_requests * context + embedded.prefix_cache_tokens) * self.memory.kv_token
@@ -280,7 +304,18 @@ class LedgerPool:
         return None
 
     async def repair(self, timeout_s: float) -> None:
-        return None
+        """Where the trainer restarts dead engines: the KV pool an engine restarted here would size, from what its
+        GPUs hold now less its own memory (gone with its process); the smallest over the run is kept (the latest
+        of equals)."""
+        own = set(self.labels.values())
+        for devices in self.engine_devices:
+            held = [sum(n for label, n in self.ledger.held[d].items() if label not in own) for d in devices]
+            at_start = self.ledger.device_bytes - max(held)
+            kv = max(self._kv_bytes(at_start - self.memory.weights, at_start, self.restart_rollout), 0)
+            restart = Restart(self.ledger.phase, at_start, kv // self.memory.kv_token)
+            smallest = self.smallest_restart
+            if smallest is None or (restart.kv_tokens, restart.free) <= (smallest.kv_tokens, smallest.free):
+                self.smallest_restart = restart
 
     async def restart(self, urls: list[str], timeout_s: float) -> list[LedgerClient]:
         return self.clients

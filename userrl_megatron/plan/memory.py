@@ -142,7 +142,7 @@ class EngineMemory:
 
     weights: int  # the whole model in the serving dtype over the engine's TP ranks
     kv_token: int  # KV-cache bytes per token on one GPU (K and V of every layer, this GPU's KV heads)
-    runtime: int  # CUDA graphs and decode activations while generating (`plan.engine_runtime_gb`)
+    runtime: int  # CUDA graphs and decode activations while generating (`plan.engine_runtime_gb`), in SGLang's slack
 
 
 def engine_memory(arch: Architecture, rollout: RolloutConfig, dtype: str, plan: PlanConfig) -> EngineMemory:
@@ -157,11 +157,14 @@ def engine_memory(arch: Architecture, rollout: RolloutConfig, dtype: str, plan: 
     )
 
 
-def sglang_kv_pool(free_after_weights: int, device: int, mem_fraction_static: float) -> int:
-    """Bytes SGLang gives its KV pool at start: what is free once its weights are loaded, less the share of the
-    device it keeps for everything else, `(1 - mem_fraction_static) x device`. Memory another process holds at
-    that moment is not free: an actor still on the GPU shrinks the pool for the whole run."""
-    return free_after_weights - int(device * (1 - mem_fraction_static))
+def sglang_kv_pool(free_after_weights: int, free_at_start: int, mem_fraction_static: float) -> int:
+    """Bytes SGLang 0.5.23 gives its KV pool at start: what is free once its weights are loaded, less
+    `(1 - mem_fraction_static)` of what was free before it loaded them (`pre_model_load_memory`, measured once
+    torch.distributed is up, the minimum over its TP ranks: model_executor/model_runner.py:1261-1264,
+    distributed/bootstrap.py:193-223; the slack and the budget: mem_cache/kv_cache_configurator.py:3007, 3038).
+    It keeps that slack for its CUDA graphs and activations. Memory another process holds at its start is neither
+    in the pool nor in the slack: an actor resident then shrinks both, for the engine's life."""
+    return free_after_weights - int(free_at_start * (1 - mem_fraction_static))
 
 
 def pinned_bytes(nbytes: int) -> int:

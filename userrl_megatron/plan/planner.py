@@ -19,7 +19,7 @@ from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.errors import UserError
-from userrl_megatron.plan.ledger import SIMULATOR_TAGS, Ledger, LedgerActors, LedgerPool, LedgerRunner
+from userrl_megatron.plan.ledger import SIMULATOR_TAGS, Ledger, LedgerActors, LedgerPool, LedgerRunner, Restart
 from userrl_megatron.plan.memory import (
     GIB,
     actor_memory,
@@ -73,6 +73,9 @@ class MemoryPlan:
     # On the policy engines' GPUs (user_sim.engines.placement: policy_engines): what a simulator engine holds on each
     # of its GPUs while it serves (in `rows` beside the policy's; `simulator` stays empty).
     simulator_shared: dict[str, int] = field(default_factory=dict)
+    # Where the trainer restarts a dead engine, the smallest KV pool one gets ({"engine": ..., "user simulator
+    # engine": ...}): it sizes its pool from what its GPUs hold then.
+    restarts: dict[str, Restart] = field(default_factory=dict)
 
     @property
     def peak(self) -> PhaseRow:
@@ -140,7 +143,9 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
             rows.append(PhaseRow(phase, kind, device, *per_device[device]))
     episodes = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
     in_flight = min(cfg.rollout.max_concurrent_episodes, -(-episodes // cfg.rollout.num_engines))
-    backup = engine.weights if _engine_weight_backup(cfg) else 0
+    backup = {"engine weight backup": engine.weights} if _engine_weight_backup(cfg) else {}
+    if rollout.colocate and rollout.backend == "sglang" and pool.frees_graphs:  # backed up while released
+        backup["engine CUDA graph backup"] = engine.runtime
     host = _host_rows(cfg, actors.host_held, bundles.actor_bundles, engine_devices, backup)
     simulator, simulator_kv, simulator_problems = _simulator_plan(cfg) if shared_sim is None else ([], sim_kv, [])
     return MemoryPlan(
@@ -155,6 +160,7 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
         simulator,
         simulator_kv,
         sim_held,
+        {p.name: p.smallest_restart for p in (pool, shared_sim) if p is not None and p.smallest_restart},
     )
 
 
@@ -165,7 +171,7 @@ def _shared_simulator(
     simulator engine e on policy engine e's GPUs, with a CUDA context of its own on each, started on `ledger` (their
     KV pools sized from what is free then); their KV caches in tokens; what one holds on its first GPU once started.
     (None, [], {}) when they have GPUs of their own."""
-    from userrl_megatron.fleet.simulator import simulator_rollout
+    from userrl_megatron.fleet.simulator import simulator_restart_rollout, simulator_rollout
 
     if not cfg.user_sim.engines.shares_policy_engines:
         return None, [], {}
@@ -174,7 +180,8 @@ def _shared_simulator(
     for device in (d for ds in devices for d in ds):
         ledger.book(device, "CUDA contexts", int(cfg.plan.context_gb * GIB))
     memory = engine_memory(_simulator_arch(cfg), rollout, cfg.user_sim.engines.dtype or cfg.model.dtype, cfg.plan)
-    pool = LedgerPool(ledger, memory, rollout, devices, SIMULATOR_TAGS, "user simulator engine")
+    restarted = simulator_restart_rollout(cfg)  # a restarted one starts beside the policy's engine
+    pool = LedgerPool(ledger, memory, rollout, devices, SIMULATOR_TAGS, "user simulator engine", restarted)
     asyncio.run(pool.start())
     first = ledger.held[devices[0][0]]
     held = {label: first.get(label, 0) for label in SIMULATOR_TAGS.values()}
@@ -220,10 +227,15 @@ def _engine_weight_backup(cfg: RootConfig) -> bool:
 
 
 def _host_rows(
-    cfg: RootConfig, per_rank: dict[str, int], actor_devices: list[int], engine_devices: list[list[int]], backup: int
+    cfg: RootConfig,
+    per_rank: dict[str, int],
+    actor_devices: list[int],
+    engine_devices: list[list[int]],
+    backup: dict[str, int],
 ) -> list[HostRow]:
-    """Each node's pinned host memory: its actor ranks' (every rank alike) and its engine GPUs' weight backups.
-    GPU d sits on node d // `megatron.devices_per_node` (the placement's bundles, node by node)."""
+    """Each node's pinned host memory: its actor ranks' (every rank alike) and what its engine GPUs back up while
+    released (`backup`: bytes per GPU by label). GPU d sits on node d // `megatron.devices_per_node` (the
+    placement's bundles, node by node)."""
     per_node = max(cfg.megatron.devices_per_node, 1)
     ranks: dict[int, int] = {}
     gpus: dict[int, int] = {}
@@ -234,8 +246,9 @@ def _host_rows(
     rows = []
     for node in sorted(set(ranks) | set(gpus)):
         held = {label: nbytes * ranks.get(node, 0) for label, nbytes in per_rank.items() if ranks.get(node, 0)}
-        if backup and gpus.get(node, 0):
-            held["engine weight backup"] = backup * gpus[node]
+        for label, nbytes in backup.items():
+            if gpus.get(node, 0):
+                held[label] = nbytes * gpus[node]
         rows.append(HostRow(node, sum(held.values()), held, ranks.get(node, 0), gpus.get(node, 0)))
     return rows
 
@@ -301,6 +314,7 @@ def format_plan(plan: MemoryPlan, cfg: RootConfig) -> str:
             f"engine KV cache: {kv:,} tokens per engine; its episodes in flight reach {plan.kv_demand:,} at full "
             f"length" + ("; requests beyond the cache wait" if kv < plan.kv_demand else "")
         )
+    lines += [_restart_line(name, restart) for name, restart in plan.restarts.items()]
     if plan.simulator_shared:
         s = cfg.user_sim.engines
         held = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(plan.simulator_shared.items(), key=lambda kv: -kv[1]))
@@ -321,6 +335,15 @@ def format_plan(plan: MemoryPlan, cfg: RootConfig) -> str:
     return "\n".join(lines)
 
 
+def _restart_line(name: str, restart: Restart) -> str:
+    """Where the trainer restarts a dead engine, what the restarted engine gets."""
+    where = f"{'an' if name.startswith('engine') else 'a'} {name} restarted after {restart.after}"
+    free = f"{restart.free / GIB:.1f} GiB free before its weights"
+    if not restart.kv_tokens:
+        return f"{where} gets no KV cache ({free}): SGLang refuses to start it, and the pool gives it up"
+    return f"{where} gets {restart.kv_tokens:,} KV tokens ({free}), and keeps that pool"
+
+
 def _run_size(cfg: RootConfig) -> str:
     """The nodes and GPUs the whole run takes: the policy's and the user simulator's (`fleet.placement.run_shape`)."""
     from userrl_megatron.fleet.placement import run_shape
@@ -336,6 +359,11 @@ def _run_size(cfg: RootConfig) -> str:
             "simulator's engines"
         )
     return line
+
+
+def plan_warnings(plan: MemoryPlan) -> list[str]:
+    """What fails only after a fault: an engine the trainer would restart where it cannot start."""
+    return [_restart_line(name, r) for name, r in plan.restarts.items() if not r.kv_tokens]
 
 
 def plan_problems(plan: MemoryPlan) -> list[str]:
