@@ -57,30 +57,30 @@ RUN: dict[str, Run] = {
     "userrl data fetch --from ../shared/data": Run(shows=("data in {data}: 64 copied; every file matches its sha256",)),
     "userrl data verify": Run(status=1, shows=("missing  userrl/LICENSE.txt",)),  # the data folder starts empty
     "userrl plan --config configs/layout/qwen3-32b-h100x16.yaml": Run(
-        shows=("peak: 54.1 GiB on GPU 0 during training",)
+        shows=("peak: 57.1 GiB on GPU 0 during training",)
     ),
     "userrl plan --config configs/layout/qwen3-32b-h100x24-usersim.yaml": Run(
         shows=(
-            "user simulator: 4 engine(s) TP2 of /models/Qwen3-32B on GPUs of their own (8 more): 70.7 GiB per GPU "
-            "(engine KV cache 36.1, engine weights 30.5, engine runtime 3.0, CUDA contexts 1.0); KV cache 296,123 "
+            "user simulator: 4 engine(s) TP2 of /models/Qwen3-32B on GPUs of their own (8 more): 70.8 GiB per GPU "
+            "(engine KV cache 36.3, engine weights 30.5, engine runtime 3.0, CUDA contexts 1.0); KV cache 297,352 "
             "tokens per engine",
             USERSIM_NODES,
         )
     ),
     "userrl plan --config configs/layout/qwen3-32b-h100x16-usersim-shared.yaml": Run(
         shows=(
-            "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 28.9 GiB "
-            "per GPU while serving (user sim weights 15.3, user sim KV cache 9.6, user sim runtime 3.0, CUDA contexts "
-            "1.0); KV cache 157,351 tokens per engine",
+            "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 30.8 GiB "
+            "per GPU while serving (user sim weights 15.3, user sim KV cache 11.6, user sim runtime 3.0, CUDA contexts "
+            "1.0); KV cache 189,299 tokens per engine",
             "the run takes 2 nodes of 8 GPUs (megatron.devices_per_node): 16 GPUs",
         )
     ),
     "userrl plan --config examples/userrl_qwen3/config.yaml --config configs/layout/qwen3-32b-h100x24-usersim.yaml "
     "model.path=/models/Qwen3-32B": Run(shows=(USERSIM_NODES,)),
-    "userrl plan --config examples/userrl_qwen3/config.yaml rollout.engine_tp=2": Run(
+    "userrl plan --config examples/userrl_qwen3/config.yaml rollout.engine_tp=2 rollout.num_engines=4": Run(
         shows=(
-            "16 GPUs of 79.6 GiB (plan.device_memory_gb); actor TP2 PP1 CP1 DP4, recompute full, offload on; "
-            "8 sglang engines TP2, colocated",
+            "8 GPUs of 79.6 GiB (plan.device_memory_gb); actor TP2 PP1 CP1 DP4, recompute full, offload on; "
+            "4 sglang engines TP2, colocated",
         )
     ),
 }
