@@ -31,7 +31,14 @@ def _linked_copy(shared: Path, dest: Path, group: str) -> Path:
 
 
 def test_manifest_matches_the_shared_data(shared_data: Path) -> None:
-    files = sorted(str(p.relative_to(shared_data)) for p in shared_data.rglob("*") if p.is_file())
+    """Every file of the data groups the project reads is in the manifest (a group the project does not read yet,
+    such as tau2 until its gyms land, is not listed)."""
+    groups = {f.path.split("/")[0] for f in MANIFEST}
+    files = sorted(
+        str(p.relative_to(shared_data))
+        for p in shared_data.rglob("*")
+        if p.is_file() and p.relative_to(shared_data).parts[0] in groups
+    )
     assert sorted(f.path for f in MANIFEST) == files
     assert verify(shared_data) == {f.path: "ok" for f in MANIFEST}
     assert all(f.url.startswith("https://raw.githubusercontent.com/") for f in manifest(("userrl",)))
