@@ -123,7 +123,9 @@ def test_config_refuses_engines_that_do_not_fit_nodes_and_colocation_without_off
 
     model = ["configs/model/qwen3-32b.yaml"]
     base = ["rollout.backend=sglang", "megatron.devices_per_node=8", "megatron.offload=true"]
-    check_config(load_config(model, [*base, "rollout.engine_tp=16", "rollout.colocate=true"]), on_gpu=True)
+    # a colocated engine spanning two nodes, beside actor ranks on both (a handle never leaves its GPU)
+    two_nodes = [*base, "megatron.nnodes=2", "rollout.engine_tp=16", "rollout.colocate=true"]
+    check_config(load_config(model, two_nodes), on_gpu=True)
     check_config(load_config(model, [*base, "rollout.engine_tp=4"]), on_gpu=True)
     with pytest.raises(ConfigError) as failure:
         load_config(model, [*base, "megatron.devices_per_node=6", "rollout.engine_tp=4"])

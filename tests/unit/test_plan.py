@@ -1,6 +1,7 @@
 """`userrl plan`: the memory arithmetic against hand-computed cases, and the trainer's choreography played on the
 ledger: every shipped config plans clean, and each ordering mistake the choreography once made is caught."""
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from userrl_megatron.config.model_fit import PUBLISHED_SHAPES
 from userrl_megatron.config.schema import MegatronConfig
 from userrl_megatron.convert.arch import Architecture
 from userrl_megatron.plan import format_plan, plan_problems, plan_run
-from userrl_megatron.plan.ledger import LedgerActors
+from userrl_megatron.plan.ledger import Ledger, LedgerActors, LedgerPool, LedgerRunner
 from userrl_megatron.plan.memory import (
     GIB,
     LOGIT_CHUNK_BYTES,
@@ -24,6 +25,7 @@ from userrl_megatron.plan.memory import (
     sglang_kv_pool,
 )
 from userrl_megatron.trainer import components, handoff
+from userrl_megatron.trainer.weight_sync import WeightSync
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUTS = {
@@ -108,7 +110,8 @@ def _layout(path: Path, *overrides: str):
 def test_every_layout_plans_clean(path: Path) -> None:
     plan = plan_run(_layout(path))
     assert plan_problems(plan) == []
-    assert [r.phase for r in plan.rows][:2] == ["start-up", "rollout"] and min(plan.kv_tokens) > 0
+    # the actor's weights go to the engines before the first rollout (colocated: into their released memory)
+    assert [r.phase for r in plan.rows][:3] == ["start-up", "weight sync", "rollout"] and min(plan.kv_tokens) > 0
 
 
 @pytest.mark.parametrize("path", [*EXAMPLES, REPO / "configs" / "quickstart.yaml"], ids=lambda p: p.parent.name)
@@ -159,16 +162,67 @@ def test_sync_frees_grads_and_optimizer_before_engine_weights_return(monkeypatch
     assert problems and problems[0].startswith("weight sync: GPU 0 needs 85.8 GiB, 15.8 GiB more than"), problems
 
 
-def test_saves_and_exports_onload_the_actor(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_first_push_onloads_the_actor(monkeypatch: pytest.MonkeyPatch) -> None:
     @contextlib.asynccontextmanager
     async def as_it_is(self: handoff.MemoryHandoff) -> AsyncIterator[None]:  # before the fix: no onload
         yield
 
     monkeypatch.setattr(handoff.MemoryHandoff, "actor_on_device", as_it_is)
     problems = plan_problems(plan_run(_layout(H100_8B, "eval.every_steps=1")))
-    assert sorted(problems) == [
-        "a checkpoint save runs while the actor weights, actor optimizer are offloaded (it would crash)",
-        "an HF export runs while the actor weights are offloaded (it would crash)",
+    assert problems == ["a weight export runs while the actor weights are offloaded (it would crash)"]
+
+
+def test_saves_and_exports_run_in_the_training_window() -> None:
+    """Checkpoints and best-model exports read the actor while it holds the GPUs for its update: no hand-off of
+    their own, so no weights released and resumed around them."""
+    plan = plan_run(_layout(H100_8B, "eval.every_steps=1", "checkpoint.every_steps=1", "eval.before_training=true"))
+    assert plan_problems(plan) == []
+    phases = [r.phase for r in plan.rows]
+    assert {"checkpoint", "HF export"} <= set(phases)
+
+
+def test_a_rollout_over_weights_nobody_refilled_fails_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer before the fix: no push at the start of a fresh run, no push when the hand-off gives released
+    weights back. SGLang's resume maps fresh memory (`managers/scheduler_components/weight_updater.py:383-403` of
+    0.5.23: `memory_saver_adapter.resume(weights)`, no reload unless `--enable-weights-cpu-backup`)."""
+
+    async def no_refill(self: handoff.MemoryHandoff) -> None:
+        return None
+
+    push = WeightSync.push
+
+    async def not_at_step_0(self: WeightSync, version: int) -> dict[str, float]:
+        return {} if version == 0 else await push(self, version)
+
+    monkeypatch.setattr(handoff.MemoryHandoff, "_refill", no_refill)
+    monkeypatch.setattr(WeightSync, "push", not_at_step_0)
+    problems = plan_problems(plan_run(_layout(H100_8B, "eval.before_training=true")))
+    assert problems[0] == (
+        "the evaluation runs on engine-0, whose weights were released without a host copy and not pushed since (it "
+        "would generate from garbage)"
+    )
+    assert plan_problems(plan_run(_layout(H100_8B, "rollout.sglang.enable_weights_cpu_backup=true"))) == []
+
+
+def test_the_ledger_marks_released_weights_until_a_push() -> None:
+    cfg, arch = _layout(H100_8B), Architecture.from_hf_config(PUBLISHED_SHAPES["qwen3-8b"])
+    ledger = Ledger.of(2, 80 * GIB)
+    pool = LedgerPool(ledger, engine_memory(arch, cfg.rollout, "bfloat16", cfg.plan), cfg.rollout, [[0], [1]])
+    actors = LedgerActors(ledger, actor_memory(arch, cfg.megatron, "bfloat16", 2), [0, 1], 2**20)
+    runner = LedgerRunner(ledger, 16)
+
+    async def go() -> None:
+        groups = actors.connect_engines([{"url": "engine-1"}], "g", "tensor")
+        for client in pool.clients:
+            await client.release_memory(["weights"])
+            await client.resume_memory(["weights"])
+        actors.push_weights(groups, 1)  # reaches engine 1 only
+        await runner.run_groups([], 1, None)
+
+    asyncio.run(go())
+    assert ledger.problems == [
+        "the rollout runs on engine-0, whose weights were released without a host copy and not pushed since (it "
+        "would generate from garbage)"
     ]
 
 

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from userrl_megatron.config.resolve import keeps_weights
 from userrl_megatron.config.schema import CheckpointConfig
 from userrl_megatron.megatron.offload import GRADS, NEEDS, STATE, WEIGHTS
 from userrl_megatron.plan.memory import ActorMemory, EngineMemory, HostMemory, sglang_kv_pool
@@ -35,6 +36,9 @@ class Ledger:
     peaks: dict[str, list[tuple[int, dict[str, int]]]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     phase: str = ""  # the phase recorded last: where the run is now
+    # Engines (by URL) whose weights were released without a host copy and not pushed since: they hold garbage.
+    empty_weights: set[str] = field(default_factory=set)
+    groups: dict[str, list[str]] = field(default_factory=dict)  # weight-sync group -> the URLs of its engines
 
     @classmethod
     def of(cls, devices: int, device_bytes: int) -> "Ledger":
@@ -181,6 +185,8 @@ class LedgerActors:
 
     def push_weights(self, group_names: list[str], version: int) -> dict[str, float]:
         self._need("a weight export")
+        for name in group_names:
+            self.ledger.empty_weights.difference_update(self.ledger.groups.get(name, []))
         export = {"export working set": self.export_bytes} if self.export_bytes else {}
         if not self.kept_buckets:
             self._temporary("weight sync", {"sync buckets (2)": self.sync_bytes, **export})
@@ -192,6 +198,7 @@ class LedgerActors:
         return {}
 
     def connect_engines(self, engines: list[dict[str, Any]], group_prefix: str, method: str) -> list[str]:
+        self.ledger.groups[group_prefix] = [e["url"] for e in engines]
         return [group_prefix]
 
     def disconnect_engines(self, group_names: list[str]) -> None:
@@ -202,11 +209,12 @@ class LedgerActors:
 
 
 class LedgerClient:
-    """One engine's HTTP client: memory release and resume, as SGLang's memory saver does them."""
+    """One engine's HTTP client: memory release and resume, as SGLang's memory saver does them (released weights
+    without a host copy come back empty: the engine is marked until a push reaches it)."""
 
     def __init__(self, pool: "LedgerPool", index: int) -> None:
         self.pool, self.index = pool, index
-        self.base_url = f"engine-{index}"
+        self.base_url = f"{pool.name}-{index}"
         self.released: dict[str, int] = {}  # tag -> bytes per device
 
     async def release_memory(self, tags: list[str]) -> None:
@@ -216,6 +224,8 @@ class LedgerClient:
                 continue
             for device in self.pool.devices_of(self.index):
                 self.released[tag] = self.pool.ledger.free(device, self.pool.labels[tag])
+        if "weights" in tags and not keeps_weights(self.pool.rollout):
+            self.pool.ledger.empty_weights.add(self.base_url)
 
     async def resume_memory(self, tags: list[str]) -> None:
         for tag in tags:
@@ -259,6 +269,7 @@ class LedgerPool:
         self.exhausted, self.restarts_total, self.log_dir = False, 0, None
         self.concurrency = 1
         self.api_key = ""  # the simulated engines require none
+        self.model_path = ""  # they load no checkpoint
 
     def devices_of(self, engine: int) -> list[int]:
         return self.engine_devices[engine]
@@ -353,7 +364,13 @@ class LedgerRunner:
         *,
         gate: GroupGate | None = None,
     ) -> list[EpisodeGroup]:
-        self.ledger.record("rollout" if sampling is None else "evaluation")
+        phase = "rollout" if sampling is None else "evaluation"
+        for url in sorted(self.ledger.empty_weights):
+            self.ledger.complain(
+                f"the {phase} runs on {url}, whose weights were released without a host copy and not pushed since "
+                "(it would generate from garbage)"
+            )
+        self.ledger.record(phase)
         if sampling is not None:
             self.evaluations += 1  # each evaluation scores a little higher: every one exports a new best
         return [
