@@ -57,10 +57,13 @@ class WeightSync:
         """Pause the engines, stream the weights to all of them, flush their caches, resume.
 
         Colocated, the pool is already paused (enter_training): with `megatron.offload` the actor's grads and
-        optimizer state leave first, then the engines' weight memory comes back; their KV cache returns in
+        optimizer state leave first (also before a dead engine restarts: it sizes its KV cache from the memory free
+        at its start, for its whole life), then the engines' weight memory comes back; their KV cache returns in
         enter_rollout, after the actor's weights have moved out too."""
-        await repair_engines(self.cfg, self.pool, "weight sync")  # dead engines come back first
         colocated = self.cfg.rollout.colocate
+        if colocated and self.cfg.megatron.offload:
+            await asyncio.to_thread(self.actors.offload, False)
+        await repair_engines(self.cfg, self.pool, "weight sync")  # dead engines come back first
         refused = None
         async with self._pushing:
             if self._stale:
@@ -68,8 +71,6 @@ class WeightSync:
             if not colocated:
                 await self.pool.pause()
             if colocated:
-                if self.cfg.megatron.offload:  # grads and optimizer state leave before the engines' weights return
-                    await asyncio.to_thread(self.actors.offload, False)
                 await self.handoff.resume(["weights"])
             try:
                 metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
