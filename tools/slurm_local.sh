@@ -6,12 +6,22 @@
 #   tools/slurm_local.sh status   exit 0 when the node is up and accepting jobs, 1 otherwise
 #   tools/slurm_local.sh stop     stop the three daemons this script started
 #
-# Starting is idempotent: on a Slurm that is already up it changes nothing. The daemons run without systemd:
-# process tracking by parent process id (proctrack/linuxproc), no cgroups, no accounting, no GPUs (no gres).
-# A slurm.conf this script did not write is never overwritten.
+# Starting is idempotent: on a Slurm that is already up with the configuration this script writes, it changes
+# nothing; a configuration it wrote earlier that differs is rewritten and slurmctld and slurmd restarted. The
+# daemons run without systemd, with no accounting and no GPUs (no gres).
+#
+# Tasks are bound to cores, as on a GPU cluster: task/affinity with TaskPluginParam=Cores, so a step gets the
+# CPUs it asks for (one per task unless `--cpus-per-task` or SRUN_CPUS_PER_TASK says more). Memory is a
+# consumable resource (CR_Core_Memory): `--mem` is allocated and SLURM_MEM_PER_NODE set. Where the cgroup v1
+# memory, cpuset and freezer hierarchies are mounted and writable, Slurm's cgroups enforce both (task/cgroup,
+# proctrack/cgroup; cgroup.conf: ConstrainCores, ConstrainRAMSpace). Elsewhere processes are tracked by parent
+# process id (proctrack/linuxproc) and `--mem` is booked but not enforced. A slurm.conf or cgroup.conf this
+# script did not write is never overwritten.
 set -euo pipefail
 
 CONF=/etc/slurm/slurm.conf
+CGROUP_CONF=/etc/slurm/cgroup.conf
+CGROUP_ROOT=/sys/fs/cgroup
 MARK="# written by userrl_megatron tools/slurm_local.sh"
 NODE=$(hostname -s)
 LOGS=/var/log/slurm
@@ -45,16 +55,32 @@ install_packages() {
     slurmctld slurmd slurm-client munge >/dev/null
 }
 
-write_conf() {
-  if [ -f "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
-    die "$CONF exists and was not written by this script; not touching it"
-  fi
+# Whether Slurm's cgroup/v1 plugin can constrain jobs here: the memory, cpuset and freezer hierarchies mounted at
+# /sys/fs/cgroup/<controller> and writable (Slurm creates its tree below their roots). cgroup v2 is not tried:
+# without systemd, Slurm 22.05's cgroup/v2 needs IgnoreSystemd, which cgroup.conf(5) reserves for development.
+cgroup_v1_usable() {
+  local controller probe
+  for controller in memory cpuset freezer; do
+    [ -f "$CGROUP_ROOT/$controller/cgroup.procs" ] || return 1
+    probe="$CGROUP_ROOT/$controller/userrl-slurm-local-probe.$$"
+    mkdir "$probe" 2>/dev/null || return 1
+    rmdir "$probe"
+  done
+}
+
+# How limits are applied on this machine: "cgroup" (binding and memory by cgroups) or "affinity" (binding only).
+enforcement() { if cgroup_v1_usable; then echo cgroup; else echo affinity; fi; }
+
+render_conf() {  # enforcement
   # `slurmd -C` prints this machine's NodeName line (CPUs, sockets, cores, memory) exactly as slurmd will see
   # it, so the node never drains for a resource mismatch.
-  local hw
+  local hw proctrack=proctrack/linuxproc tasks=task/affinity
   hw=$(slurmd -C | head -n1 | sed "s/^NodeName=[^ ]*/NodeName=$NODE/")
-  mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd "$LOGS"
-  cat >"$CONF.tmp" <<EOF
+  if [ "$1" = cgroup ]; then
+    proctrack=proctrack/cgroup
+    tasks=task/affinity,task/cgroup
+  fi
+  cat <<EOF
 $MARK
 ClusterName=userrl-local
 SlurmctldHost=$NODE(127.0.0.1)
@@ -62,10 +88,11 @@ SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
 MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType=$proctrack
+TaskPlugin=$tasks
+TaskPluginParam=Cores
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -80,7 +107,53 @@ KillWait=30
 $hw NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=local Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
+}
+
+render_cgroup_conf() {
+  cat <<EOF
+$MARK
+CgroupPlugin=cgroup/v1
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+EOF
+}
+
+ours() { [ ! -e "$1" ] || grep -qF "$MARK" "$1"; }  # absent, or written by this script
+
+# Whether the files on disk are what this script would write on this machine now.
+conf_current() {
+  local mode
+  mode=$(enforcement)
+  [ -f "$CONF" ] && [ "$(cat "$CONF")" = "$(render_conf "$mode")" ] || return 1
+  if [ "$mode" = cgroup ]; then
+    [ -f "$CGROUP_CONF" ] && [ "$(cat "$CGROUP_CONF")" = "$(render_cgroup_conf)" ]
+  else
+    [ ! -e "$CGROUP_CONF" ] || ! grep -qF "$MARK" "$CGROUP_CONF"
+  fi
+}
+
+check_ours() {  # before anything is stopped or written
+  ours "$CONF" || die "$CONF exists and was not written by this script; not touching it"
+  [ "$(enforcement)" != cgroup ] || ours "$CGROUP_CONF" ||
+    die "$CGROUP_CONF exists and was not written by this script; not touching it"
+}
+
+write_conf() {
+  check_ours
+  local mode
+  mode=$(enforcement)
+  mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd "$LOGS"
+  render_conf "$mode" >"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
+  if [ "$mode" = cgroup ]; then
+    render_cgroup_conf >"$CGROUP_CONF.tmp"
+    mv "$CGROUP_CONF.tmp" "$CGROUP_CONF"
+    say "tasks bound to cores, memory limited: task/affinity,task/cgroup on cgroup v1 (ConstrainRAMSpace)"
+  else
+    if [ -e "$CGROUP_CONF" ] && grep -qF "$MARK" "$CGROUP_CONF"; then rm -f "$CGROUP_CONF"; fi
+    say "tasks bound to cores (task/affinity); memory booked, not enforced: no writable cgroup v1" \
+      "memory/cpuset/freezer hierarchies under $CGROUP_ROOT"
+  fi
 }
 
 running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -117,11 +190,14 @@ wait_up() {
   done
 }
 
-stop_daemons() {
-  for pidfile in /run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid; do
+stop_daemons() {  # pidfiles... : each daemon is signalled, then waited for (30 s at most)
+  local pidfile deadline
+  for pidfile in "$@"; do
     if running "$pidfile"; then
       say "stopping $(basename "$pidfile" .pid)"
       kill "$(cat "$pidfile")"
+      deadline=$((SECONDS + 30))
+      while running "$pidfile" && ((SECONDS < deadline)); do sleep 0.2; done
     fi
   done
 }
@@ -129,8 +205,14 @@ stop_daemons() {
 case "${1:-start}" in
   start)
     if command -v sinfo >/dev/null && is_up; then
-      say "already up: node $NODE is $(node_state)"
-      exit 0
+      if ! grep -qsF "$MARK" "$CONF" || conf_current; then
+        say "already up: node $NODE is $(node_state)"
+        exit 0
+      fi
+      [ "$(id -u)" = 0 ] || die "needs root: $CONF, written by an earlier version of this script, is outdated"
+      check_ours
+      say "$CONF was written by an earlier version of this script: rewriting it, restarting slurmctld and slurmd"
+      stop_daemons /run/slurmd.pid /run/slurmctld.pid
     fi
     [ "$(id -u)" = 0 ] || die "needs root (apt-get, daemons)"
     install_packages
@@ -141,6 +223,6 @@ case "${1:-start}" in
     sinfo
     ;;
   status) command -v sinfo >/dev/null && is_up ;;
-  stop) stop_daemons ;;
+  stop) stop_daemons /run/slurmd.pid /run/slurmctld.pid /run/munge/munged.pid ;;
   *) die "usage: $0 [start|status|stop]" ;;
 esac
