@@ -27,7 +27,9 @@ setup(
         # megatron-core is installed by tools/install_venv.sh (--no-deps on Python 3.11; see docs/install.md)
     ],
     extras_require={
-        "gpu": ["transformer-engine[pytorch]"],
+        # The TE megatron-core 0.19's own lock resolves (git rev 4329ff84 of TE, declared 2.17.1 in its pyproject's
+        # [tool.uv.dependency-metadata]), with the CUDA 13 core of its `te` extra; docs/install.md, "On a GPU cluster".
+        "gpu": ["transformer-engine[core_cu13,pytorch]==2.17.1"],
         "sglang": ["sglang"],
         "dev": ["pytest", "hypothesis", "ruff"],
     },
