@@ -21,6 +21,7 @@ from pathlib import Path
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, key_handover
 from userrl_megatron.fleet.engine import HEALTH_PROBE_S, EngineError
+from userrl_megatron.fleet.engine_env import engine_environment
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,9 @@ SERVER_SHM_PREFIXES = ("sglang_loads_",)
 
 @dataclass(frozen=True)
 class ProcessLaunch:
-    """One server process to start: its command line, what it adds to the inherited environment, and the URL
-    to wait on (empty: it serves no HTTP, as the nodes of a multi-node SGLang engine after node rank 0).
+    """One server process to start: its command line, what it adds to the launcher's allow-listed environment
+    (`fleet/engine_env.py`), and the URL to wait on (empty: it serves no HTTP, as the nodes of a multi-node SGLang
+    engine after node rank 0).
     `secrets` are environment variables too (the API key), never logged nor shown (dry runs show `env`)."""
 
     command: list[str]
@@ -143,10 +145,11 @@ def group_shm_files(pgid: int, prefixes: Sequence[str] = SERVER_SHM_PREFIXES) ->
 
 
 def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> ServerProcess:
-    """Start `launch.command` in its own process group (stdout and stderr to `log_path`), without waiting. The group
-    is stopped as one (`ServerProcess.stop`); it stays in the launcher's session: Linux shares the CPU between
-    sessions first (autogroups), and a server in a session of its own got 0.2% of a core beside a busy process of
-    the launcher's (an engine then did not start within 300 s)."""
+    """Start `launch.command` in its own process group (stdout and stderr to `log_path`), without waiting, with the
+    launcher's allow-listed environment plus the launch's variables and secrets (`engine_env.engine_environment`).
+    The group is stopped as one (`ServerProcess.stop`); it stays in the launcher's session: Linux shares the CPU
+    between sessions first (autogroups), and a server in a session of its own got 0.2% of a core beside a busy
+    process of the launcher's (an engine then did not start within 300 s)."""
     if log_path is None:
         log_path = Path(tempfile.mkstemp(prefix="engine-", suffix=".log")[1])
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +161,7 @@ def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> Server
             stdout=sink,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **launch.env, **launch.secrets},
+            env=engine_environment(os.environ, launch.env, launch.secrets),
             process_group=0,
         )
     return ServerProcess(process, launch.url.rstrip("/"), log_path)
