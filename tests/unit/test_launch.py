@@ -16,6 +16,7 @@ import pytest
 
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
 from userrl_megatron.cores import core_count, cpu_list, usable_cores
+from userrl_megatron.fleet import sglang
 from userrl_megatron.fleet.engine import EngineError
 from userrl_megatron.fleet.launch import (
     ProcessLaunch,
@@ -25,9 +26,9 @@ from userrl_megatron.fleet.launch import (
     launch_server,
     start_process,
 )
+from userrl_megatron.fleet.router import router_command
 from userrl_megatron.fleet.sglang import (
     KEY_ENTRY,
-    SGLANG_VENV_PYTHON,
     NodeSpan,
     resolve_device,
     sglang_command,
@@ -184,11 +185,23 @@ def test_sglang_command_on_cpu() -> None:
         resolve_device(SGLangConfig(device="tpu"), has_gpu=False)
 
 
-def test_sglang_python_prefers_the_config_then_the_project_venv() -> None:
-    assert sglang_python(SGLangConfig(python="/opt/sglang/bin/python")) == "/opt/sglang/bin/python"
-    expected = str(SGLANG_VENV_PYTHON) if SGLANG_VENV_PYTHON.is_file() else sys.executable
-    assert sglang_python(SGLangConfig()) == expected
-    assert sglang_command(SGLangConfig(), "/m", 1, 1)[0] == expected
+def test_sglang_python_prefers_the_config_then_on_cpu_the_project_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project's `.venv-sglang` is a CPU build (`make sglang`): engines on GPUs never default to it, they run
+    from the trainer's interpreter unless `rollout.sglang.python` names another (item 5 of issue 56: a
+    `.venv-sglang` left by `make test` was preferred over a GPU SGLang)."""
+    venv = tmp_path / "python"
+    venv.touch()
+    monkeypatch.setattr(sglang, "SGLANG_VENV_PYTHON", venv)
+    assert sglang_python(SGLangConfig(python="/opt/sglang/bin/python"), "cuda") == "/opt/sglang/bin/python"
+    assert sglang_python(SGLangConfig(), "cpu") == str(venv)
+    assert sglang_python(SGLangConfig(), "cuda") == sys.executable
+    assert sglang_command(SGLangConfig(), "/m", 1, 1)[0] == sys.executable  # on CUDA unless told otherwise
+    assert sglang_command(SGLangConfig(), "/m", 1, 1, device="cpu")[0] == str(venv)
+    assert router_command(SGLangConfig(), ["http://e:1"], 2, 3)[0] == str(venv)  # the router needs no GPU
+    venv.unlink()
+    assert sglang_python(SGLangConfig(), "cpu") == sys.executable
 
 
 def test_embedded_server_command() -> None:

@@ -79,7 +79,7 @@ class SGLangConfig:
     extra_args: list[str] = field(default_factory=list)  # extra `sglang.launch_server` arguments, passed verbatim
     host: str = "127.0.0.1"  # bind address of the SGLang servers (0.0.0.0 to reach them from other nodes)
     startup_timeout_s: float = 900.0  # how long to wait for a launched server's /health_generate to answer 200
-    python: str = ""  # interpreter of sglang.launch_server; "" = .venv-sglang/bin/python if present, else this one
+    python: str = ""  # SGLang's interpreter; "" = on CPU .venv-sglang/bin/python if present, else this one
     device: str = "auto"  # "auto" (cuda when the engine was given a GPU, else cpu), "cpu" or "cuda"
     max_total_tokens: int = 0  # KV-cache size in tokens (0 = SGLang sizes it from memory; set it on CPU)
     context_length: int = 0  # longest prompt + output served (--context-length); 0 = the model's

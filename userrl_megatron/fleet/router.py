@@ -43,7 +43,7 @@ def router_command(
     module = "sglang_router.launch_router"
     start = ["-m", module] if not api_key_env else [str(KEY_ENTRY), api_key_env, module]
     return [
-        sglang_python(cfg), *start,
+        sglang_python(cfg, "cpu"), *start,  # the router needs no GPU: .venv-sglang has sglang-router too
         "--host", "127.0.0.1",
         "--port", str(port),
         "--worker-urls", *worker_urls,

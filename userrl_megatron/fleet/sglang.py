@@ -1,8 +1,9 @@
 """Launching real SGLang servers from config; the wait-for-health path is `launch.launch_server`.
 
-SGLang runs in its own interpreter (`rollout.sglang.python`, by default the project's `.venv-sglang` built by
-`make sglang`), so the trainer's environment never needs sglang or its CUDA-pinned torch. On CPU the server
-needs `SGLANG_USE_CPU_ENGINE=1` and `--device cpu`; the memory saver (CUDA only) is left off there.
+SGLang runs in the interpreter `sglang_python` picks: `rollout.sglang.python`, else on CPU the project's
+`.venv-sglang` built by `make sglang` (so the trainer's environment never needs sglang or its CUDA-pinned torch),
+else the trainer's own. On CPU the server needs `SGLANG_USE_CPU_ENGINE=1` and `--device cpu`; the memory saver
+(CUDA only) is left off there.
 
 On GPUs each server process sees exactly its own GPUs (`CUDA_VISIBLE_DEVICES` = the engine's GPU ids on that
 node, whatever its Ray actor was given) and is told `--base-gpu-id 0`. An engine wider than a node runs one
@@ -38,11 +39,17 @@ class NodeSpan:
     dist_init_addr: str  # host:port of node rank 0's torch.distributed rendezvous
 
 
-def sglang_python(cfg: SGLangConfig) -> str:
-    """The interpreter that runs the server: `cfg.python`, else `.venv-sglang/bin/python`, else this one."""
+def sglang_python(cfg: SGLangConfig, device: str) -> str:
+    """The interpreter that runs a server on `device` (or the router, which needs no GPU: "cpu"): `cfg.python`;
+    else on CPU `.venv-sglang/bin/python` if present; else this one. The project's `.venv-sglang` is a CPU build
+    (`make sglang`: SGLang without its CUDA dependencies, a stand-in `sgl_kernel`), never the default for engines
+    on GPUs: there SGLang beside the trainer (`pip install -e .[sglang]`) or `cfg.python` serves
+    (`fleet/gpu_preflight.py` checks that interpreter before anything starts)."""
     if cfg.python:
         return cfg.python
-    return str(SGLANG_VENV_PYTHON) if SGLANG_VENV_PYTHON.is_file() else sys.executable
+    if device == "cpu" and SGLANG_VENV_PYTHON.is_file():
+        return str(SGLANG_VENV_PYTHON)
+    return sys.executable
 
 
 def resolve_device(cfg: SGLangConfig, has_gpu: bool) -> str:
@@ -90,7 +97,7 @@ def sglang_command(
         raise ValueError(f"tp_size {tp_size} cannot span {span.nnodes} nodes as node rank {span.node_rank}")
     start = ["-m", "sglang.launch_server"] if not api_key_env else [str(KEY_ENTRY), api_key_env, "sglang.launch_server"]
     command = [
-        python or sglang_python(cfg), *start,
+        python or sglang_python(cfg, device), *start,
         "--model-path", model_path,
         "--host", cfg.host,
         "--port", str(port),
