@@ -8,6 +8,7 @@ weight-sync groups; the router. A layout that cannot be placed fails in one line
 One cluster per node count (1, 2, 3, 4), started once for the tests that need it. Nothing here waits on time
 except the guard against a hang (`HANG_S`)."""
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +27,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 HANG_S = 900.0  # a bring-up of 48 processes takes about a minute on 2 busy cores; only a hang reaches this
 SGLANG_VENV = REPO / ".venv-sglang" / "bin" / "python"
-PY = str(SGLANG_VENV) if SGLANG_VENV.is_file() else sys.executable  # rollout.sglang.python "" picks this
+PY = str(SGLANG_VENV) if SGLANG_VENV.is_file() else sys.executable  # the router's (it needs no GPU)
+ENGINE_PY = sys.executable  # rollout.sglang.python "" for engines on GPUs: never the CPU .venv-sglang
 DRIVER_NODE = 0
 
 
@@ -61,16 +63,27 @@ def ranks(result: BringUp, ips: list[str]) -> list[tuple]:
 
 
 def engines(result: BringUp, ips: list[str]) -> list[tuple]:
-    """(engine, node, node rank, env, URL, command) per engine process, the watchdog left out (all are watched)."""
+    """(engine, node, node rank, env, URL, command) per engine process, the watchdog left out (all are watched), and
+    `--nccl-port N` left out of the command once checked: every process has one, and no two engines share one on a
+    node (the pool hands each engine ports of its own, `fleet/engine_ports.py`)."""
     node = {ip: i for i, ip in enumerate(ips)}
     assert all(e.launch.watch for e in result.engines)
-    return [(e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, e.launch.command) for e in result.engines]
+    rendezvous: dict[tuple[str, int], set[int]] = {}
+    rows = []
+    for e in result.engines:
+        command = list(e.launch.command)
+        at = command.index("--nccl-port")
+        rendezvous.setdefault((e.ip, int(command[at + 1])), set()).add(e.engine)
+        del command[at : at + 2]
+        rows.append((e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, command))
+    assert all(len(engines) == 1 for engines in rendezvous.values()), rendezvous
+    return rows
 
 
 def sglang(model: str, port: int, tp: int, mem: float, host: str = "127.0.0.1", colocated: bool = True) -> list[str]:
     """The SGLang command line of one engine process on GPUs, as SGLang's server arguments want it."""
     command = [
-        PY, str(KEY_ENTRY), "USERRL_ENGINE_API_KEY", "sglang.launch_server",  # --api-key from that variable
+        ENGINE_PY, str(KEY_ENTRY), "USERRL_ENGINE_API_KEY", "sglang.launch_server",  # --api-key from that variable
         "--model-path", model,
         "--host", host,
         "--port", str(port),
@@ -505,7 +518,7 @@ def test_userrl_plan_placement_prints_a_line_per_process() -> None:
     assert len(lines) == 8 + 8 + 1 + 1  # actor ranks, engines, the sync group, the node
     assert lines[1].startswith("node 0  rank 1/8  local rank 1  CUDA_VISIBLE_DEVICES=1  cuda:0 nccl  ")
     assert "  tp 1/2 pp 0/1 cp 0/1 dp 0/4 ep 0/1  master " in lines[1]
-    assert lines[9] == (
+    assert re.sub(r" --nccl-port \d+", "", lines[9]) == (
         f"node 0  engine 1  CUDA_VISIBLE_DEVICES=1  {' '.join(sglang('/models/Qwen3-8B', 30001, 1, 0.5))}"
     )
     assert lines[16] == (

@@ -32,6 +32,7 @@ from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, S
 from userrl_megatron.cores import core_count
 from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, run_api_key
 from userrl_megatron.fleet.engine import EngineError, Generation, SGLangClient
+from userrl_megatron.fleet.engine_ports import BOOK, PortBlock
 from userrl_megatron.fleet.launch import ProcessLaunch
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
 from userrl_megatron.ports import free_port
@@ -66,6 +67,7 @@ class EngineLaunch:
     dry: bool = False  # record what would run instead of running it (`trainer/dry_run.py`)
     api_key: str = field(default="", repr=False)  # the key the server requires ("" = none), in its environment
     api_key_env: str = DEFAULT_KEY_ENV  # the environment variable that hands the key over
+    ports: PortBlock | None = None  # the engine's own ports on each of its nodes (`fleet/engine_ports.py`); None: any
 
 
 @dataclass(frozen=True)
@@ -96,13 +98,17 @@ class EngineServer:
         from userrl_megatron.fleet.launch import run_launch
 
         spec = self.launch
-        if spec.nnodes > 1 and spec.node_rank == 0:
-            dist_init_addr = f"{ray.util.get_node_ip_address()}:{free_port()}"
+        leads = spec.nnodes > 1 and spec.node_rank == 0
+        sglang = spec.backend == "sglang"
+        ports = self._ports(int(leads) + int(not spec.port) + int(sglang))
+        if leads:
+            dist_init_addr = f"{ray.util.get_node_ip_address()}:{ports.pop()}"
             if not self.followers:
                 actor = _engine_server_actor()
                 self.followers = [actor.options(**options).remote(f) for options, f in spec.followers]
             ray.get([f.start.remote(dist_init_addr) for f in self.followers])
-        launch = self._process(spec.port or free_port(), dist_init_addr)
+        nccl_port = ports.pop() if sglang else 0
+        launch = self._process(spec.port or ports.pop(), dist_init_addr, nccl_port)
         if spec.dry:
             here = EngineProcess(spec.index, spec.node_rank, ray.util.get_node_ip_address(), launch)
             followers = ray.get([f.records.remote() for f in self.followers])
@@ -112,7 +118,12 @@ class EngineServer:
         self.server = run_launch(launch, timeout, Path(spec.log_path) if spec.log_path else None)
         return self.server.url
 
-    def _process(self, port: int, dist_init_addr: str) -> ProcessLaunch:
+    def _ports(self, count: int) -> list[int]:
+        """`count` ports free on this node: from the engine's own block (`fleet/engine_ports.py`), else any."""
+        spec = self.launch
+        return spec.ports.take(count) if spec.ports is not None else [free_port() for _ in range(count)]
+
+    def _process(self, port: int, dist_init_addr: str, nccl_port: int = 0) -> ProcessLaunch:
         """What this process runs: the server's command line, environment and URL."""
         from userrl_megatron.fleet.launch import embedded_launch
         from userrl_megatron.fleet.sglang import NodeSpan, resolve_device, sglang_launch
@@ -128,7 +139,7 @@ class EngineServer:
         span = NodeSpan(spec.nnodes, spec.node_rank, dist_init_addr) if spec.nnodes > 1 else None
         return sglang_launch(
             spec.sglang, spec.model_path, spec.tp, port, spec.dtype, device, spec.gpus, spec.colocated, span, ip,
-            api_key=spec.api_key, api_key_env=spec.api_key_env,
+            api_key=spec.api_key, api_key_env=spec.api_key_env, nccl_port=nccl_port,
         )  # fmt: skip
 
     def records(self) -> list[EngineProcess]:
@@ -231,6 +242,7 @@ class RolloutPool:
         self.dry = dry  # engines record what they would run; nothing is launched (`trainer/dry_run.py`)
         self.router_launch: ProcessLaunch | None = None  # dry: what the router would run
         self.api_key = run_api_key(cfg.api_key_env)  # what every engine and the router require (docs/engine.md)
+        self.port_blocks: dict[int, PortBlock] = {}  # each engine's ports, kept across restarts (`engine_ports`)
 
     # ---- lifecycle ----
 
@@ -434,6 +446,7 @@ class RolloutPool:
             dry=self.dry,
             api_key=self.api_key,
             api_key_env=rollout.api_key_env,
+            ports=self._port_block(index),
         )
         if self.placement is None:
             return launch
@@ -453,6 +466,12 @@ class RolloutPool:
             for part in parts[1:]
         ]
         return replace(launch, gpus=parts[0].gpus, nnodes=len(parts), followers=followers)
+
+    def _port_block(self, index: int) -> PortBlock:
+        """Engine `index`'s ports: a block of its own from the driver's `BOOK`, the same at every restart."""
+        if index not in self.port_blocks:
+            self.port_blocks[index] = BOOK.block()
+        return self.port_blocks[index]
 
     def _check_reachable(self, index: int, slot: Any) -> None:
         """An engine on another node than the driver's must listen on an address the driver can reach."""

@@ -86,11 +86,13 @@ def sglang_command(
     colocated: bool = False,
     span: NodeSpan | None = None,
     api_key_env: str = "",
+    nccl_port: int = 0,
 ) -> list[str]:
     """`python -m sglang.launch_server ...` for one engine (one node's process of it with `span`);
     `cfg.extra_args` come last, verbatim. The memory saver (torch_memory_saver) is asked for only when the
     engine is `colocated` with the actor on CUDA: it is what lets the engine release its memory to it. With
-    `api_key_env` SGLang gets `--api-key` from that environment variable, through `key_entry.py`."""
+    `api_key_env` SGLang gets `--api-key` from that environment variable, through `key_entry.py`; with `nccl_port`
+    its torch.distributed rendezvous port (`fleet/engine_ports.py`: else SGLang draws one itself)."""
     if tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
     if span is not None and (span.nnodes < 1 or tp_size % span.nnodes or not 0 <= span.node_rank < span.nnodes):
@@ -104,6 +106,8 @@ def sglang_command(
         "--tp-size", str(tp_size),
         "--dtype", dtype,
     ]  # fmt: skip
+    if nccl_port:
+        command += ["--nccl-port", str(nccl_port)]
     if device == "cpu":
         command += ["--device", "cpu"]
     else:
@@ -157,10 +161,12 @@ def sglang_launch(
     base_gpu_id: int = 0,
     api_key: str = "",
     api_key_env: str = DEFAULT_KEY_ENV,
+    nccl_port: int = 0,
 ) -> ProcessLaunch:
     """What one engine process runs (under the watchdog: it stops with the process that started it), with
     `gpus` (its GPU ids on this node) visible and counted from 0, and the URL the driver reaches it at (none
-    on node ranks after 0); requiring `api_key` (if given), which it gets in the variable `api_key_env`."""
+    on node ranks after 0); requiring `api_key` (if given), which it gets in the variable `api_key_env`; its
+    rendezvous at `nccl_port` (0: SGLang picks)."""
     per_node = tp_size // (span.nnodes if span else 1)
     if gpus:
         if len(gpus) != per_node:
@@ -169,7 +175,7 @@ def sglang_launch(
     key_env, secrets = key_handover(api_key, api_key_env)
     command = sglang_command(
         cfg, model_path, tp_size, port, dtype, base_gpu_id, served_model_name, device=device, colocated=colocated,
-        span=span, api_key_env=key_env,
+        span=span, api_key_env=key_env, nccl_port=nccl_port,
     )  # fmt: skip
     leader = span is None or span.node_rank == 0
     url = f"http://{connect_host(cfg.host, node_ip)}:{port}" if leader else ""
