@@ -36,6 +36,13 @@ activate_env() {
   say "environment: $venv ($("$venv/bin/python" --version 2>&1))"
 }
 
+# Every `srun` step gets the job's CPUs per task. Since Slurm 22.05 srun does not inherit sbatch's --cpus-per-task
+# (https://slurm.schedmd.com/sbatch.html#OPT_cpus-per-task): a step asks for one CPU per task, and where tasks are
+# bound to cores (TaskPluginParam=Cores, --cpu-bind=cores) the raylet, every Ray worker of the node and the driver
+# share that one core. srun reads SRUN_CPUS_PER_TASK as its --cpus-per-task (srun(1), "INPUT ENVIRONMENT
+# VARIABLES"); the scripts' own srun lines also pass it.
+export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
+
 # Multi-node runs need the same environment on every node: threads and output buffering set here travel with
 # each srun step (Ray workers inherit them from the raylet).
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1 NCCL_CUMEM_ENABLE=0 TOKENIZERS_PARALLELISM=true

@@ -48,8 +48,9 @@ ray_cluster_start() {
 }
 
 _ray_launch() {  # role node
-  srun --overlap --nodes=1 --ntasks=1 --nodelist="$2" ${USERRL_CONTAINER:-} bash slurm/ray_node.sh "$1" \
-    >"$USERRL_RAY_LOGS/ray-$2.log" 2>&1 &
+  # All the job's CPUs on the node (SRUN_CPUS_PER_TASK, slurm/job_env.sh): Ray's workers run on the raylet's.
+  srun --overlap --nodes=1 --ntasks=1 --cpus-per-task="$SRUN_CPUS_PER_TASK" --nodelist="$2" \
+    ${USERRL_CONTAINER:-} bash slurm/ray_node.sh "$1" >"$USERRL_RAY_LOGS/ray-$2.log" 2>&1 &
   RAY_STEP_PID[$2]=$!
 }
 

@@ -171,7 +171,7 @@ def test_convert_job_exports_the_checkpoint(
     out = work / "hf"
     job = submit(
         "convert.sbatch",
-        ["--cpus-per-task=1"],
+        ["--cpus-per-task=1", "--mem=4G"],  # the default fits Qwen3-32B: more than this machine has
         ["--ckpt", str(run / "checkpoints"), "--out", str(out)],
         work / "out",
         job_env(work / "ray-logs"),
