@@ -11,8 +11,16 @@
 # live under $USERRL_RAY_TMP (per job), never in /tmp/ray, so no later local `ray.init()` can attach to them.
 #
 # The node's address: the IPv4 address of $USERRL_NET_IF when set (nodes with several interfaces, e.g. Ethernet
-# plus InfiniBand; it also sets GLOO/NCCL_SOCKET_IFNAME), else on a worker the source address of its route to
-# the head, else the non-loopback address the host name resolves to, else the first of `hostname -I`.
+# plus InfiniBand), else on a worker the source address of its route to the head, else the non-loopback address
+# the host name resolves to, else the first of `hostname -I`.
+#
+# gloo, NCCL's bootstrap and tensorpipe bind where Ray's address is: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME and
+# TP_SOCKET_IFNAME are exported to `ray start` (so to every Ray worker: actor ranks, engines) as the interface that
+# holds that address. Without them gloo binds to what the host name resolves to (127.0.1.1 on stock Ubuntu), and
+# its groups across nodes never form. $USERRL_NET_IF, when set, is all three; otherwise a variable already set is
+# kept. NCCL gets "=IF", an exact name rather than a prefix (https://docs.nvidia.com/deeplearning/nccl/user-guide/
+# docs/env.html#nccl-socket-ifname); gloo takes the name itself (https://pytorch.org/docs/stable/distributed.html,
+# "Choosing the network interface to use").
 set -uo pipefail
 
 role=${1:?usage: ray_node.sh head|worker|ip}
@@ -38,6 +46,29 @@ node_ip() {
   echo "$ip"
 }
 
+# The interface that holds IPv4 address $1 (`ip -o -4 addr show`: "2: eno1    inet 10.0.0.5/24 brd ..."), or nothing.
+interface_of() {
+  command -v ip >/dev/null || return 0
+  ip -o -4 addr show 2>/dev/null | awk -v ip="$1" '{split($4, a, "/"); if (a[1] == ip) {print $2; exit}}'
+}
+
+# Export the bootstrap interfaces for address $1 (see the top of this file); says so when no interface holds it.
+export_interfaces() {
+  local ifname
+  if [ -n "${USERRL_NET_IF:-}" ]; then
+    export GLOO_SOCKET_IFNAME=$USERRL_NET_IF NCCL_SOCKET_IFNAME=$USERRL_NET_IF TP_SOCKET_IFNAME=$USERRL_NET_IF
+    return 0
+  fi
+  ifname=$(interface_of "$1")
+  if [ -z "$ifname" ]; then
+    echo "ray_node[$node]: no interface here holds $1 (ip -o -4 addr show): GLOO_SOCKET_IFNAME," \
+      "NCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME left as they are; set USERRL_NET_IF if gloo or NCCL hang" >&2
+    return 0
+  fi
+  export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$ifname} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-=$ifname}
+  export TP_SOCKET_IFNAME=${TP_SOCKET_IFNAME:-$ifname}
+}
+
 if [ "$role" = ip ]; then
   node_ip
   exit 0
@@ -46,9 +77,7 @@ fi
 : "${USERRL_RAY_TMP:?set by slurm/ray_cluster.sh}" "${USERRL_RAY_PORT:?set by slurm/ray_cluster.sh}"
 case "$USERRL_RAY_TMP" in */userrl-ray-*) ;; *) fail "USERRL_RAY_TMP=$USERRL_RAY_TMP is not a job's directory" ;; esac
 ip=$(node_ip) || exit 1
-if [ -n "${USERRL_NET_IF:-}" ]; then
-  export GLOO_SOCKET_IFNAME=$USERRL_NET_IF NCCL_SOCKET_IFNAME=$USERRL_NET_IF TP_SOCKET_IFNAME=$USERRL_NET_IF
-fi
+export_interfaces "$ip"
 args=(--block --disable-usage-stats --temp-dir="$USERRL_RAY_TMP" --node-ip-address="$ip"
   --num-cpus="$USERRL_RAY_CPUS" --dashboard-agent-listen-port=$((USERRL_RAY_PORT + 2)))
 # Without a GPU count Ray counts the GPUs Slurm made visible to this step (CUDA_VISIBLE_DEVICES).
@@ -82,6 +111,8 @@ trap stop EXIT
 trap 'exit 0' TERM INT  # asked to stop: a clean end of this step
 
 echo "ray_node[$node]: $role at $ip, $USERRL_RAY_CPUS CPUs, GPUs: ${USERRL_GPUS_PER_NODE:-auto (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-none})}"
+echo "ray_node[$node]: GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-}" \
+  "TP_SOCKET_IFNAME=${TP_SOCKET_IFNAME:-}"
 rm -rf "$USERRL_RAY_TMP"
 # Ray drains a node for 30 s on SIGTERM by default; a job's nodes go down together, nothing to drain to.
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
