@@ -279,9 +279,10 @@ def test_qwen3_32b_on_two_nodes(cluster: list[str]) -> None:
 @pytest.mark.parametrize("cluster", [2], indirect=True)
 def test_qwen3_32b_with_the_user_simulator_on_the_policy_engines_gpus(cluster: list[str]) -> None:
     """`user_sim.engines.placement: policy_engines`: the policy exactly as in the 32B layout on its two nodes (TP8 x
-    DP2, four TP4 engines, SGLang told 0.8: its 0.45 and the simulator's 0.35), and simulator engine e on policy
+    DP2, four TP4 engines, SGLang told 0.8: its 0.5 and the simulator's 0.3), and simulator engine e on policy
     engine e's node and GPUs, with the memory saver (colocated: it releases its KV cache while the actor trains), its
-    own fraction, ports, key and router. No third node: the cluster has exactly the policy's 16 GPUs."""
+    own fraction, ports, key and router. Both sides release their CUDA-graph pools while the actor trains
+    (rollout.sglang.release_cuda_graph). No third node: the cluster has exactly the policy's 16 GPUs."""
     head = cluster[DRIVER_NODE]
     result = up("configs/layout/qwen3-32b-h100x16-usersim-shared.yaml")
     assert result.nodes == cluster
@@ -289,16 +290,17 @@ def test_qwen3_32b_with_the_user_simulator_on_the_policy_engines_gpus(cluster: l
         (r // 8, str(r % 8), r % 8, 16, "cuda:0", "nccl", head, (r % 8, 0, 0, r // 8, 0)) for r in range(16)
     ]
     gpus = ["0,1,2,3", "4,5,6,7"]
+    graphs = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}  # rollout.sglang.release_cuda_graph: the pool leaves for training
     assert engines(result, cluster) == [
-        (e, e // 2, 0, {"CUDA_VISIBLE_DEVICES": gpus[e % 2]}, f"http://{cluster[e // 2]}:{30000 + e}",
-         sglang("/models/Qwen3-32B", 30000 + e, 4, 0.8, host="0.0.0.0"))
+        (e, e // 2, 0, {"CUDA_VISIBLE_DEVICES": gpus[e % 2]} | graphs, f"http://{cluster[e // 2]}:{30000 + e}",
+         [*sglang("/models/Qwen3-32B", 30000 + e, 4, 0.8, host="0.0.0.0"), "--disable-prefill-cuda-graph"])
         for e in range(4)
     ]  # fmt: skip
 
     def simulator(e: int) -> list[str]:
-        command = sglang("/models/Qwen3-32B", 31000 + e, 4, 0.35, host="0.0.0.0", colocated=False)
+        command = sglang("/models/Qwen3-32B", 31000 + e, 4, 0.3, host="0.0.0.0", colocated=False)
         command[2] = "USERRL_USER_SIM_ENGINE_KEY"
-        return [*command, "--context-length", "32768", "--enable-memory-saver"]
+        return [*command, "--context-length", "32768", "--enable-memory-saver", "--disable-prefill-cuda-graph"]
 
     holders = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
     assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(16)), holders)]
@@ -317,7 +319,12 @@ def test_qwen3_32b_with_the_user_simulator_on_the_policy_engines_gpus(cluster: l
     assert router.command[at + 1 : at + 5] == [f"http://{cluster[e // 2]}:{31000 + e}" for e in range(4)]
     text = format_placement(result).splitlines()
     assert [line.split("  ")[:3] for line in text if "user sim engine" in line] == [
-        [f"node {e // 2}", f"user sim engine {e}", f"CUDA_VISIBLE_DEVICES={gpus[e % 2]}"] for e in range(4)
+        [
+            f"node {e // 2}",
+            f"user sim engine {e}",
+            f"CUDA_VISIBLE_DEVICES={gpus[e % 2]} SGLANG_MEMORY_SAVER_CUDA_GRAPH=1",
+        ]
+        for e in range(4)
     ]
 
 

@@ -69,9 +69,9 @@ RUN: dict[str, Run] = {
     ),
     "userrl plan --config configs/layout/qwen3-32b-h100x16-usersim-shared.yaml": Run(
         shows=(
-            "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 30.8 GiB "
-            "per GPU while serving (user sim weights 15.3, user sim KV cache 11.6, user sim runtime 3.0, CUDA contexts "
-            "1.0); KV cache 189,299 tokens per engine",
+            "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 27.0 GiB "
+            "per GPU while serving (user sim weights 15.3, user sim KV cache 7.7, user sim runtime 3.0, CUDA contexts "
+            "1.0); KV cache 126,549 tokens per engine",
             "the run takes 2 nodes of 8 GPUs (megatron.devices_per_node): 16 GPUs",
         )
     ),

@@ -295,9 +295,9 @@ def test_the_usersim_layout_serves_the_simulator_on_a_node_of_its_own() -> None:
 
 def test_the_shared_layout_serves_the_simulator_on_the_policy_engines_gpus() -> None:
     """Four TP4 simulator engines on the four policy engines' GPUs (user_sim.engines.placement: policy_engines): they
-    start first, with 0.35 of what is free; the policy's engines start after the actor's offload, SGLang told 0.8
-    (both shares) of what is free then; while the actor trains the simulator keeps its weights and its CUDA-graph
-    pool (SGLang frees it only with `rollout.sglang.release_cuda_graph`); no GPU added."""
+    start first, with 0.3 of what is free; the policy's engines start after the actor's offload, SGLang told 0.8
+    (both shares) of what is free then; while the actor trains the simulator keeps its weights and both sides'
+    CUDA-graph pools wait in host memory (`rollout.sglang.release_cuda_graph`); no GPU added."""
     cfg = load_config([str(H100_32B_SHARED)])
     plan = plan_run(cfg)
     assert plan_problems(plan) == [] and plan.devices == 16 and plan.simulator == []
@@ -305,28 +305,38 @@ def test_the_shared_layout_serves_the_simulator_on_the_policy_engines_gpus() -> 
     weights = Architecture.from_hf_config(PUBLISHED_SHAPES["qwen3-32b"]).num_parameters * 2 // 4
     contexts = 3 * GIB  # the actor rank's, the policy engine's and the simulator engine's
     free = device - contexts
-    sim_kv = free - weights - int(free * (1 - 0.35))
+    sim_kv = free - weights - int(free * (1 - 0.3))
     kv_token = 2 * 64 * 2 * 128 * 2  # 2 of 8 KV heads a GPU
-    assert plan.simulator_kv_tokens == [sim_kv // kv_token] * 4 == [189_299] * 4
+    assert plan.simulator_kv_tokens == [sim_kv // kv_token] * 4 == [126_549] * 4
     sim = {"user sim weights": weights, "user sim KV cache": sim_kv, "user sim runtime": 3 * GIB}
     assert plan.simulator_shared == sim | {"CUDA contexts": GIB}
     policy_free = free - sum(sim.values())
     policy_kv = policy_free - weights - int(policy_free * (1 - 0.8))
-    assert plan.kv_tokens == [policy_kv // kv_token] * 4 == [363_330] * 4
+    assert plan.kv_tokens == [policy_kv // kv_token] * 4 == [413_531] * 4
     rows = {row.phase: row for row in plan.rows}
     assert set(rows) == {"start-up", "rollout", "training", "weight sync", "checkpoint", "HF export"}
     assert {row.kind for row in plan.rows} == {"shared"}
     policy = {"engine weights": weights, "engine KV cache": policy_kv, "engine runtime": 3 * GIB}
     assert rows["rollout"].held == sim | policy | {"CUDA contexts": contexts}
-    held = rows["training"].held  # the simulator's KV cache released, its weights and CUDA-graph pool kept
-    assert held["user sim weights"] == weights and held["user sim runtime"] == 3 * GIB
-    assert "user sim KV cache" not in held
+    held = rows["training"].held  # both sides' KV caches and CUDA-graph pools released, the simulator's weights kept
+    assert held["user sim weights"] == weights
+    assert not {"user sim KV cache", "user sim runtime", "engine KV cache", "engine runtime"} & set(held)
+    assert plan.host[0].held["engine CUDA graph backup"] == 8 * (3 + 3) * GIB  # each GPU backs up both pools
+    kept = plan_run(load_config([str(H100_32B_SHARED)], ["rollout.sglang.release_cuda_graph=false"]))
+    kept_rows = {row.phase: row for row in kept.rows}
+    assert kept_rows["training"].held["user sim runtime"] == kept_rows["training"].held["engine runtime"] == 3 * GIB
+    assert "engine CUDA graph backup" not in kept.host[0].held
+    # start-up binds, 4.8 GiB under the GPU; with the graph pools kept training would, at 76.4 (3.2 free)
+    assert {p: round(r.used / GIB, 1) for p, r in rows.items() if p in ("start-up", "rollout", "training")} == {
+        "start-up": 74.8, "rollout": 72.5, "training": 70.4
+    }  # fmt: skip
+    assert round(kept_rows["training"].used / GIB, 1) == 76.4
     assert {"user sim KV cache", "actor optimizer"} <= set(rows["start-up"].held)  # the actor loads beside them
     lines = format_plan(plan, cfg).splitlines()
     assert lines[-2:] == [
-        "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 30.8 GiB "
-        "per GPU while serving (user sim weights 15.3, user sim KV cache 11.6, user sim runtime 3.0, CUDA contexts "
-        "1.0); KV cache 189,299 tokens per engine",
+        "user simulator: 4 engine(s) TP4 of /models/Qwen3-32B on the policy engines' GPUs (no more GPUs): 27.0 GiB "
+        "per GPU while serving (user sim weights 15.3, user sim KV cache 7.7, user sim runtime 3.0, CUDA contexts "
+        "1.0); KV cache 126,549 tokens per engine",
         "the run takes 2 nodes of 8 GPUs (megatron.devices_per_node): 16 GPUs",
     ]
     even = plan_run(

@@ -143,9 +143,15 @@ def plan_run(cfg: RootConfig) -> MemoryPlan:
             rows.append(PhaseRow(phase, kind, device, *per_device[device]))
     episodes = cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt
     in_flight = min(cfg.rollout.max_concurrent_episodes, -(-episodes // cfg.rollout.num_engines))
-    backup = {"engine weight backup": engine.weights} if _engine_weight_backup(cfg) else {}
-    if rollout.colocate and rollout.backend == "sglang" and pool.frees_graphs:  # backed up while released
-        backup["engine CUDA graph backup"] = engine.runtime
+    weights = dict.fromkeys((d for ds in engine_devices for d in ds), engine.weights)
+    backup = {"engine weight backup": weights} if _engine_weight_backup(cfg) else {}
+    graphs: dict[int, int] = {}  # SGLang backs up a released graph pool: the policy's, and the simulator's beside it
+    for p, runtime in ((pool, engine.runtime), (shared_sim, shared_sim.memory.runtime if shared_sim else 0)):
+        if p is not None and p.rollout.colocate and p.rollout.backend == "sglang" and p.frees_graphs:
+            for device in (d for ds in p.engine_devices for d in ds):
+                graphs[device] = graphs.get(device, 0) + runtime
+    if graphs:
+        backup["engine CUDA graph backup"] = graphs
     host = _host_rows(cfg, actors.host_held, bundles.actor_bundles, engine_devices, backup)
     simulator, simulator_kv, simulator_problems = _simulator_plan(cfg) if shared_sim is None else ([], sim_kv, [])
     return MemoryPlan(
@@ -231,10 +237,10 @@ def _host_rows(
     per_rank: dict[str, int],
     actor_devices: list[int],
     engine_devices: list[list[int]],
-    backup: dict[str, int],
+    backup: dict[str, dict[int, int]],
 ) -> list[HostRow]:
     """Each node's pinned host memory: its actor ranks' (every rank alike) and what its engine GPUs back up while
-    released (`backup`: bytes per GPU by label). GPU d sits on node d // `megatron.devices_per_node` (the
+    released (`backup`: by label, bytes per GPU). GPU d sits on node d // `megatron.devices_per_node` (the
     placement's bundles, node by node)."""
     per_node = max(cfg.megatron.devices_per_node, 1)
     ranks: dict[int, int] = {}
@@ -246,9 +252,9 @@ def _host_rows(
     rows = []
     for node in sorted(set(ranks) | set(gpus)):
         held = {label: nbytes * ranks.get(node, 0) for label, nbytes in per_rank.items() if ranks.get(node, 0)}
-        for label, nbytes in backup.items():
-            if gpus.get(node, 0):
-                held[label] = nbytes * gpus[node]
+        for label, per_gpu in backup.items():
+            if on_node := sum(nbytes for device, nbytes in per_gpu.items() if device // per_node == node):
+                held[label] = on_node
         rows.append(HostRow(node, sum(held.values()), held, ranks.get(node, 0), gpus.get(node, 0)))
     return rows
 
