@@ -122,7 +122,7 @@ NOT_RUN: dict[str, str] = {
     "configs/layout/qwen3-32b-h100x24-usersim.yaml model.path=/models/Qwen3-32B": SLURM_GPU,
     "sbatch --gpus-per-node=4 --cpus-per-task=16 slurm/train.sbatch --config my.yaml": SLURM_GPU,
     "sbatch --nodes=1 --gpus-per-node=0 --cpus-per-task=2 slurm/train.sbatch --config configs/quickstart.yaml": SLURM,
-    "sbatch --cpus-per-task=2 slurm/convert.sbatch --ckpt runs/quickstart/checkpoints "
+    "sbatch --cpus-per-task=2 --mem=4G slurm/convert.sbatch --ckpt runs/quickstart/checkpoints "
     "--out runs/quickstart/hf/latest": SLURM,
     "userrl data fetch": (
         "downloads from GitHub (needs the internet): "
