@@ -14,9 +14,9 @@ def _sft(args: argparse.Namespace) -> int:
     from userrl_megatron.trainer.preflight import check_before_start, run_directory
 
     cfg = load_config(args.config, args.overrides, command="sft")
-    import torch
+    from userrl_megatron.fleet.gpu_preflight import gpus_before_ray
 
-    check_before_start(cfg, on_gpu=torch.cuda.is_available() and cfg.run.device != "cpu")
+    check_before_start(cfg, on_gpu=gpus_before_ray(cfg.run))  # checked again once Ray has said
     with run_log(run_directory(cfg) / "run.log"):
         logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         quiet_third_party(level=cfg.logging.level)

@@ -18,9 +18,9 @@ def _train(args: argparse.Namespace) -> int:
     run_dir = run_directory(cfg)
     step = finished_step(cfg)  # a finished run starts nothing (not even torch) and reprints its table
     if step is None:
-        import torch
+        from userrl_megatron.fleet.gpu_preflight import gpus_before_ray
 
-        check_before_start(cfg, on_gpu=torch.cuda.is_available() and cfg.run.device != "cpu")
+        check_before_start(cfg, on_gpu=gpus_before_ray(cfg.run))  # checked again once Ray has said
         from userrl_megatron.memory_limit import check_host_memory
 
         check_host_memory(cfg)  # under a Slurm or cgroup memory limit: the plan's pinned host memory fits it

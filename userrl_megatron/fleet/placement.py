@@ -278,6 +278,20 @@ def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
         )
 
 
+def start_run_ray(run: RunConfig, cpus: int) -> bool:
+    """Start Ray as `start_ray` does and say whether the run's processes go on GPUs, from the cluster's GPUs
+    (`gpu_preflight.run_on_gpus`), never from this process's CUDA: the driver may sit on a CPU-only head node, or see
+    no GPU, while the workers have them. A private Ray gets at least `cpus` CPUs (each bundle holds one, and a CPU run
+    may have more bundles than cores) and finds this machine's GPUs itself."""
+    import ray
+
+    from userrl_megatron.cores import core_count
+    from userrl_megatron.fleet.gpu_preflight import run_on_gpus
+
+    start_ray(run, num_cpus=max(core_count(), cpus))
+    return run_on_gpus(run.device, ray.cluster_resources())
+
+
 def create_placement(plan: BundlePlan, timeout_s: float = 300.0, beside: str = "") -> Placement:
     """Reserve the bundles (PACK), probe each for its node and GPU, and reorder the plan's indices by (node,
     device). A cluster too small for the plan fails at once, one that cannot reserve it in `timeout_s` then.

@@ -20,8 +20,6 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from userrl_megatron.cores import core_count
-
 if TYPE_CHECKING:
     from gyms.user_sim import UserSimulator
     from userrl_megatron.config.schema import RolloutConfig, RootConfig
@@ -124,16 +122,17 @@ async def simulator_pool(
     """The simulator engines of `cfg.user_sim.engines`, started in a placement group of their own, or with
     `placement: policy_engines` on the bundles of the policy engines of `policy` (the policy's placement; without it,
     as in `userrl rollout` and `userrl eval`, on GPUs of their own)."""
-    import torch
-
-    from userrl_megatron.fleet.placement import create_placement, plan_bundles, shared_placement, start_ray
+    from userrl_megatron.fleet.gpu_preflight import check_gpu_run
+    from userrl_megatron.fleet.placement import create_placement, plan_bundles, shared_placement, start_run_ray
     from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.model_store import resolve_model
 
     rollout = simulator_rollout(cfg)
-    use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
     # Started here when the simulator comes first (`userrl rollout`, `userrl eval`): room for the policy's engines.
-    start_ray(cfg.run, num_cpus=None if use_gpu else max(core_count(), rollout.num_engines + cfg.rollout.num_engines))
+    bundles = rollout.num_engines * rollout.engine_tp + cfg.rollout.num_engines * cfg.rollout.engine_tp
+    use_gpu = start_run_ray(cfg.run, bundles)  # GPUs from the cluster's resources, not this process's CUDA
+    if use_gpu and policy is None:  # `userrl train` checked the whole run before placing it
+        check_gpu_run(cfg, actors=False)
     shared = cfg.user_sim.engines.shares_policy_engines and policy is not None
     if cfg.user_sim.engines.shares_policy_engines and policy is None:
         log.warning(

@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from userrl_megatron.cores import core_count
-
 if TYPE_CHECKING:
     from userrl_megatron.config.schema import RootConfig
     from userrl_megatron.fleet.pool import RolloutPool
@@ -25,14 +23,16 @@ async def standalone_pool(
     """The engine pool of `cfg.rollout` serving `model_dir`, started and, on exit, stopped. `beside_simulator`: this
     process placed the user simulator's engines first (`fleet.simulator.simulator_pool`), so a cluster without room
     for both fails at once rather than after `create_placement`'s wait."""
-    import torch
-
-    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.fleet.gpu_preflight import check_gpu_run
+    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_run_ray
     from userrl_megatron.fleet.pool import RolloutPool
 
-    start_ray(cfg.run, num_cpus=max(core_count(), cfg.rollout.num_engines))
     engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
-    plan = plan_bundles(engines_only, cfg.rollout, use_gpu=torch.cuda.is_available())
+    bundles = max(len(plan_bundles(engines_only, cfg.rollout, gpu).bundles) for gpu in (False, True))
+    use_gpu = start_run_ray(cfg.run, bundles)  # GPUs from the cluster's resources, not this process's CUDA
+    if use_gpu:
+        check_gpu_run(cfg, actors=False)  # the engines' interpreter, the driver, compute modes
+    plan = plan_bundles(engines_only, cfg.rollout, use_gpu)
     placement = create_placement(plan, beside="the user simulator's engines" if beside_simulator else "")
     try:
         async with RolloutPool(cfg.rollout, model_dir, cfg.model.dtype, placement, log_dir) as pool:

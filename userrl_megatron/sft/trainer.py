@@ -250,9 +250,9 @@ class SFTTrainer:
 def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
     """Run (or resume) the SFT run `cfg` describes; returns its run directory."""
     import ray
-    import torch
 
-    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_ray
+    from userrl_megatron.fleet.gpu_preflight import check_gpu_run
+    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_run_ray
     from userrl_megatron.model_store import resolve_model
     from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
@@ -283,10 +283,12 @@ def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
             time.perf_counter() - started,
         )
         total = len(schedule([len(s) for s in train.samples], cfg.sft.batch_tokens, cfg.run.seed, cfg.sft.epochs))
-        use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
-        plan = plan_bundles(cfg.megatron, replace(cfg.rollout, num_engines=0, colocate=False), use_gpu)
+        actors_only = replace(cfg.rollout, num_engines=0, colocate=False)
         started_ray = not ray.is_initialized()
-        start_ray(cfg.run, num_cpus=None if use_gpu else max(core_count(), len(plan.bundles)))
+        use_gpu = start_run_ray(cfg.run, len(plan_bundles(cfg.megatron, actors_only, False).bundles))
+        if use_gpu:
+            check_gpu_run(cfg, engines=False)  # the trainer's torch and the driver (fleet/gpu_preflight.py)
+        plan = plan_bundles(cfg.megatron, actors_only, use_gpu)
         placement = create_placement(plan)
         actors = None
         try:

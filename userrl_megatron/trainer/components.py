@@ -90,12 +90,19 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     """Start every part of the run `cfg` (resolved: `config.resolve.resolve_config`); tear everything down on exit
     (also after an error)."""
     import ray
-    import torch
 
     from gyms.base import gym_spec
+    from userrl_megatron.config.checks import check_config
     from userrl_megatron.data import load_tasks
     from userrl_megatron.eval.evaluation import eval_tasks as load_eval_tasks
-    from userrl_megatron.fleet.placement import check_run_gpus, create_placement, plan_bundles, run_shape, start_ray
+    from userrl_megatron.fleet.gpu_preflight import check_gpu_run
+    from userrl_megatron.fleet.placement import (
+        check_run_gpus,
+        create_placement,
+        plan_bundles,
+        run_shape,
+        start_run_ray,
+    )
     from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.fleet.simulator import managed_client, policy_engine_rollout, simulator_pool
     from userrl_megatron.model_store import resolve_model
@@ -119,11 +126,13 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
 
         user_sim = UserSimulator(cfg.user_sim)  # a missing API key fails here, before anything starts
 
-    use_gpu = torch.cuda.is_available() and cfg.run.device != "cpu"
-    plan = plan_bundles(cfg.megatron, cfg.rollout, use_gpu)
     started_ray = not ray.is_initialized()
-    cpus = len(plan.bundles) + (cfg.user_sim.engines.num_engines if managed_sim else 0)
-    start_ray(cfg.run, num_cpus=None if use_gpu else max(core_count(), cpus))
+    bundles = max(len(plan_bundles(cfg.megatron, cfg.rollout, gpu).bundles) for gpu in (False, True))
+    use_gpu = start_run_ray(cfg.run, bundles + (cfg.user_sim.engines.num_engines if managed_sim else 0))
+    plan = plan_bundles(cfg.megatron, cfg.rollout, use_gpu)
+    check_config(cfg, on_gpu=use_gpu)  # what `userrl train` could not tell before Ray said where the run goes
+    if use_gpu:
+        check_gpu_run(cfg)  # interpreters, NCCL, driver, compute mode (fleet/gpu_preflight.py)
     if use_gpu and managed_sim:  # the simulator's GPUs come on top of the policy's, in a group reserved after it
         check_run_gpus(run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines))
     placement = create_placement(plan)

@@ -26,8 +26,9 @@ def run_directory(cfg: RootConfig) -> Path:
     return Path(cfg.run.output_dir) / cfg.run.name
 
 
-def check_before_start(cfg: RootConfig, on_gpu: bool) -> None:
-    """Raise ConfigError for every problem the actor ranks or the resume would hit after start-up."""
+def check_before_start(cfg: RootConfig, on_gpu: bool | None) -> None:
+    """Raise ConfigError for every problem the actor ranks or the resume would hit after start-up (`on_gpu` None:
+    not known before Ray is up; `trainer.components.start_components` checks the config again then)."""
     problems = []
     try:
         check_config(cfg, on_gpu=on_gpu)
