@@ -62,14 +62,16 @@ class StateDictActors:
 
 
 class ServerPool:
-    """What `Components` uses of `RolloutPool` (clients, urls, pause, resume, flush, repair), over running servers
-    that this pool does not own: `repair` checks that each answers, and cannot restart one."""
+    """What `Components` uses of `RolloutPool` (clients, urls, model path, pause, resume, flush, repair), over
+    running servers that this pool does not own, all started from checkpoint `model_path` (the weight senders check
+    pushed names against it): `repair` checks that each answers, and cannot restart one."""
 
     exhausted = False
     api_key = ""  # the servers were started without one
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(self, urls: list[str], model_path: str) -> None:
         self.urls = list(urls)
+        self.model_path = model_path
         self.clients = [SGLangClient(url) for url in urls]
         self.paused = False
 
