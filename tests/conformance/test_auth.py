@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from tests.conformance.conftest import SGLANG_CPU, STARTUP_S
 from tests.support.servers import http_call
@@ -22,6 +23,7 @@ from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import EngineError, SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, launch_sglang
+from userrl_megatron.model_store import resolve_model
 from userrl_megatron.ports import free_port
 from userrl_megatron.server.core import EngineCore
 from userrl_megatron.server.http import build_app
@@ -36,6 +38,19 @@ class Keyed:
     backend: str
     server: ServerProcess
     key: str
+
+
+@pytest.fixture(scope="module")
+def smol_dir() -> Path:
+    """The keyed servers' model, one for both backends: the key is checked before any route is reached (SGLang's
+    auth middleware, the embedded server's), whatever the model class, so another family would add start-ups and
+    no check; SmolLM2's class reads its weights back by name on both backends, which `weights` needs."""
+    return resolve_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def hf(smol_dir: Path) -> Any:
+    return AutoModelForCausalLM.from_pretrained(smol_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module", params=[pytest.param("embedded"), pytest.param("sglang", marks=pytest.mark.slow)])

@@ -1,5 +1,5 @@
-"""`userrl eval --engine-url` against each backend's running server (embedded, real SGLang): SmolLM2 on a few
-FunctionGym tasks through the native API, token in / token out, with the quickstart's settings."""
+"""`userrl eval --engine-url` against every engine (both backends, each model): its model on a few FunctionGym tasks
+through the native API, token in / token out, with the quickstart's settings."""
 
 import json
 from pathlib import Path
@@ -14,7 +14,7 @@ def test_eval_against_a_running_engine(engine: Engine, tmp_path: Path) -> None:
     out = tmp_path / engine.backend
     args = [
         "eval", "-c", str(REPO / "configs" / "quickstart.yaml"), "--engine-url", engine.url,
-        "model.path=smollm2-135m-instruct", "--gyms", "function-procedural", "--tasks", "4", "--out", str(out),
+        f"model.path={engine.model_dir}", "--gyms", "function-procedural", "--tasks", "4", "--out", str(out),
         "--no-plot",
     ]  # fmt: skip
     assert main(args) == 0

@@ -1,5 +1,5 @@
-"""sglang-router 0.3.2 (from .venv-sglang) in front of one engine of each backend: generation goes through it,
-control endpoints do not (the project sends those to each engine directly)."""
+"""sglang-router 0.3.2 (from .venv-sglang) in front of every engine (both backends, each model): generation goes
+through it, control endpoints do not (the project sends those to each engine directly)."""
 
 import asyncio
 from typing import Any
@@ -12,10 +12,10 @@ from userrl_megatron.ports import free_port
 from userrl_megatron.types import SamplingParams
 
 
-def test_generation_through_the_router(engine: Engine, smol_dir: Any, tmp_path: Any) -> None:
+def test_generation_through_the_router(engine: Engine, tmp_path: Any) -> None:
     log = tmp_path / "router.log"
     router = launch_router(SGLANG_CPU, [engine.url], free_port(), free_port(), log_path=log, timeout_s=600)
-    prompt = chat_ids(smol_dir)
+    prompt = chat_ids(engine.model_dir)
     greedy = SamplingParams(max_new_tokens=3, temperature=0)
 
     async def go() -> tuple[Any, Any, dict[str, int]]:

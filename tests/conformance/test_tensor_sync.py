@@ -1,5 +1,7 @@
-"""Colocated weight sync (`TensorSender`, SGLang's `/update_weights_from_tensor`) on both backends: buckets of
-mixed dtypes handed over as shared-memory handles, read back bit-exact by name, generation with the new weights,
+"""Colocated weight sync (`TensorSender`, SGLang's `/update_weights_from_tensor`) on every engine (both backends,
+each model), names checked against the engine's checkpoint as in a run: buckets of mixed dtypes handed over as
+shared-memory handles, checked bit-exact (read back by name, or by SGLang's weights checker where its model class
+cannot read back), generation with the new weights,
 the weight version, the sender's two shared-memory segments reused across pushes (as a GPU sender's: dropped after
 each) and removed when it closes; the refusals both backends share. Real SGLang 0.5.23 dies on a wrong shape or an
 unknown load format on this path (the embedded server refuses those instead: tests/e2e/test_server_http.py), so no
@@ -15,15 +17,16 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conformance.conftest import Engine, read_back, run
+from tests.conformance.conftest import Engine, expected_mismatches, mismatches, run
 from tests.conformance.test_generate import chat_ids
+from tests.conformance.test_weight_sync import changes
 from tests.support.engine_ref import hf_greedy
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.fleet.engine import EngineError, SGLangClient
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON
 from userrl_megatron.ports import free_port
 from userrl_megatron.sync.handles import decode_payload
-from userrl_megatron.sync.sender import EngineEndpoint, UnknownWeightNameError
+from userrl_megatron.sync.sender import UnknownWeightNameError
 from userrl_megatron.sync.tensor_sender import TensorSender
 from userrl_megatron.types import SamplingParams
 
@@ -35,52 +38,50 @@ def our_segments() -> set[str]:
 @pytest.fixture
 def sender(engine: Engine) -> Iterator[TensorSender]:
     """A tensor-handle sender with 1 MB buckets (several buckets per push)."""
-    sender = TensorSender(SyncConfig(bucket_mb=1), [EngineEndpoint(engine.url)], f"tensor_{free_port()}")
+    sender = TensorSender(SyncConfig(bucket_mb=1), [engine.endpoint()], f"tensor_{free_port()}")
     sender.connect()
     yield sender
     sender.close()
 
 
 def test_buckets_through_handles_load_bit_exact_through_reused_segments(
-    engine: Engine, sender: TensorSender, originals: dict[str, torch.Tensor], hf: Any, smol_dir: Any
+    engine: Engine, sender: TensorSender, originals: dict[str, torch.Tensor]
 ) -> None:
-    changed = {
-        "model.layers.0.mlp.down_proj.weight": originals["model.layers.0.mlp.down_proj.weight"] * 0.5 + 1e-3,
-        "model.layers.1.self_attn.q_proj.weight": (originals["model.layers.1.self_attn.q_proj.weight"] * -1).bfloat16(),
-        "model.norm.weight": originals["model.norm.weight"] + 0.25,
-    }
+    changed = changes(originals, engine.changed, shift=1e-3)
     before = our_segments()
     sender.push([(name, tensor * 3) for name, tensor in changed.items()], version=10)
     kept = our_segments() - before
     assert len(kept) == 2  # two segments, alternating: the third bucket rewrote the first one's after it landed
     metrics = sender.push(list(changed.items()), version=11)
     assert our_segments() - before == kept  # written in place again, no new file
-    assert metrics["sync/buckets"] == 3  # each tensor alone: 1 MB buckets, and the dtype changes between them
+    # 1 MB buckets, and the dtype changes between the tensors: the large one alone, the bfloat16 one alone, the rest
+    # (the norm, and the tiny models' MLP tensor) together.
+    assert metrics["sync/buckets"] == 3
     assert metrics["sync/bytes"] == sum(t.numel() * t.element_size() for t in changed.values())
     sender.keep_segments = False  # a GPU sender's: the segments last one push, dropped after `end_weight_update`
     sender.push(list(changed.items()), version=12)
     assert our_segments() == before
-    got = run(read_back(engine.url, list(changed), rows=4))
-    for name, tensor in changed.items():
-        assert torch.equal(got[name], tensor[:4].float()), name
+    assert mismatches(engine, list(changed), rows=4) == expected_mismatches(engine, list(changed))
+    with torch.no_grad():
+        for name, tensor in changed.items():
+            engine.tensor(name).copy_(tensor.float())
+    assert mismatches(engine, list(changed), rows=4) == set()
 
     async def generate() -> Any:
         async with SGLangClient(engine.url) as client:
             await client.flush_cache()
             return await client.generate(prompt, SamplingParams(max_new_tokens=4, temperature=0))
 
-    with torch.no_grad():
-        for name, tensor in changed.items():
-            hf.get_parameter(name).copy_(tensor.float())
-    prompt = chat_ids(smol_dir)
+    prompt = chat_ids(engine.model_dir)
     generation = run(generate())
-    assert generation.output_ids == hf_greedy(hf, prompt, 4) and generation.weight_version == "12"
+    assert generation.output_ids == hf_greedy(engine.hf, prompt, 4) and generation.weight_version == "12"
 
 
-def test_whole_model_in_one_bucket_reads_back(engine: Engine, hf: Any) -> None:
-    # The export order of a real sync (tied embeddings: no lm_head), 600 MB buckets: one bucket of the model.
-    state = [(n, t.detach()) for n, t in hf.state_dict().items() if n != "lm_head.weight"]
-    sender = TensorSender(SyncConfig(bucket_mb=600), [EngineEndpoint(engine.url)], f"whole_{free_port()}")
+def test_whole_model_in_one_bucket_reads_back(engine: Engine) -> None:
+    # Every tensor of the checkpoint (SmolLM2's tied embeddings: no lm_head; the MoE's experts one by one), 600 MB
+    # buckets: one bucket of the model (SmolLM2: 540 MB).
+    state = list(engine.state().items())
+    sender = TensorSender(SyncConfig(bucket_mb=600), [engine.endpoint()], f"whole_{free_port()}")
     sender.connect()
     before = our_segments()
     try:
@@ -89,9 +90,9 @@ def test_whole_model_in_one_bucket_reads_back(engine: Engine, hf: Any) -> None:
     finally:
         sender.close()
     assert our_segments() == before  # closing the sender removed its file
-    names = ["model.embed_tokens.weight", "model.layers.29.mlp.up_proj.weight", "model.norm.weight"]
-    got = run(read_back(engine.url, names, rows=3))
-    assert all(torch.equal(got[n], hf.get_parameter(n)[:3].detach()) for n in names)
+    last = f"model.layers.{engine.hf.config.num_hidden_layers - 1}."
+    names = ["model.embed_tokens.weight", *(n for n in sorted(engine.names) if n.startswith(last)), "model.norm.weight"]
+    assert mismatches(engine, names, rows=3) == set()
 
 
 def test_unknown_name_fails_before_anything_is_sent(engine: Engine, sender: TensorSender) -> None:
@@ -101,8 +102,9 @@ def test_unknown_name_fails_before_anything_is_sent(engine: Engine, sender: Tens
             return str((await client.get_model_info())["weight_version"])
 
     before = run(version())
+    hidden = engine.hf.config.hidden_size
     with pytest.raises(UnknownWeightNameError, match=r"has no weight named 'decoder\.final_layernorm\.weight'"):
-        sender.push([("decoder.final_layernorm.weight", torch.ones(576))], version=99)
+        sender.push([("decoder.final_layernorm.weight", torch.ones(hidden))], version=99)
     assert run(version()) == before
 
 
