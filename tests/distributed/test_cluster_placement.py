@@ -19,6 +19,7 @@ import pytest
 
 from userrl_megatron.config import ConfigError, load_config
 from userrl_megatron.errors import UserError
+from userrl_megatron.fleet.pool import EngineProcess
 from userrl_megatron.fleet.sglang import KEY_ENTRY
 from userrl_megatron.trainer.dry_run import BringUp, bring_up, format_placement, simulated_cluster
 
@@ -62,22 +63,35 @@ def ranks(result: BringUp, ips: list[str]) -> list[tuple]:
     return rows
 
 
+def command_of(process: EngineProcess) -> list[str]:
+    """The process's command line without `--nccl-port N`, which the pool draws per run (`rendezvous` checks it)."""
+    command = list(process.launch.command)
+    if "--nccl-port" not in command:
+        return command
+    at = command.index("--nccl-port")
+    return command[:at] + command[at + 2 :]
+
+
+def rendezvous(result: BringUp) -> None:
+    """Every SGLang process, the user simulator's included, has its own `--nccl-port` on its node: the pool hands
+    each engine ports of its own (`fleet/engine_ports.py`)."""
+    holders: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    for kind, processes in (("policy", result.engines), ("simulator", result.simulator)):
+        for e in processes:
+            command = e.launch.command
+            if "sglang.launch_server" in command:
+                port = int(command[command.index("--nccl-port") + 1])
+                holders.setdefault((e.ip, port), set()).add((kind, e.engine))
+    assert all(len(engines) == 1 for engines in holders.values()), holders
+
+
 def engines(result: BringUp, ips: list[str]) -> list[tuple]:
     """(engine, node, node rank, env, URL, command) per engine process, the watchdog left out (all are watched), and
-    `--nccl-port N` left out of the command once checked: every process has one, and no two engines share one on a
-    node (the pool hands each engine ports of its own, `fleet/engine_ports.py`)."""
+    `--nccl-port N` left out of the command once `rendezvous` checked it."""
     node = {ip: i for i, ip in enumerate(ips)}
     assert all(e.launch.watch for e in result.engines)
-    rendezvous: dict[tuple[str, int], set[int]] = {}
-    rows = []
-    for e in result.engines:
-        command = list(e.launch.command)
-        at = command.index("--nccl-port")
-        rendezvous.setdefault((e.ip, int(command[at + 1])), set()).add(e.engine)
-        del command[at : at + 2]
-        rows.append((e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, command))
-    assert all(len(engines) == 1 for engines in rendezvous.values()), rendezvous
-    return rows
+    rendezvous(result)
+    return [(e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, command_of(e)) for e in result.engines]
 
 
 def sglang(model: str, port: int, tp: int, mem: float, host: str = "127.0.0.1", colocated: bool = True) -> list[str]:
@@ -308,7 +322,7 @@ def test_qwen3_32b_with_the_user_simulator_on_the_policy_engines_gpus(cluster: l
     sims = [(e.engine, node, e.node_rank, e.launch.env) for e in result.simulator for node in [cluster.index(e.ip)]]
     policy = [(e.engine, node, e.node_rank, e.launch.env) for e in result.engines for node in [cluster.index(e.ip)]]
     assert sims == policy  # each simulator engine on exactly its policy engine's node and GPUs
-    assert [(e.launch.url, e.launch.command) for e in result.simulator] == [
+    assert [(e.launch.url, command_of(e)) for e in result.simulator] == [
         (f"http://{cluster[e // 2]}:{31000 + e}", simulator(e)) for e in range(4)
     ]
     keys = {e.launch.secrets["USERRL_USER_SIM_ENGINE_KEY"] for e in result.simulator}
@@ -369,7 +383,7 @@ def test_the_user_simulators_engines_on_gpus_of_their_own(cluster: list[str]) ->
     assert [e.engine for e in result.engines] == list(range(8))  # the policy's engines as without a simulator
     command = sglang("/models/Qwen3-32B", 31000, 2, 0.5, host="0.0.0.0", colocated=False)
     command[2] = "USERRL_USER_SIM_ENGINE_KEY"
-    assert [(e.engine, e.launch.env, e.launch.command) for e in result.simulator] == [
+    assert [(e.engine, e.launch.env, command_of(e)) for e in result.simulator] == [
         (0, {"CUDA_VISIBLE_DEVICES": "0,1"}, command)
     ]
     assert {e.ip for e in result.engines} == {r.ip for r in result.ranks} != {result.simulator[0].ip}  # other node
@@ -473,7 +487,7 @@ def test_qwen3_32b_with_the_user_simulator_on_a_third_node(cluster: list[str]) -
 
     assert all(e.launch.watch for e in result.simulator)
     assert [
-        (e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, e.launch.command) for e in result.simulator
+        (e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, command_of(e)) for e in result.simulator
     ] == [
         (e, sim_node, 0, {"CUDA_VISIBLE_DEVICES": f"{2 * e},{2 * e + 1}"}, f"http://{cluster[sim_node]}:{31000 + e}",
          simulator(e))
