@@ -9,7 +9,6 @@ paused they run at once.
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import threading
 import time
@@ -25,6 +24,7 @@ from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import PAUSE_MODES, Request, Scheduler, engine_failed
 from userrl_megatron.server.threads import DaemonPool, start_daemon, wait_bounded
 from userrl_megatron.server.weights import Destination, receive_weights
+from userrl_megatron.server.weights_dir import OutsideError, check_path_text, read_safetensors_dir
 from userrl_megatron.sync.bucket import FlatBuffer
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.sync.handles import Segments, decode_payload
@@ -36,6 +36,9 @@ SELECTORS = ("target", "draft", "all")
 HEALTH_RID_PREFIX = "HEALTH_CHECK"
 MAX_STALE_JOINS = 4  # superseded or timed-out group joins still running in their threads; more inits are refused
 TOKENIZER_THREADS = 4  # text prompts tokenised at once, off the event loop
+GROUP_BACKENDS = ("gloo", "nccl")  # what a weight-update group may use here
+MAX_GROUP_WORLD = 1 << 16  # ranks of a weight-update group
+MAX_ADDRESS_CHARS = 255  # a DNS name's length
 STOP_GRACE_S = 5.0  # how long shutdown waits for the scheduler thread (a forward, a broadcast) before leaving it
 
 
@@ -136,6 +139,14 @@ class EngineCore:
         return await asyncio.wrap_future(self.scheduler.call(fn, needs_idle=needs_idle))
 
     # ---- generation ----
+
+    def routing_problem(self) -> str:
+        """Why this engine cannot return routed experts ("" when it can)."""
+        if not self.model.is_moe:
+            return f"the model ({self.model.spec.model_type}) is dense: it routes no experts"
+        if not self.scheduler.records_routing:
+            return "this server records no routing: start it with --enable-return-routed-experts"
+        return ""
 
     def check_input(self, input_ids: list[int], max_new_tokens: int) -> None:
         """SGLang's input checks (empty input, context length) plus token-id range, and weights to run on (where
@@ -266,8 +277,7 @@ class EngineCore:
     ) -> None:
         if not group_name:
             raise ValueError("Group name cannot be empty")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside the group of world_size {world_size}")
+        check_group_args(address, port, rank, world_size, backend, self.model.device.type)
         timeout = self.cfg.control_timeout_s
         with self._join_lock:
             if group_name in self.groups:
@@ -503,16 +513,17 @@ class EngineCore:
             )
         if self._session is None:
             return False, "update_weights_from_disk must run between begin_weight_update() and end_weight_update()"
-        if not under_any(model_path, self.cfg.weight_dirs):
+        try:
+            check_path_text(model_path)
+            named = await wait_bounded(
+                start_daemon(lambda: read_safetensors_dir(model_path, self.cfg.weight_dirs), "weights-from-disk"),
+                self.cfg.control_timeout_s,
+                f"reading {model_path}",
+            )
+        except OutsideError:
             return False, (
                 f"Failed to get weights iterator: {model_path!r} is not in a directory this server loads from "
                 "(--weights-dir)."
-            )
-        try:
-            named = await wait_bounded(
-                start_daemon(lambda: read_safetensors_dir(model_path), "weights-from-disk"),
-                self.cfg.control_timeout_s,
-                f"reading {model_path}",
             )
         except Exception as e:
             return False, f"Failed to get weights iterator: {e}."
@@ -690,6 +701,23 @@ class EngineCore:
         }
 
 
+def check_group_args(address: str, port: int, rank: int, world_size: int, backend: str, device: str) -> None:
+    """ValueError for a group join that cannot succeed, before anything waits: the backend (gloo, or nccl on a
+    GPU), the port, the world size (the trainer's rank 0 and at least this engine) and this engine's rank."""
+    if backend not in GROUP_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(GROUP_BACKENDS)}, got {backend!r}")
+    if backend == "nccl" and device != "cuda":
+        raise ValueError(f"backend nccl needs the engine on a GPU; this one runs on {device} (use gloo)")
+    if not address or len(address) > MAX_ADDRESS_CHARS or any(c.isspace() or c == "\x00" for c in address):
+        raise ValueError(f"master_address must be a host name or IP address, got {address[:80]!r}")
+    if not 1 <= port <= 65535:
+        raise ValueError(f"master_port must be in [1, 65535], got {port}")
+    if not 2 <= world_size <= MAX_GROUP_WORLD:
+        raise ValueError(f"world_size must be in [2, {MAX_GROUP_WORLD}] (the trainer and engines), got {world_size}")
+    if not 1 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside the engines' ranks [1, {world_size - 1}] (world_size {world_size})")
+
+
 async def _listening(address: str, port: int) -> None:
     """Return once a TCP connection to address:port succeeds (the trainer's rendezvous store is up), retrying
     while it is refused. Name resolution runs in a daemon thread (the loop's executor is joined at exit)."""
@@ -711,28 +739,6 @@ async def _listening(address: str, port: int) -> None:
         with contextlib.suppress(OSError):
             await writer.wait_closed()
         return
-
-
-def under_any(path: str, directories: list[str]) -> bool:
-    """Whether `path`, symlinks resolved, is one of `directories` or below one (resolved too)."""
-    resolved = os.path.realpath(path)
-    for directory in directories:
-        root = os.path.realpath(directory)
-        if os.path.commonpath([resolved, root]) == root:
-            return True
-    return False
-
-
-def read_safetensors_dir(path: str) -> list[tuple[str, torch.Tensor]]:
-    """Every tensor of the `*.safetensors` files in `path` (a Hugging Face checkpoint directory)."""
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
-    return [item for f in files for item in load_file(str(f)).items()]
 
 
 def _check_tags(tags: list[str] | None) -> list[str]:
