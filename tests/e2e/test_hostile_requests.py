@@ -139,13 +139,13 @@ def hostile_cases(vocab: int) -> list[tuple[str, Any, int, Any]]:
             "/generate",
             {"input_ids": ids, "sampling_params": greedy, "return_logprob": True, "top_logprobs_num": 1_000_000},
             400,
-            message(f"top_logprobs_num must be in [0, {vocab}], got 1000000."),
+            message("top_logprobs_num must be in [0, 20] (rollout.embedded.max_top_logprobs_num), got 1000000."),
         ),
         (
             "/generate",
             {"input_ids": ids, "sampling_params": greedy, "return_logprob": True, "top_logprobs_num": -5},
             400,
-            message(f"top_logprobs_num must be in [0, {vocab}], got -5."),
+            message("top_logprobs_num must be in [0, 20] (rollout.embedded.max_top_logprobs_num), got -5."),
         ),
         (
             "/generate",

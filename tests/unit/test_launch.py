@@ -223,6 +223,11 @@ def test_embedded_server_command() -> None:
         "--control-timeout", "30.0",
         "--max-request-bytes", "67108864",
         "--max-prompt-chars", "1000000",
+        "--max-generate-request-bytes", "8388608",
+        "--max-top-logprobs-num", "20",
+        "--idle-timeout", "60.0",
+        "--body-timeout", "60.0",
+        "--max-connections", "1024",
         "--served-model-name", "policy",
         "--parent-pid", "42",
     ]  # fmt: skip

@@ -40,6 +40,11 @@ def _serve(args: argparse.Namespace) -> int:
         "control_timeout_s": args.control_timeout,
         "max_request_bytes": args.max_request_bytes,
         "max_prompt_chars": args.max_prompt_chars,
+        "max_generate_request_bytes": args.max_generate_request_bytes,
+        "max_top_logprobs_num": args.max_top_logprobs_num,
+        "idle_timeout_s": args.idle_timeout,
+        "body_timeout_s": args.body_timeout,
+        "max_connections": args.max_connections,
         "weight_dirs": args.weights_dir,
         "max_weight_payload_bytes": args.max_weight_payload_bytes,
     }
@@ -183,6 +188,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control-timeout", type=float, help="seconds a blocking control call (group join) may take")
     p.add_argument("--max-request-bytes", type=int, help="largest request body; larger ones get 413")
     p.add_argument("--max-prompt-chars", type=int, help="longest text prompt, refused before tokenising")
+    p.add_argument(
+        "--max-generate-request-bytes", type=int, help="largest /generate or OpenAI body; larger ones get 413"
+    )
+    p.add_argument("--max-top-logprobs-num", type=int, help="top log-probs per position /generate may ask for")
+    p.add_argument("--idle-timeout", type=float, help="seconds a connection may wait without complete headers")
+    p.add_argument("--body-timeout", type=float, help="seconds a request body may take to arrive (else 408)")
+    p.add_argument("--max-connections", type=int, help="open connections (at most a quarter of the open-file limit)")
     p.add_argument(
         "--api-key-env",
         help="environment variable holding the API key every call but health must send (Authorization: Bearer); "

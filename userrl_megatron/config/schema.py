@@ -105,7 +105,12 @@ class EmbeddedServerConfig:
     health_check_timeout_s: float = 20.0  # /health answers 503 when no forward completes within this time
     startup_timeout_s: float = 300.0  # how long to wait for a launched server's /health_generate to answer 200
     control_timeout_s: float = 30.0  # longest wait of a blocking control call: group join, each broadcast, disk read
-    max_request_bytes: int = 67108864  # largest request body (64 MiB); a larger one gets 413 before it is read
+    max_request_bytes: int = 67108864  # largest request body (64 MiB: weight payloads); larger gets 413 unread
+    max_generate_request_bytes: int = 8388608  # largest /generate or OpenAI body (8 MiB: 1M characters escaped)
+    max_top_logprobs_num: int = 20  # top log-probs per position /generate returns (OpenAI's bound; 0 = vocabulary)
+    idle_timeout_s: float = 60.0  # a connection without complete request headers this long is closed
+    body_timeout_s: float = 60.0  # a request body must arrive within this (else 408, connection closed)
+    max_connections: int = 1024  # open connections (at most a quarter of the open-file limit); past it idle ones close
     max_prompt_chars: int = 1000000  # longest text prompt (a chat's messages together), refused before tokenising
     weight_dirs: list[str] = field(default_factory=list)  # where /update_weights_from_disk may load; [] = refused
     max_weight_payload_bytes: int = 0  # tensors of one /update_weights_from_tensor payload; 0 = 8 B/parameter, >= 1 GiB

@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, key_handover
@@ -155,7 +156,7 @@ def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> Server
     log_path.parent.mkdir(parents=True, exist_ok=True)
     shown = " ".join([f"{k}={v}" for k, v in launch.env.items()] + [f"{k}=<secret>" for k in launch.secrets])
     log.info("launching %s%s (log: %s)", f"{shown} " if shown else "", " ".join(launch.command), log_path)
-    with open(log_path, "ab") as sink:
+    with private_log(log_path) as sink:
         process = subprocess.Popen(
             watched(launch.command) if launch.watch else launch.command,
             stdout=sink,
@@ -165,6 +166,15 @@ def start_process(launch: ProcessLaunch, log_path: Path | None = None) -> Server
             process_group=0,
         )
     return ServerProcess(process, launch.url.rstrip("/"), log_path)
+
+
+def private_log(path: Path) -> BinaryIO:
+    """`path` opened for appending, readable by its owner only (0600, also when it existed): a server's log may
+    show what its callers sent."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    with contextlib.suppress(OSError):  # not ours: it stays as its owner made it
+        os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.5, health_path: str = HEALTH_PATH) -> None:
@@ -226,6 +236,11 @@ def embedded_server_command(
         "--control-timeout", str(cfg.control_timeout_s),
         "--max-request-bytes", str(cfg.max_request_bytes),
         "--max-prompt-chars", str(cfg.max_prompt_chars),
+        "--max-generate-request-bytes", str(cfg.max_generate_request_bytes),
+        "--max-top-logprobs-num", str(cfg.max_top_logprobs_num),
+        "--idle-timeout", str(cfg.idle_timeout_s),
+        "--body-timeout", str(cfg.body_timeout_s),
+        "--max-connections", str(cfg.max_connections),
     ]  # fmt: skip
     if cfg.threads:
         command += ["--threads", str(cfg.threads)]

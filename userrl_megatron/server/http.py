@@ -16,7 +16,15 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
 from userrl_megatron.fleet.auth import bearer_matches, is_public
+from userrl_megatron.server.bodies import BadRequestError, closing, parse_json, read_body
+from userrl_megatron.server.connections import (
+    ConnectionGuard,
+    connection_cap,
+    listen_backlog,
+    rate_limited_exception_handler,
+)
 from userrl_megatron.server.core import EngineCore, call_soon
+from userrl_megatron.server.log_redaction import redact_server_log
 from userrl_megatron.server.protocol import (
     GenerateItem,
     check_logprob_fields,
@@ -28,23 +36,25 @@ from userrl_megatron.server.protocol import (
 )
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import PAUSE_MODES, Request
+from userrl_megatron.server.threads import DaemonPool
 from userrl_megatron.sync.handles import is_base64
 
 log = logging.getLogger(__name__)
 
 CORE_KEY = web.AppKey("core", EngineCore)
 API_KEY = web.AppKey("api_key", str)  # "" = no key required
+JSON_KEY = web.AppKey("json", DaemonPool)  # threads that parse bodies and encode replies
+GUARD_KEY = web.AppKey("guard", ConnectionGuard)
+JSON_THREADS = 2
 SHUTDOWN_GRACE_S = 2.0  # how long a stopping server lets handlers finish (everything in flight was answered)
 REQUIRED = object()
-MAX_JSON_DEPTH = 64  # nesting of a request body (pydantic, which SGLang validates with, stops at 200)
+CONTROL_BODY_BYTES = 1 << 20  # bodies of the control calls (pause, groups, versions, memory, disk loads)
+GENERATE_ROUTES = ("/generate", "/v1/chat/completions", "/v1/completions")  # max_generate_request_bytes
+PAYLOAD_ROUTES = ("/update_weights_from_tensor", "/update_weights_from_distributed")  # max_request_bytes
 FLUSH_OK = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
-
-
-class BadRequestError(Exception):
-    """A malformed body: answered with SGLang's validation-error shape."""
 
 
 def error_shape(message: str, status: int = 400, kind: str = "Bad Request") -> web.Response:
@@ -62,35 +72,33 @@ def success_message(ok: bool, message: str, **extra: Any) -> web.Response:
     return web.json_response({"success": ok, "message": message, **extra}, status=200 if ok else 400)
 
 
+def body_limit(core: EngineCore, path: str) -> int:
+    """The largest body `path` takes: generation routes and weight payloads their configured limits, control calls
+    CONTROL_BODY_BYTES; never more than `max_request_bytes`."""
+    cfg = core.cfg
+    if path in GENERATE_ROUTES:
+        return min(cfg.max_generate_request_bytes, cfg.max_request_bytes)
+    if path in PAYLOAD_ROUTES:
+        return cfg.max_request_bytes
+    return min(CONTROL_BODY_BYTES, cfg.max_request_bytes)
+
+
 async def read_json(request: web.Request, required: bool = True) -> Any:
-    """The JSON body; an empty body is `{}` unless the endpoint needs one."""
-    raw = await request.read()
-    if not raw.strip():
+    """The JSON body, within its route's limits (`bodies.py`), parsed off the event loop; an empty body is `{}`
+    unless the endpoint needs one."""
+    core = request.app[CORE_KEY]
+    raw = await read_body(request, body_limit(core, request.path), core.cfg.body_timeout_s)
+    if not raw or raw.isspace():
         if required:
             raise BadRequestError("1 validation error:\n  body: Field required")
         return {}
-    too_deep = BadRequestError(f"1 validation error:\n  body: JSON nested deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        body = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise BadRequestError(f"1 validation error:\n  body: JSON decode error ({e.msg} at position {e.pos})") from e
-    except RecursionError:  # deeper than the interpreter's stack
-        raise too_deep from None
-    if _depth_over(body, MAX_JSON_DEPTH):
-        raise too_deep
-    return body
+    return await parse_json(raw, request.app[JSON_KEY])
 
 
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether lists and objects nest deeper than `limit` (iterative: a deep body cannot exhaust the stack)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (list, dict)):
-            if depth > limit:
-                return True
-            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return False
+async def json_reply(request: web.Request, build: Callable[[], Any]) -> web.Response:
+    """`build()`'s JSON as the response, built and encoded on a worker thread (a long reply never stalls the loop)."""
+    body = await request.app[JSON_KEY].run(lambda: json.dumps(build()).encode())
+    return web.Response(body=body, content_type="application/json", charset="utf-8")
 
 
 def fields(body: Any, spec: dict[str, tuple[type | tuple[type, ...], Any]]) -> dict[str, Any]:
@@ -134,12 +142,20 @@ async def bad_request_middleware(request: web.Request, handler: Callable) -> web
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
     """SGLang's `--api-key` check, before routing and before the body is read: every path but health, readiness
-    and metrics needs `Authorization: Bearer <key>`; else 401 `{"error": "Unauthorized"}`, as SGLang answers."""
+    and metrics needs `Authorization: Bearer <key>`; else 401 `{"error": "Unauthorized"}`, as SGLang answers, and
+    the connection is closed without reading the body. An authorised request's connection is never evicted by
+    the connection cap (`connections.py`) while it runs."""
     key = request.app[API_KEY]
-    public = not key or is_public(request.method, request.path)
-    if not public and not bearer_matches(request.headers.get("Authorization"), key):
-        return web.json_response({"error": "Unauthorized"}, status=401)
-    return await handler(request)
+    public = is_public(request.method, request.path)
+    if key and not public and not bearer_matches(request.headers.get("Authorization"), key):
+        return closing(web.json_response({"error": "Unauthorized"}, status=401))
+    if key and public:
+        return await handler(request)
+    done = request.app[GUARD_KEY].busy(request)
+    try:
+        return await handler(request)
+    finally:
+        done()
 
 
 def build_app(core: EngineCore, api_key: str = "") -> web.Application:
@@ -151,6 +167,8 @@ def build_app(core: EngineCore, api_key: str = "") -> web.Application:
     )
     app[CORE_KEY] = core
     app[API_KEY] = api_key
+    app[JSON_KEY] = DaemonPool(JSON_THREADS, "json")
+    app[GUARD_KEY] = ConnectionGuard(connection_cap(core.cfg.max_connections))
     r = app.router
     for method in ("POST", "PUT"):
         r.add_route(method, "/generate", generate)
@@ -189,7 +207,9 @@ def make_request(core: EngineCore, item: GenerateItem) -> Request:
     """Validate one item's sampling and log-prob fields and its length; ValueError names the field."""
     spec = parse_sampling_params(item.sampling, core.model.spec.vocab_size)
     core.check_input(item.input_ids, spec.max_new_tokens)
-    check_logprob_fields(item, core.model.spec.vocab_size)
+    check_logprob_fields(item, core.model.spec.vocab_size, core.cfg.max_top_logprobs_num)
+    if item.return_routed_experts and (problem := core.routing_problem()):
+        raise ValueError(f"return_routed_experts: {problem}.")
     return Request(
         input_ids=item.input_ids,
         sampling=spec,
@@ -221,8 +241,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if body.get("stream"):
         return await _stream(request, core, requests[0], items[0])
     done = await asyncio.gather(*(core.generate(r) for r in requests))
-    objects = [generate_response(r, item, core.model) for r, item in zip(done, items, strict=True)]
-    return web.json_response(objects[0] if single else objects)
+
+    def build() -> Any:
+        objects = [generate_response(r, item, core.model) for r, item in zip(done, items, strict=True)]
+        return objects[0] if single else objects
+
+    return await json_reply(request, build)
 
 
 async def _stream(http: web.Request, core: EngineCore, request: Request, item: GenerateItem) -> web.StreamResponse:
@@ -243,12 +267,15 @@ async def _stream(http: web.Request, core: EngineCore, request: Request, item: G
     await response.prepare(http)
     task = asyncio.ensure_future(core.generate(request))
     task.add_done_callback(lambda _: queue.put_nowait(None))
+    encode = http.app[JSON_KEY].run  # chunks are built and encoded off the loop
+
+    def event(r: Request, final: bool) -> bytes:
+        return b"data: " + json.dumps(generate_response(r, item, core.model, final=final)).encode() + b"\n\n"
+
     try:
         while (partial := await queue.get()) is not None:
-            chunk = generate_response(partial, item, core.model, final=False)
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        final = generate_response(task.result(), item, core.model)
-        await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+            await response.write(await encode(lambda p=partial: event(p, False)))  # type: ignore[misc]
+        await response.write(await encode(lambda: event(task.result(), True)))
         await response.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         core.abort_request(request.rid)
@@ -489,17 +516,34 @@ HTTP2_PROBE_FILTER = _Http2ProbeFilter()  # one instance: adding it again is a n
 
 
 async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event, api_key: str = "") -> None:
-    """Serve until `stop` is set (the caller owns the core's lifetime), requiring `api_key` if given."""
+    """Serve until `stop` is set (the caller owns the core's lifetime), requiring `api_key` if given.
+
+    A connection without complete request headers for `idle_timeout_s` is closed (aiohttp's keep-alive timeout
+    runs from the connection's start), a refused or oversized request's body is not drained (no lingering),
+    connections are capped (`connections.py`), and the log holds neither the key nor a malformed request's bytes
+    (`log_redaction.py`)."""
     # A client that disconnects cancels its handler, which aborts its requests (as SGLang does).
+    app = build_app(core, api_key)
     runner = web.AppRunner(
-        build_app(core, api_key), access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S
+        app,
+        access_log=None,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+        keepalive_timeout=core.cfg.idle_timeout_s,
+        lingering_time=0,
     )
     logging.getLogger("aiohttp.server").addFilter(HTTP2_PROBE_FILTER)
+    redact_server_log(api_key)
+    rate_limited_exception_handler(asyncio.get_running_loop())
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    assert runner.server is not None
+    app[GUARD_KEY].attach(runner.server)
+    site = web.TCPSite(runner, host, port, backlog=listen_backlog())
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port  # the port the system picked for port 0
-    log.info("serving %s on http://%s:%d", core.served_model_name, host, bound)
+    log.info(
+        "serving %s on http://%s:%d (at most %d connections)", core.served_model_name, host, bound, app[GUARD_KEY].cap
+    )
     try:
         await stop.wait()
     finally:

@@ -21,6 +21,7 @@ from userrl_megatron.server.http import (
     BadRequestError,
     error_shape,
     fields,
+    json_reply,
     make_request,
     read_json,
 )
@@ -273,18 +274,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return error_shape("Streaming with n > 1 is not supported by the embedded server.", kind="BadRequestError")
         return await _stream_chat(request, core, requests[0], model, body)
     done = await asyncio.gather(*(core.generate(r) for r in requests))
-    choices = [_choice(core, r, i, item) for i, r in enumerate(done)]
     completion = sum(len(r.output_ids) for r in done)
-    return web.json_response(
-        {
+    return await json_reply(
+        request,
+        lambda: {
             "id": item.rid,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": choices,
+            "choices": [_choice(core, r, i, item) for i, r in enumerate(done)],
             "usage": _usage(len(item.input_ids), completion, done[0].cached_tokens),
             "metadata": {"weight_version": done[0].weight_version},
-        }
+        },
     )
 
 
@@ -458,22 +459,23 @@ async def completions(request: web.Request) -> web.Response:
     except ValueError as e:
         return error_shape(str(e), kind="BadRequestError")
     done = await asyncio.gather(*(core.generate(r) for _, r in pairs))
-    choices = []
-    for index, ((item, _), r) in enumerate(zip(pairs, done, strict=True)):
-        reason = r.finish_reason or {}
-        choice = {
-            "index": index,
-            "text": output_text(r, core.model),
-            "logprobs": _completion_logprobs(core, r) if item.return_logprob else None,
-            "finish_reason": FINISH.get(reason.get("type", ""), "stop"),
-            "matched_stop": reason.get("matched"),
-        }
-        if body.get("return_token_ids"):
-            choice |= {"token_ids": list(r.output_ids), "prompt_token_ids": list(r.input_ids)}
-        choices.append(choice)
-    prompt_tokens = sum(len(item.input_ids) for item in items)
-    return web.json_response(
-        {
+
+    def build() -> dict[str, Any]:  # on a worker thread: decoding every token of a long reply takes a while
+        choices = []
+        for index, ((item, _), r) in enumerate(zip(pairs, done, strict=True)):
+            reason = r.finish_reason or {}
+            choice = {
+                "index": index,
+                "text": output_text(r, core.model),
+                "logprobs": _completion_logprobs(core, r) if item.return_logprob else None,
+                "finish_reason": FINISH.get(reason.get("type", ""), "stop"),
+                "matched_stop": reason.get("matched"),
+            }
+            if body.get("return_token_ids"):
+                choice |= {"token_ids": list(r.output_ids), "prompt_token_ids": list(r.input_ids)}
+            choices.append(choice)
+        prompt_tokens = sum(len(item.input_ids) for item in items)
+        return {
             "id": pairs[0][0].rid,
             "object": "text_completion",
             "created": int(time.time()),
@@ -482,7 +484,8 @@ async def completions(request: web.Request) -> web.Response:
             "usage": _usage(prompt_tokens, sum(len(r.output_ids) for r in done), done[0].cached_tokens),
             "metadata": {"weight_version": done[0].weight_version},
         }
-    )
+
+    return await json_reply(request, build)
 
 
 def _completion_logprobs(core: EngineCore, r: Request) -> dict[str, Any]:

@@ -143,12 +143,15 @@ class GenerateItem:
     routed_experts_start_len: int = 0  # first position whose routing is returned (0 … prompt length)
 
 
-def check_logprob_fields(item: GenerateItem, vocab_size: int) -> None:
-    """`top_logprobs_num` within the vocabulary and `logprob_start_len` within the prompt; ValueError names the
-    field. SGLang 0.5.23 checks neither up front (an out-of-range count fails its scheduler's batch); a start
-    beyond the prompt is its own abort message."""
-    if not 0 <= item.top_logprobs_num <= vocab_size:
-        raise ValueError(f"top_logprobs_num must be in [0, {vocab_size}], got {item.top_logprobs_num}.")
+def check_logprob_fields(item: GenerateItem, vocab_size: int, max_top: int = 0) -> None:
+    """`top_logprobs_num` within the vocabulary and at most `max_top` (0: no bound but the vocabulary), and
+    `logprob_start_len` within the prompt; ValueError names the field. SGLang 0.5.23 checks neither up front (an
+    out-of-range count fails its scheduler's batch, and a count of the vocabulary's size makes megabytes of JSON
+    per token); a start beyond the prompt is its own abort message."""
+    bound = min(vocab_size, max_top) if max_top else vocab_size
+    if not 0 <= item.top_logprobs_num <= bound:
+        setting = " (rollout.embedded.max_top_logprobs_num)" if bound < vocab_size else ""
+        raise ValueError(f"top_logprobs_num must be in [0, {bound}]{setting}, got {item.top_logprobs_num}.")
     if item.return_logprob:
         if item.logprob_start_len < -1:
             raise ValueError(f"logprob_start_len must be -1 (none) or at least 0, got {item.logprob_start_len}.")
