@@ -135,3 +135,16 @@ def test_step_table_shows_infrastructure_failures(tmp_path: Path) -> None:
         ("3", "19%", "0%"),
         ("-", "0%", "50%"),
     ]
+
+
+def test_run_log_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """run.log holds what the console showed (prompts, paths, errors): created 0600, and an existing one made
+    0600 (issue 57: it was 0644)."""
+    fresh, old = tmp_path / "a" / "run.log", tmp_path / "run.log"
+    old.write_text("earlier run\n")
+    old.chmod(0o644)
+    for path in (fresh, old):
+        with run_log(path):
+            print("a line")
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert path.read_text().endswith("a line\n")

@@ -1,8 +1,9 @@
 """`run.log` in the run directory: everything the console showed (log lines, the per-step lines, the table,
 what Ray forwards from the workers), appended run after run, without terminal colour codes.
 
-`with run_log(path):` tees this process's stdout and stderr into the file and points the logging handlers
-that wrote to the console at the tees; on exit everything is put back.
+`with run_log(path):` tees this process's stdout and stderr into the file (created 0600: readable by the run's
+owner only) and points the logging handlers that wrote to the console at the tees; on exit everything is put
+back.
 """
 
 import contextlib
@@ -44,7 +45,10 @@ def run_log(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     original = {"stdout": sys.stdout, "stderr": sys.stderr}
-    with path.open("a", buffering=1, encoding="utf-8") as log:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)  # its owner's only
+    with contextlib.suppress(OSError):  # an existing file of another owner stays as it was
+        os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "a", buffering=1, encoding="utf-8") as log:
         started = datetime.datetime.now().isoformat(timespec="seconds")
         log.write(f"==== {started} pid {os.getpid()}: {' '.join(sys.argv)}\n")
         tees = {name: _Tee(stream, log) for name, stream in original.items()}
