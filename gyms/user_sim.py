@@ -2,7 +2,8 @@
 
 One UserSimulator serves every episode: calls are bounded by a semaphore, each has a timeout, and timeouts,
 connection errors, 408/409/429/5xx, empty replies and (for `json=True`) replies without a JSON object are retried
-with exponential backoff and jitter; a reply longer than `max_reply_chars` fails at once (kind "too_long"). A call
+with exponential backoff and jitter; a reply longer than `max_reply_chars` fails at once (kind "too_long"), and
+its body is read only up to what such a reply can take (`reply_bytes_cap`), never downloaded whole. A call
 that still fails raises UserSimError; gyms then answer with their fallback feedback and mark
 `StepResult.user_sim_error`, so nothing is silently scored. A call that could not reach the endpoint waits, before
 its retry, for `reconnect` when whoever runs the endpoint set it (the run's own simulator engines: until the pool
@@ -234,8 +235,10 @@ class UserSimulator:
                 async with asyncio.timeout(self.cfg.timeout_s):
                     # The client's low-level request: the typed-params transform and the response model of
                     # `chat.completions.create` cost about 0.6 ms of CPU per call, which adds up at this volume.
-                    response = await client.post("/chat/completions", body=body, cast_to=httpx.Response)
-                    payload = response.json()
+                    response = await client.post(
+                        "/chat/completions", body=body, cast_to=httpx.Response, options={"headers": STREAM_BODY}
+                    )
+                    payload = json.loads(await self._read_capped(response))
             except (TimeoutError, openai.APIConnectionError) as e:  # APITimeoutError is an APIConnectionError
                 if _refused(e):
                     raise _RetryableError("connection", f"cannot reach {self.cfg.base_url}: {e}") from e
@@ -246,11 +249,33 @@ class UserSimulator:
                     raise _RetryableError("rate_limit" if status == 429 else "server", f"HTTP {status}") from e
                 hint = f" (is ${self.cfg.api_key_env} set?)" if status in (401, 403) else ""
                 raise UserSimError(f"user simulator request rejected: HTTP {status}{hint}: {e}", "client", 1) from e
+            except httpx.HTTPError as e:  # the body broke off while `_read_capped` read it
+                raise _RetryableError("connection", f"reply cut off: {e}") from e
             except (openai.APIError, ValueError) as e:  # a 200 whose body is not JSON
                 raise _RetryableError("bad_response", f"unreadable response: {e}") from e
             finally:
                 self._in_flight -= 1
         return self._read(payload, want_json)
+
+    async def _read_capped(self, response: Any) -> bytes:
+        """The body of `response`, read until it ends or passes `reply_bytes_cap` bytes (then the call fails at
+        once, "too_long", and the rest is never downloaded)."""
+        cap = reply_bytes_cap(self.cfg.max_reply_chars)
+        chunks, size = [], 0
+        try:
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise UserSimError(
+                        f"user simulator reply is over {cap} bytes, more than user_sim.max_reply_chars "
+                        f"({self.cfg.max_reply_chars}) allows: not read further",
+                        "too_long",
+                        1,
+                    )
+                chunks.append(chunk)
+        finally:
+            await response.aclose()
+        return b"".join(chunks)
 
     def _read(self, payload: Any, want_json: bool) -> Reply:
         try:
@@ -331,6 +356,17 @@ class UserSimulator:
         usage = {"prompt_tokens": reply.usage.prompt_tokens, "completion_tokens": reply.usage.completion_tokens}
         tmp.write_text(json.dumps({"text": reply.text, "usage": usage}))
         os.replace(tmp, path)  # atomic: concurrent writers of one key leave one whole file
+
+
+# openai's header for a raw response whose body is left unread: `_read_capped` reads it, up to its cap.
+STREAM_BODY = {"X-Stainless-Raw-Response": "stream"}
+REPLY_ENVELOPE_BYTES = 65536  # a chat completion's JSON around its text (ids, usage, finish reason)
+
+
+def reply_bytes_cap(max_reply_chars: int) -> int:
+    """The largest reply body read: the text and as long a `reasoning_content`, each character escaped as six
+    bytes (`\\uXXXX`) at worst, and the envelope."""
+    return 2 * 6 * max_reply_chars + REPLY_ENVELOPE_BYTES
 
 
 # Transport errors of an endpoint that cannot be reached or went away mid-request (httpx's, aiohttp's).

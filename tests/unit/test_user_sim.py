@@ -1,13 +1,15 @@
 """UserSimulator over real HTTP (the real openai client against tests.support.openai_server)."""
 
 import asyncio
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gyms.reply_json import extract_json_object, strip_think
-from gyms.user_sim import Reply, UserSimError, UserSimulator
+from gyms.user_sim import Reply, UserSimError, UserSimulator, reply_bytes_cap
 from tests.support.gym_play import SIM_TIMEOUT_S
 from tests.support.openai_server import FOREVER, Answer, Fault, OpenAIServer, fail_first, reply, sequence, when
 from userrl_megatron.config.schema import UserSimConfig
@@ -383,3 +385,49 @@ def test_aiohttp_backend_needs_its_package(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(UserError, match=r"user_sim\.http_backend=aiohttp needs the httpx-aiohttp package"):
         UserSimulator(UserSimConfig(api_key_env="none"))
     UserSimulator(UserSimConfig(api_key_env="none", http_backend="httpx"))  # the other transport needs nothing more
+
+
+class HugeReplyServer:
+    """Answers every chat call with a 200 MB completion, sent in 64 KiB writes until the client stops reading;
+    `sent` counts what left the server."""
+
+    SIZE = 200 * 2**20
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.sent = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.recv(65536)  # the request (small)
+            head = b'{"choices": [{"message": {"role": "assistant", "content": "'
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {self.SIZE}\r\n\r\n".encode()
+                + head
+            )
+            chunk = b"x" * 65536
+            try:
+                while self.sent < self.SIZE:
+                    conn.sendall(chunk)
+                    self.sent += len(chunk)
+            except OSError:
+                pass
+
+
+@pytest.mark.parametrize("backend", ["aiohttp", "httpx"])
+def test_an_oversized_reply_is_not_downloaded(backend: str) -> None:
+    """A 200 MB reply to a simulator limited to 1,000 characters fails as too long once the client has read past
+    what such a reply can take (12 x the characters + 64 KiB of envelope): the server gets to send little more
+    than the sockets' buffers. At dafaaeb the client downloaded all of it before measuring the text."""
+    huge = HugeReplyServer()
+    cfg = UserSimConfig(base_url=huge.base_url, model="sim", timeout_s=SIM_TIMEOUT_S, max_retries=0)
+    cfg.api_key_env, cfg.max_reply_chars, cfg.http_backend = "none", 1000, backend
+    with pytest.raises(UserSimError) as e:
+        chat(UserSimulator(cfg))
+    assert e.value.kind == "too_long", e.value
+    assert str(e.value).startswith(f"user simulator reply is over {reply_bytes_cap(1000)} bytes")
+    assert huge.sent < 32 * 2**20
