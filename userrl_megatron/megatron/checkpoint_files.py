@@ -11,6 +11,7 @@ unreadable metadata) makes pruning raise after a commit.
 """
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -27,7 +28,8 @@ EXTRA_FILE = "extra_state.json"
 LATEST = "latest"
 HF_METADATA = "hf_metadata"  # the policy's HF config.json and tokenizer, no weights (what an export copies beside them)
 LEGACY_HF_METADATA = "hf"  # the same folder in checkpoints written before it was renamed
-MANIFEST_FILE = "files.json"  # every file's size, written last: a truncated or missing file shows before loading
+MANIFEST_FILE = "files.json"  # every file's size and SHA-256, written last: damage shows before loading
+DIGESTS_DIR = ".digests"  # the writer threads' SHA-256 of the files they wrote, merged into the manifest
 STEP_NAME = re.compile(r"step_(\d+)")  # what the trainers name their checkpoints (the only folders pruning deletes)
 
 log = logging.getLogger(__name__)
@@ -48,9 +50,15 @@ def latest_target(root: str | Path) -> Path | None:
     """The folder `root/latest` names (which may be missing), or None without a pointer.
 
     Raise CheckpointError naming the pointer when it names anything but a folder directly inside `root` (a
-    path elsewhere, `..`, or a symbolic link leading out)."""
+    path elsewhere, `..`, or a symbolic link leading out), or when it is not a file (a directory)."""
     root = Path(root)
     pointer = root / LATEST
+    if pointer.exists() and not pointer.is_file():  # a directory (or a FIFO): no save could replace it
+        kind = "a directory" if pointer.is_dir() else "not a regular file"
+        raise CheckpointError(
+            f"{pointer} is {kind}, not the file naming the newest checkpoint, and every save would fail to replace "
+            "it: move it away"
+        )
     if not pointer.is_file():
         return None
     name = pointer.read_text().strip()
@@ -129,33 +137,63 @@ def prune(root: str | Path, keep_last: int, current: str | Path | None = None) -
 
 
 def write_manifest(path: Path) -> None:
-    """Record the size of every file of the checkpoint being written at `path`."""
-    sizes = {str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*")) if f.is_file()}
-    sizes.pop(MANIFEST_FILE, None)
-    (path / MANIFEST_FILE).write_text(json.dumps(sizes, indent=0) + "\n")
+    """Record the size and SHA-256 of every file of the checkpoint being written at `path`: the digests the
+    writer threads left in `.digests/` (`record_digests`), the other files hashed here (they are small)."""
+    found = {}
+    for digests in [d for d in path.rglob(DIGESTS_DIR) if d.is_dir()]:
+        for f in digests.iterdir():
+            found[str((digests.parent / f.name.removesuffix(".sha256")).relative_to(path))] = f.read_text().strip()
+        shutil.rmtree(digests)
+    entries = {}
+    for f in sorted(path.rglob("*")):
+        name = str(f.relative_to(path))
+        if f.is_file() and name != MANIFEST_FILE:
+            entries[name] = {"bytes": f.stat().st_size, "sha256": found.get(name) or file_sha256(f)}
+    (path / MANIFEST_FILE).write_text(json.dumps(entries, indent=0) + "\n")
 
 
-def find_damage(path: str | Path) -> str | None:
-    """What is wrong with the checkpoint directory `path` (a missing, truncated or unreadable file), or None.
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hashlib releases the GIL: other threads go on meanwhile)."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
-    Checkpoints written before manifests existed are only checked for their metadata file."""
+
+def record_digests(files: list[str]) -> None:
+    """Leave the SHA-256 of each of `files` (written into a checkpoint folder being saved) in that folder's
+    `.digests/`, for `write_manifest`: the writer threads hash what they wrote, not the training thread."""
+    for name in files:
+        f = Path(name)
+        out = f.parent / DIGESTS_DIR
+        out.mkdir(exist_ok=True)
+        (out / f"{f.name}.sha256").write_text(file_sha256(f) + "\n")
+
+
+def find_damage(path: str | Path, checksums: bool = False) -> str | None:
+    """What is wrong with the checkpoint directory `path` (a missing, truncated or unreadable file, and with
+    `checksums` a file whose bytes differ from those written), or None.
+
+    Checkpoints written before manifests existed are only checked for their metadata file, and those whose
+    manifest holds sizes only (before checksums) for sizes."""
     path = Path(path)
     if not (path / META_FILE).is_file():
         return f"{META_FILE} is missing"
     manifest = path / MANIFEST_FILE
     if manifest.is_file():
         try:
-            sizes = json.loads(manifest.read_text())
+            entries = json.loads(manifest.read_text())
         except ValueError:
-            sizes = None
-        if not isinstance(sizes, dict):
+            entries = None
+        if not isinstance(entries, dict):
             return f"{MANIFEST_FILE} is unreadable"
-        for name, size in sizes.items():
+        for name, entry in entries.items():
+            size, digest = (entry.get("bytes"), entry.get("sha256")) if isinstance(entry, dict) else (entry, None)
             f = path / name
             if not f.is_file():
                 return f"{name} is missing"
             if f.stat().st_size != size:
                 return f"{name} has {f.stat().st_size} bytes, {size} were written"
+            if checksums and digest is not None and file_sha256(f) != digest:
+                return f"{name} does not hold the bytes that were written (SHA-256 differs)"
     try:
         if not isinstance(json.loads((path / META_FILE).read_text()), dict):
             return f"{META_FILE} is unreadable"
@@ -182,10 +220,11 @@ def checkpoints_newest_first(root: str | Path) -> list[Path]:
 
 
 def newest_intact(candidates: list[Path]) -> Path | None:
-    """The first undamaged of `candidates` (newest first); each damaged one before it is logged as an error naming
-    the one resumed instead. None without candidates; CheckpointError when every one is damaged."""
+    """The first undamaged of `candidates` (newest first; checksums checked: it is what a resume loads); each
+    damaged one before it is logged as an error naming the one resumed instead. None without candidates;
+    CheckpointError when every one is damaged."""
     for i, path in enumerate(candidates):
-        damage = find_damage(path)
+        damage = find_damage(path, checksums=True)
         if damage is None:
             return path
         if i + 1 == len(candidates):

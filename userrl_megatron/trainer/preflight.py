@@ -1,8 +1,9 @@
 """What `userrl train` checks and decides before any process starts (no Ray, no actor, no engine).
 
 - `check_before_start`: the configuration checks once more, now knowing whether the actor ranks get CUDA
-  devices (GPU-only features), and the checkpoint the run resumes from against the model and TP (vocabulary
-  padding), so that a layout the actor ranks would refuse after a minute of start-up fails in seconds.
+  devices (GPU-only features), the run's `checkpoints/latest` (a directory there would fail every save), and
+  the checkpoint the run resumes from against the model and TP (vocabulary padding), so that a layout the actor
+  ranks would refuse after a minute of start-up fails in seconds.
 - `finished_step`: a run already at `run.total_steps` (checkpoint saved and logged, HF export written) needs
   nothing started; the caller just reprints its table.
 """
@@ -105,10 +106,17 @@ def _checkpoint_step(root: Path) -> int | None:
 def _resume_problems(cfg: RootConfig) -> list[str]:
     from userrl_megatron.megatron import checkpoint_files
 
+    own = run_directory(cfg) / "checkpoints"
+    try:
+        checkpoint_files.latest_target(own)  # the run's pointer, which every save moves, whatever it resumes from
+    except checkpoint_files.CheckpointError as e:
+        return [str(e)]
+    except OSError:
+        pass
     source = cfg.checkpoint.resume
     if source == "disable":
         return []
-    path = run_directory(cfg) / "checkpoints" if source == "auto" else Path(source)
+    path = own if source == "auto" else Path(source)
     shape = model_shape(cfg.model.path)
     try:
         checkpoint_files.latest_target(path)
