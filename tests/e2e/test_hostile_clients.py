@@ -375,16 +375,28 @@ def test_idle_connections_at_the_fd_limit_keep_no_keyed_client_out(
     assert text.count("connections is this server's cap") <= 3
 
 
-def test_a_request_body_that_never_arrives_times_out(dirs: dict[str, Path], tmp_path: Path) -> None:
-    """A keyed request that announces a body and sends none is answered 408 after body_timeout_s and its
-    connection closed; at dafaaeb it held the connection and a handler forever."""
-    cfg = _cfg(body_timeout_s=2.0)
+def test_slow_headers_and_a_body_that_never_arrives_time_out(dirs: dict[str, Path], tmp_path: Path) -> None:
+    """Headers sent a byte every half second (never complete) are cut off after idle_timeout_s; a keyed request
+    that announces a body and sends none is answered 408 after body_timeout_s, its connection closed. At dafaaeb
+    both held their connection (and the second a handler) for an hour or more."""
+    cfg = _cfg(idle_timeout_s=3.0, body_timeout_s=2.0)
     srv = launch_embedded(str(dirs["served"]), cfg, free_port(), log_path=tmp_path / "s.log", api_key=KEY)
     try:
+        slow = socket.create_connection(host_port(srv.url), timeout=CALL_S)
+        slow.sendall(b"GET /model_info HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        deadline, cut = time.monotonic() + CALL_S, False
+        while not cut and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                slow.sendall(b"a")
+            except OSError:
+                cut = True
+        slow.close()
         head = f"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: {BEARER}\r\nContent-Length: 100\r\n\r\n{{"
         answer = raw_exchange(srv.url, head.encode())
     finally:
         assert srv.stop(timeout_s=STOP_S) == 0, srv.log_tail()
+    assert cut, "a connection sending its headers a byte at a time was never closed"
     assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
 
 
