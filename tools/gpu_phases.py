@@ -320,7 +320,9 @@ def push_actor(smoke: Smoke, version: int) -> dict[str, float]:
     from userrl_megatron.sync.tensor_sender import TensorSender
 
     device = f"cuda:{torch.cuda.current_device()}" if smoke.cuda else "cpu"
-    engine = EngineEndpoint(smoke.server.url, tp_size=1, first_device=0, checkpoint=str(smoke.model_dir))
+    engine = EngineEndpoint(
+        smoke.server.url, tp_size=1, first_device=0, checkpoint=str(smoke.model_dir), backend="embedded"
+    )
     sender = TensorSender(SyncConfig(), [engine], f"gpu_check_v{version}", device)
     sender.connect()
     try:

@@ -75,8 +75,9 @@ class Engine:
         return names
 
     def endpoint(self) -> EngineEndpoint:
-        """The engine for a weight sender, as a run describes it: names checked against its checkpoint."""
-        return EngineEndpoint(self.url, checkpoint=str(self.model_dir))
+        """The engine for a weight sender, as a run describes it: names checked against its checkpoint, payloads in
+        its backend's format."""
+        return EngineEndpoint(self.url, checkpoint=str(self.model_dir), backend=self.backend)
 
     def state(self) -> dict[str, torch.Tensor]:
         """The reference's tensors under the checkpoint's names (what a push sends and the engine should hold)."""

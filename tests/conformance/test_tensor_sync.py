@@ -1,11 +1,11 @@
 """Colocated weight sync (`TensorSender`, SGLang's `/update_weights_from_tensor`) on every engine (both backends,
 each model), names checked against the engine's checkpoint as in a run: buckets of mixed dtypes handed over as
-shared-memory handles, checked bit-exact (read back by name, or by SGLang's weights checker where its model class
-cannot read back), generation with the new weights,
-the weight version, the sender's two shared-memory segments reused across pushes (as a GPU sender's: dropped after
-each) and removed when it closes; the refusals both backends share. Real SGLang 0.5.23 dies on a wrong shape or an
-unknown load format on this path (the embedded server refuses those instead: tests/e2e/test_server_http.py), so no
-test here sends one."""
+shared-memory handles (in the embedded engine's own format to it, SGLang's pickle to SGLang), checked bit-exact
+(read back by name, or by SGLang's weights checker where its model class cannot read back), generation with the
+new weights, the weight version, the sender's two shared-memory segments reused across pushes (as a GPU sender's:
+dropped after each) and removed when it closes; the refusals both backends share. Real SGLang 0.5.23 dies on a
+wrong shape or an unknown load format on this path (the embedded server refuses those instead:
+tests/e2e/test_server_http.py), so no test here sends one."""
 
 import base64
 import os
@@ -25,7 +25,7 @@ from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.fleet.engine import EngineError, SGLangClient
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON
 from userrl_megatron.ports import free_port
-from userrl_megatron.sync.handles import decode_payload
+from userrl_megatron.sync.receive import decode_payload
 from userrl_megatron.sync.sender import UnknownWeightNameError
 from userrl_megatron.sync.tensor_sender import TensorSender
 from userrl_megatron.types import SamplingParams
@@ -137,7 +137,8 @@ SGLANG_WRITER = textwrap.dedent(
 
 
 def test_embedded_decoder_reads_a_payload_written_by_sglang() -> None:
-    # What verl and slime send: SGLang's own FlattenedTensorBucket and metadata class (resolved to a stand-in).
+    # What verl and slime send: SGLang's own FlattenedTensorBucket and metadata class (resolved to a stand-in), read
+    # by the bounded pickle reader an embedded server runs only with --accept-pickle-payloads.
     if not SGLANG_VENV_PYTHON.is_file():
         pytest.fail(f"{SGLANG_VENV_PYTHON} is missing: run `make sglang` (make test does it)")
     writer = subprocess.Popen(
@@ -145,7 +146,8 @@ def test_embedded_decoder_reads_a_payload_written_by_sglang() -> None:
     )
     try:
         assert writer.stdout is not None and writer.stdin is not None
-        (a, ta), (b, tb) = decode_payload([writer.stdout.readline().strip()], "flattened_bucket")
+        payload = writer.stdout.readline().strip()
+        (a, ta), (b, tb) = decode_payload([payload], "flattened_bucket", accept_pickle=True)
         assert (a, b) == ("a", "b")
         assert torch.equal(ta, torch.arange(6.0).reshape(2, 3)) and torch.equal(tb, torch.ones(2).half())
         writer.stdin.write("done\n")

@@ -27,6 +27,7 @@ from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import EngineError, SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.ports import free_port
+from userrl_megatron.sync.embedded_payload import write_payload
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.types import SamplingParams
 
@@ -255,7 +256,9 @@ def test_streaming_abort_and_weight_version(server: ServerProcess, hf_a: torch.n
     call(server, "/update_weight_version", {"new_version": "default"})
 
 
-def test_memory_release_and_resume(server: ServerProcess) -> None:
+def test_memory_release_and_resume(server: ServerProcess, models: tuple[Path, Path]) -> None:
+    """Released weights come back empty, as from SGLang's memory saver without a host copy: generation is refused
+    until a weight update or a disk load has written them again."""
     body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
     before = call(server, "/generate", body)[1]["output_ids"]
     assert call(server, "/release_memory_occupation", {"tags": ["kv_cache", "weights"]}) == (200, None)
@@ -279,6 +282,13 @@ def test_memory_release_and_resume(server: ServerProcess) -> None:
         },
     )
     assert call(server, "/resume_memory_occupation", {"tags": ["kv_cache", "weights"]}) == (200, None)
+    status, refused = call(server, "/generate", body)
+    assert status == 400 and refused["error"]["message"].startswith(
+        "Cannot generate: the weights were released without a host copy and "
+    )
+    assert call(server, "/begin_weight_update", {})[0] == 200
+    assert call(server, "/update_weights_from_disk", {"model_path": str(models[0])})[1]["success"] is True
+    assert call(server, "/end_weight_update", {})[0] == 200
     assert call(server, "/generate", body)[1]["output_ids"] == before
 
 
@@ -388,7 +398,7 @@ def test_load_completions_and_weight_updates_from_tensor_and_disk(
     )
 
     norm = hf_a.model.norm.weight.detach()
-    payload = base64.b64encode(plain_pickle([("model.norm.weight", norm * 2)])).decode()
+    payload = write_payload([("model.norm.weight", norm * 2)], inline=True)  # the embedded engine's own format
     body = {"serialized_named_tensors": [payload], "weight_version": "t1"}
     assert call(server, "/update_weights_from_tensor", body) == (
         400,
@@ -400,14 +410,27 @@ def test_load_completions_and_weight_updates_from_tensor_and_disk(
     assert call(server, "/begin_weight_update", {})[0] == 200
     status, out = call(server, "/update_weights_from_tensor", body)
     assert (status, out) == (200, {"success": True, "message": "Success Weight version updated to t1."}), out
-    # Where real SGLang 0.5.23's server dies (its scheduler raises), the embedded one refuses and lives on.
+    # Where real SGLang 0.5.23's server dies (its scheduler raises), the embedded one refuses and lives on; it reads
+    # no pickle unless started with --accept-pickle-payloads (tests/e2e/test_hostile_payloads.py).
     bad = {
-        "wrong shape": ([("model.norm.weight", torch.ones(3))], None, r"norm.weight: shape \(3,\) does not match"),
-        "unknown format": ([("model.norm.weight", norm)], "safetensors", "Unknown load_format=safetensors"),
-        "unsafe global": (os.getcwd, None, r"Blocked unsafe global \(posix.getcwd\) during pickle deserialization"),
+        "wrong shape": (
+            write_payload([("model.norm.weight", torch.ones(3))], inline=True),
+            None,
+            r"norm.weight: shape \(3,\) does not match",
+        ),
+        "unknown format": (
+            write_payload([("model.norm.weight", norm)], inline=True),
+            "safetensors",
+            "Unknown load_format=safetensors",
+        ),
+        "a pickle": (
+            base64.b64encode(plain_pickle(os.getcwd)).decode(),
+            None,
+            r"the payload is a pickle \(SGLang's format\), which this server reads only when started with "
+            "--accept-pickle-payloads",
+        ),
     }
-    for what, (obj, load_format, message) in bad.items():
-        payload = base64.b64encode(plain_pickle(obj)).decode()
+    for what, (payload, load_format, message) in bad.items():
         status, out = call(server, "/update_weights_from_tensor", {"serialized_named_tensors": [payload],
                                                                     "load_format": load_format})  # fmt: skip
         assert status == 400 and re.search(message, out["message"]), (what, out)

@@ -18,28 +18,18 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from tests.support.engine_ref import hf_greedy
-from tests.support.payloads import plain_pickle
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.ports import free_port
 from userrl_megatron.server.core import EngineCore
+from userrl_megatron.sync.embedded_payload import MAGIC
 
 pytestmark = pytest.mark.distributed
 
 KEY = "guard-test-key-0123456789abcdefghijklmnopqrstuv"
 STARTUP_S, STOP_S, CALL_S = 600.0, 300.0, 300.0  # bounds a hung server only reaches
 PROMPT = [7, 8, 9]
-
-
-class Reduce:
-    """Pickles as `fn(*args)` (how a hostile payload calls an allowed global)."""
-
-    def __init__(self, fn: object, *args: object) -> None:
-        self.fn, self.args = fn, args
-
-    def __reduce__(self) -> tuple:
-        return self.fn, self.args
 
 
 @pytest.fixture(scope="module")
@@ -144,16 +134,20 @@ def test_disk_loads_are_off_unless_directories_are_named(dirs: dict[str, Path]) 
 
 def test_a_tensor_larger_than_its_storage_is_refused(server: ServerProcess) -> None:
     before, expected = norm(server), greedy(server)
-    typed = torch.TypedStorage(wrap_storage=torch.ones(1).untyped_storage(), dtype=torch.float32, _internal=True)
-    hostile = Reduce(torch._utils._rebuild_tensor, typed, 0, (64,), (1,))  # 1 float read as 64: 252 bytes unset
-    payload = base64.b64encode(plain_pickle([("model.norm.weight", hostile)])).decode()
+    # 1 float read as 64 (252 bytes past it), in the embedded engine's format (pickles: test_sglang_payload.py).
+    header = {
+        "buffers": [{"kind": "inline", "nbytes": 4}],
+        "tensors": [{"name": "model.norm.weight", "dtype": "float32", "shape": [64], "buffer": 0, "offset": 0}],
+    }
+    text = json.dumps(header).encode()
+    payload = base64.b64encode(MAGIC + len(text).to_bytes(4, "little") + text + bytes(4)).decode()
     assert call(server, "/begin_weight_update", {})[0] == 200
     assert call(server, "/update_weights_from_tensor", {"serialized_named_tensors": [payload]}) == (
         400,
         {
             "success": False,
-            "message": "Failed to update parameter online: a tensor of size [64] (stride [1], offset 0) does not fit "
-            "its storage of 4 bytes",
+            "message": "Failed to update parameter online: tensor 'model.norm.weight' of 256 bytes at offset 0 does "
+            "not fit its buffer of 4 bytes",
         },
     )
     assert call(server, "/end_weight_update", {})[0] == 200

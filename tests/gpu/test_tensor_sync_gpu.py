@@ -29,7 +29,9 @@ def test_cuda_ipc_buckets_load_bit_exact_and_are_freed(tmp_path: Path) -> None:
     state = [(n, (t.detach() * 0.5 + 0.125).to("cuda")) for n, t in hf.state_dict().items() if n != "lm_head.weight"]
     cfg = EmbeddedServerConfig(device="cuda", startup_timeout_s=600)  # a bound on a hang only
     server = launch_embedded(str(path), cfg, free_port(), "float32", log_path=tmp_path / "engine.log")
-    sender = TensorSender(SyncConfig(bucket_mb=1), [EngineEndpoint(server.url)], "gpu_tensor", "cuda:0")
+    sender = TensorSender(
+        SyncConfig(bucket_mb=1), [EngineEndpoint(server.url, backend="embedded")], "gpu_tensor", "cuda:0"
+    )
     try:
         sender.connect()
         gc.collect()  # garbage of earlier tests in this process, collected during the push, would read as freed

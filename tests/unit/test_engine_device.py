@@ -18,8 +18,7 @@ from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.server.local import LocalEngine
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import Request
-from userrl_megatron.sync.handles import flattened_bucket, serialize
-from userrl_megatron.sync.tensor_sender import bucket_entries
+from userrl_megatron.sync.tensor_sender import TensorSender
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"
@@ -194,7 +193,7 @@ def test_a_tensor_update_on_the_device_waits_for_its_copies(tiny_dir: Path, monk
     name = "model.norm.weight"
     value = torch.full(tuple(engine.core.model.model.get_parameter(name).shape), 0.5)
     packer = packed([(name, value)])
-    payload = serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries)))
+    payload = TensorSender._payload(packer, own_format=True)  # as the trainer writes it to this engine
 
     async def update() -> tuple[bool, str]:
         await engine.core.begin_weight_update()

@@ -1,6 +1,9 @@
-"""The `update_weights_from_tensor` payload format (`sync/handles.py`): a packed bucket serialized as a
-shared-memory handle is read bit-exact by another, unrelated process; its memory file disappears once both sides
-let go; the receiver reads only its own rank's entry and resolves only the globals SGLang's unpickler allows."""
+"""Tensor handles for `update_weights_from_tensor` (`sync/handles.py`), in both payload formats: a packed bucket
+named by a shared-memory handle is read bit-exact by another, unrelated process; its memory file disappears once
+both sides let go; an engine keeps a held segment mapped across pushes (the embedded engine's format); the receiver
+reads only its own rank's entry and, for SGLang's pickle format (read only when asked), resolves only the globals
+SGLang's unpickler allows and rebuilds tensors only inside their storages. The embedded format's own checks:
+tests/unit/test_embedded_payload.py."""
 
 import base64
 import collections
@@ -21,17 +24,20 @@ import torch.multiprocessing.reductions as reductions
 from tests.support.payloads import packed, plain_pickle
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync import handles
-from userrl_megatron.sync.handles import decode_payload, flattened_bucket, serialize
+from userrl_megatron.sync.embedded_payload import write_payload
+from userrl_megatron.sync.receive import decode_payload
 from userrl_megatron.sync.sender import EngineEndpoint, _Packer
-from userrl_megatron.sync.tensor_sender import SharedBuffer, TensorSender, bucket_entries
+from userrl_megatron.sync.sglang_payload import serialize
+from userrl_megatron.sync.tensor_sender import SharedBuffer, TensorSender
 
 RECEIVER = textwrap.dedent(
     """
     import sys, torch
-    from userrl_megatron.sync.handles import decode_payload
+    from userrl_megatron.sync.receive import decode_payload
 
     def main():  # the mapped tensors are let go when it returns, as in a server's request handler
-        named = decode_payload([sys.stdin.read()], sys.argv[2] if len(sys.argv) > 2 else None)
+        load_format = sys.argv[2] if len(sys.argv) > 2 else None
+        named = decode_payload([sys.stdin.read()], load_format, accept_pickle=True)
         torch.save({name: tensor.clone() for name, tensor in named}, sys.argv[1])
 
     main()
@@ -44,6 +50,11 @@ def our_segments() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_")}
 
 
+def bucket_payload(packer: _Packer, own_format: bool = True) -> str:
+    """A packed bucket's payload as `TensorSender` writes it: the embedded engine's format, or SGLang's pickle."""
+    return TensorSender._payload(packer, own_format)
+
+
 def receive(payload: str, out: Path, load_format: str | None = "flattened_bucket") -> dict[str, torch.Tensor]:
     """Decode `payload` in a fresh interpreter (not a child sharing our state: a separate `python -c`)."""
     cmd = [sys.executable, "-c", RECEIVER, str(out)] + ([load_format] if load_format else [])
@@ -52,7 +63,8 @@ def receive(payload: str, out: Path, load_format: str | None = "flattened_bucket
     return torch.load(out)
 
 
-def test_bucket_read_bit_exact_by_another_process_then_freed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_format", [True, False], ids=["embedded", "pickle"])
+def test_bucket_read_bit_exact_by_another_process_then_freed(tmp_path: Path, own_format: bool) -> None:
     before = our_segments()
     named = [
         ("a.weight", torch.randn(3, 5)),
@@ -61,51 +73,60 @@ def test_bucket_read_bit_exact_by_another_process_then_freed(tmp_path: Path) -> 
     ]
     packer = packed(named)
     assert [e[3:] for e in packer.entries] == [(0, 60), (60, 116), (116, 128)]  # bytes, back to back
-    bucket = flattened_bucket(packer.flat(), bucket_entries(packer.entries))
-    payload = serialize(bucket)
+    payload = bucket_payload(packer, own_format)
     assert len(base64.b64decode(payload)) < 2000  # a handle, not the 128 bytes... nor the 1 MB bucket
     assert len(our_segments() - before) == 1
     got = receive(payload, tmp_path / "got.pt")
     assert list(got) == ["a.weight", "b.weight", "c.bias"]
     for name, tensor in named:
         assert got[name].shape == tensor.shape and torch.equal(got[name], tensor), name
-    del bucket
     packer.buffer.release()
     assert our_segments() == before  # the receiver let go of its mapping, the sender of its segment: the file is gone
 
 
-def test_receiver_sees_the_senders_bytes_not_a_copy_at_serialization(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_format", [True, False], ids=["embedded", "pickle"])
+def test_receiver_sees_the_senders_bytes_not_a_copy_at_serialization(tmp_path: Path, own_format: bool) -> None:
     # The payload names memory: what the receiver reads is the bucket as it is when it maps it.
     packer = packed([("x", torch.zeros(4))])
-    payload = serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries)))
+    payload = bucket_payload(packer, own_format)
     packer.flat().view(torch.float32).copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert torch.equal(receive(payload, tmp_path / "x.pt")["x"], torch.tensor([1.0, 2.0, 3.0, 4.0]))
     packer.buffer.release()
 
 
-def test_named_tensor_list_and_plain_pickle_payloads(tmp_path: Path) -> None:
+def test_named_tensor_lists_inline_bytes_and_plain_pickle_payloads(tmp_path: Path) -> None:
     tensor = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
     shared = receive(serialize([("w", tensor)]), tmp_path / "a.pt", load_format=None)
     assert shared["w"].dtype == torch.bfloat16 and torch.equal(shared["w"], tensor)
+    held = tensor.clone()  # moved to a shared-memory file, which goes with it: the sender keeps it until answered
+    shared = receive(write_payload([("w", held)]), tmp_path / "b.pt", load_format=None)
+    assert shared["w"].dtype == torch.bfloat16 and torch.equal(shared["w"], tensor)
+    (name, got), = decode_payload([write_payload([("w", tensor)], inline=True)], "direct")  # fmt: skip
+    assert name == "w" and torch.equal(got, tensor)
     by_value = base64.b64encode(plain_pickle([("w", tensor)])).decode()  # SGLang accepts bytes inline too
-    (name, got), = decode_payload([by_value], "direct")  # fmt: skip
+    (name, got), = decode_payload([by_value], "direct", accept_pickle=True)  # fmt: skip
     assert name == "w" and torch.equal(got, tensor)
 
 
 def test_only_own_rank_is_read_and_refusals() -> None:
     ok = base64.b64encode(plain_pickle([("w", torch.ones(2))])).decode()
     # Entry 1 is another TP rank's: never decoded (it would map that rank's memory).
-    assert decode_payload([ok, "not even base64!"], None)[0][0] == "w"
+    assert decode_payload([write_payload([("w", torch.ones(2))], inline=True), "not even base64!"], None)[0][0] == "w"
     with pytest.raises(IndexError, match=r"no payload for TP rank 0 \(0 given\)"):
         decode_payload([], None)
     with pytest.raises(NotImplementedError, match="Unknown load_format=safetensors"):
         decode_payload([ok], "safetensors")
+    # Pickles only when asked for (`userrl serve --accept-pickle-payloads`): refused before a byte of them is read.
+    with pytest.raises(ValueError, match=r"a pickle \(SGLang's format\), which this server reads only when started"):
+        decode_payload([ok], None)
+    with pytest.raises(ValueError, match=r"a payload starts with USERRLW1 \(this server's format\) or is a pickle"):
+        decode_payload([base64.b64encode(b"PK\x03\x04").decode()], None, accept_pickle=True)
     with pytest.raises(pickle.UnpicklingError, match=r"Blocked unsafe global \(posix\.system\) during pickle"):
-        decode_payload([base64.b64encode(pickle.dumps(os.system)).decode()], None)
+        decode_payload([base64.b64encode(pickle.dumps(os.system)).decode()], None, accept_pickle=True)
     with pytest.raises(ValueError, match="list of \\(name, tensor\\) pairs"):
-        decode_payload([base64.b64encode(pickle.dumps({"w": 1})).decode()], None)
+        decode_payload([base64.b64encode(pickle.dumps({"w": 1})).decode()], None, accept_pickle=True)
     with pytest.raises(ValueError, match="a flattened_bucket payload is a dict"):
-        decode_payload([ok], "flattened_bucket")
+        decode_payload([ok], "flattened_bucket", accept_pickle=True)
 
 
 def test_bucket_sizes_follow_sync_config() -> None:
@@ -125,15 +146,16 @@ def test_bucket_sizes_follow_sync_config() -> None:
 ENGINE = textwrap.dedent(
     """
     import sys, torch
-    from userrl_megatron.sync.handles import Segments, decode_payload
+    from userrl_megatron.sync import handles
+    from userrl_megatron.sync.receive import decode_payload
 
-    segments = Segments()
-    mapped = []  # the files torch maps (a cached storage maps nothing)
-    open_file = torch.UntypedStorage._new_shared_filename_cpu
-    def counted(*args):
-        mapped.append(args[1])
-        return open_file(*args)
-    torch.UntypedStorage._new_shared_filename_cpu = staticmethod(counted)
+    segments = handles.Segments()
+    mapped = []  # the files mapped (a kept mapping maps nothing)
+    open_file = handles.open_shm
+    def counted(handle, nbytes):
+        mapped.append(handle)
+        return open_file(handle, nbytes)
+    handles.open_shm = counted
     for line in sys.stdin:
         command, _, payload = line.strip().partition(" ")
         if command == "load":
@@ -150,7 +172,8 @@ ENGINE = textwrap.dedent(
 
 
 class EngineProcess:
-    """A fresh interpreter that decodes payloads line by line and keeps what it maps, like the embedded server."""
+    """A fresh interpreter that decodes payloads line by line and keeps what it maps, like the embedded server
+    (which reads its own format from the trainer's senders)."""
 
     def __init__(self) -> None:
         cmd = [sys.executable, "-c", ENGINE]
@@ -166,7 +189,7 @@ class EngineProcess:
 
     def load(self, packer: _Packer) -> tuple[str, tuple[int, int]]:
         """(the tensors read, (segments kept, mappings made so far))."""
-        got, counts = self.ask("load " + serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries))))
+        got, counts = self.ask("load " + bucket_payload(packer))
         kept, mapped = counts.split()
         return got, (int(kept), int(mapped))
 
@@ -195,9 +218,8 @@ def test_segments_are_reused_and_the_engine_maps_each_once() -> None:
         assert engine.load(packer) == (str([4.0] * 1024), (2, 2))
         assert len(our_segments() - before) == 1 and not old & our_segments()
         assert engine.counts("end") == (1, 2)  # the push did not read the old segment: let go
-        loose = torch.tensor([1.5, 2.5]).view(torch.uint8)  # shared by a sender that does not hold its file
-        payload = serialize(flattened_bucket(loose, bucket_entries([("v", torch.float32, [2], 0, 8)])))
-        assert engine.ask("load " + payload) == ["[1.5, 2.5]", "1 3"]  # mapped for this payload only
+        loose = torch.tensor([1.5, 2.5])  # shared by a sender that does not hold its file
+        assert engine.ask("load " + write_payload([("v", loose)])) == ["[1.5, 2.5]", "1 3"]  # for this payload only
         del loose
         buffer.release()
         assert our_segments() == before
@@ -221,13 +243,12 @@ def test_no_segment_is_left_after_the_engine_is_killed() -> None:
 SENDER = textwrap.dedent(
     """
     import sys, time, torch
-    from userrl_megatron.sync.handles import flattened_bucket, serialize
     from userrl_megatron.sync.sender import _Packer
-    from userrl_megatron.sync.tensor_sender import SharedBuffer, bucket_entries
+    from userrl_megatron.sync.tensor_sender import SharedBuffer, TensorSender
 
     packer = _Packer(SharedBuffer("cpu"))
     packer.add("w", torch.full((4,), 7.0), 1024)
-    print(serialize(flattened_bucket(packer.flat(), bucket_entries(packer.entries))), flush=True)
+    print(TensorSender._payload(packer, True), flush=True)
     time.sleep(3600)
     """
 )
@@ -342,14 +363,21 @@ def one_float_storage() -> torch.TypedStorage:
 )
 def test_hostile_payloads_are_refused(obj: object, message: str) -> None:
     with pytest.raises(pickle.UnpicklingError, match=message):
-        decode_payload([hostile(obj)], None)
+        decode_payload([hostile(obj)], None, accept_pickle=True)
 
 
-def test_a_payload_holds_at_most_max_bytes_of_tensors() -> None:
+def test_a_payload_holds_at_most_max_bytes_of_storages_and_of_tensors() -> None:
+    # Two storages of 64 bytes by value: each within 100 bytes, together not.
     payload = base64.b64encode(plain_pickle([("a", torch.ones(16)), ("b", torch.ones(16))])).decode()
-    assert [name for name, _ in decode_payload([payload], None, max_bytes=128)] == ["a", "b"]
+    assert [name for name, _ in decode_payload([payload], None, max_bytes=128, accept_pickle=True)] == ["a", "b"]
+    with pytest.raises(pickle.UnpicklingError, match="the payload's storages exceed 100 bytes"):
+        decode_payload([payload], None, max_bytes=100, accept_pickle=True)
+    # One shared storage of 64 bytes read as two tensors of 64 bytes.
+    tensor = torch.ones(16)
+    shared = serialize([("a", tensor), ("b", tensor.view(4, 4))])
+    assert [name for name, _ in decode_payload([shared], None, max_bytes=128, accept_pickle=True)] == ["a", "b"]
     with pytest.raises(pickle.UnpicklingError, match="the payload's tensors exceed 100 bytes"):
-        decode_payload([payload], None, max_bytes=100)
+        decode_payload([shared], None, max_bytes=100, accept_pickle=True)
 
 
 LATE = RuntimeError("Shared memory manager connection has timed out\nException raised from recv at socket.h:67")
@@ -383,7 +411,7 @@ def test_a_late_shared_memory_manager_is_waited_for(monkeypatch: pytest.MonkeyPa
         return rebuild(*args)
 
     monkeypatch.setattr(reductions, "rebuild_storage_filename", late_rebuild)
-    [(name, mapped)] = decode_payload([payload], None)
+    [(name, mapped)] = decode_payload([payload], None, accept_pickle=True)
     assert name == "w" and torch.equal(mapped, bucket) and next(tries, "used") == "used"
 
 

@@ -55,7 +55,14 @@ def _serve(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(cfg.threads)
     path = str(resolve_model(args.model))
-    core = EngineCore(path, cfg, args.dtype or "float32", args.served_model_name or args.model, args.weight_version)
+    core = EngineCore(
+        path,
+        cfg,
+        args.dtype or "float32",
+        args.served_model_name or args.model,
+        args.weight_version,
+        accept_pickle_payloads=args.accept_pickle_payloads,
+    )
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -207,6 +214,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the endpoint is refused)",
     )
     p.add_argument("--max-weight-payload-bytes", type=int, help="tensors of one update_weights_from_tensor payload")
+    p.add_argument(
+        "--accept-pickle-payloads",
+        action="store_true",
+        help="read SGLang's pickle format on update_weights_from_tensor too, through a bounded reader (for the "
+        "conformance suite; the project's senders write this server's own format)",
+    )
     p.add_argument("--served-model-name", default="", help="name /v1/models reports (default: --model)")
     p.add_argument("--weight-version", default="default", help="starting weight-version label")
     p.add_argument("--parent-pid", type=int, help="exit when this process is gone (set by the launcher)")

@@ -27,7 +27,8 @@ from userrl_megatron.server.weights import Destination, receive_weights
 from userrl_megatron.server.weights_dir import OutsideError, check_path_text, read_safetensors_dir
 from userrl_megatron.sync.bucket import FlatBuffer
 from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
-from userrl_megatron.sync.handles import Segments, decode_payload
+from userrl_megatron.sync.handles import Segments
+from userrl_megatron.sync.receive import decode_payload
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,12 @@ class EngineCore:
         dtype: str = "float32",
         served_model_name: str = "",
         weight_version: str = "default",
+        accept_pickle_payloads: bool = False,
     ):
         self.cfg = cfg
+        # Whether /update_weights_from_tensor reads SGLang's pickle format too (`userrl serve
+        # --accept-pickle-payloads`, for the conformance suite); weight senders write this engine's own format.
+        self.accept_pickle_payloads = accept_pickle_payloads
         self.model_path = model_path
         self.served_model_name = served_model_name or model_path
         self.model = EngineModel(model_path, dtype, resolve_device(cfg.device), cfg.context_length, cfg.cpu_linear)
@@ -466,9 +471,11 @@ class EngineCore:
         weight_version: str | None = None,
     ) -> tuple[bool, str]:
         """SGLang's colocated path: this engine's payload (entry 0; it is TP rank 0) names tensors in memory the
-        sender shares (`sync/handles.py`); they are mapped and copied into the weights before the answer, and the
-        mapping of a sender's persistent shared-memory file is kept for its next pushes (`Segments`). Where SGLang
-        0.5.23's server dies (a payload it cannot read, an unknown load format, a wrong shape) this one refuses."""
+        sender shares (`sync/handles.py`), in this engine's own format (`sync/embedded_payload.py`), or in
+        SGLang's pickle format only with `accept_pickle_payloads`; they are mapped and copied into the weights
+        before the answer, and the mapping of a sender's persistent shared-memory file is kept for its next pushes
+        (`Segments`). Where SGLang 0.5.23's server dies (a payload it cannot read, an unknown load format, a wrong
+        shape) this one refuses."""
         if self._session is None:
             return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
         if abort_all_requests:
@@ -478,7 +485,14 @@ class EngineCore:
             if released := self._released_weights():
                 return False, released
             try:
-                named = decode_payload(serialized_named_tensors, load_format, 0, self.payload_limit, self.segments)
+                named = decode_payload(
+                    serialized_named_tensors,
+                    load_format,
+                    0,
+                    self.payload_limit,
+                    self.segments,
+                    accept_pickle=self.accept_pickle_payloads,
+                )
                 self.model.load_weights(named)
                 if self.model.device.type == "cuda":  # the copies out of the sender's segment have run before
                     torch.cuda.synchronize(self.model.device)  # the answer lets the sender write there again

@@ -1,138 +1,55 @@
-"""The payload format of SGLang's `/update_weights_from_tensor`: tensors that travel as handles, not bytes.
+"""Tensor handles: memory of the trainer's that an engine maps by name, for `/update_weights_from_tensor`.
 
-A payload is a `multiprocessing` ForkingPickler pickle (SGLang's `MultiprocessingSerializer`), base64 in the
-JSON body, one per engine TP rank. Tensors inside it are references to memory the sender keeps alive until the
-engine answers:
-- CUDA tensors: CUDA IPC handles (torch's reduction) with the device given by its UUID instead of its index, as
-  SGLang's patched reduction sends it: the trainer and the engine see different `CUDA_VISIBLE_DEVICES`;
-- CPU tensors: the name of a shared-memory file (torch's `file_system` sharing strategy, whatever the process's
-  strategy is): an unrelated process (the engine server) can map it, where a file descriptor could only be
-  passed to a child process.
+- CPU: a shared-memory file of torch's naming (`/dev/shm/torch_<pid>_<n>_<n>`: torch's `file_system` sharing,
+  whatever the process's strategy is): an unrelated process (the engine server) can map it, where a file
+  descriptor could only be passed to a child process. The file starts with torch's 64-byte header (its reference
+  count); the storage's bytes follow.
+- GPU: a CUDA IPC handle (torch's reduction) with the device given by its UUID instead of its index, as SGLang's
+  patched reduction sends it: the trainer and the engine see different `CUDA_VISIBLE_DEVICES`.
+
+Two payload formats name them: SGLang's pickle (`sglang_payload.py`), what the senders write to SGLang, and the
+embedded engine's own (`embedded_payload.py`), which executes nothing. Both readers open a shared-memory file
+only after checking its name, owner and real size (`open_shm`): torch maps a short file by growing it.
 
 Persistent segments. The sender keeps its bucket memory across buckets and, on CPU, across pushes (on GPU it
 gives it back after each push: `tensor_sender.py`). On CPU it holds a shared `flock` on each of its files for as
 long as it keeps it (`hold`), and removes the file's name itself when it lets go (`retire`). An engine keeps what
-it mapped of such a file (`Segments`), so later payloads naming it map nothing (torch's `shared_cache` returns the
-live storage); it lets go of a segment a push did not use (the sender grew it) and of one whose lock nobody holds
-any more (the sender is gone: the engine removes the name). A file's memory goes with its last mapping. A CUDA
-segment is opened for each payload and closed once loaded, as SGLang does: CUDA IPC memory stays allocated while
-a consumer has it open (a segment the sender grew away from would stay until the push ended), and opening one
-costs little beside the copy. Segments are registered by name (`SEGMENT_REGISTRY`), and a sender that starts
-removes those nobody holds (`sweep_segments`): torch's `torch_shm_manager` would remove them once every process
-that registered them exited, but Ray kills it with the actor.
-
-`load_format: "flattened_bucket"` payloads hold `{"flattened_tensor": uint8 tensor, "metadata": [...]}`, each
-metadata entry with the attributes of SGLang's `FlattenedTensorMetadata` (name, shape, dtype, start_idx, end_idx,
-numel). The sender writes them as `types.SimpleNamespace` (SGLang's unpickler allows it; the trainer has no
-SGLang to import its class from); the receiver takes either.
-
-Receiving (the embedded server) follows SGLang 0.5.23's `SafeUnpickler`: only the globals such a payload needs
-are resolved; anything else is refused with SGLang's message. It is stricter than SGLang's: a tensor is rebuilt
-only inside its storage and no larger than it (torch would grow a short storage with uninitialised memory), the
-tensors of one payload hold at most `max_bytes` together and no storage is larger, shared memory is named only
-as torch names it, tensor and storage classes are arguments never called (`torch.Tensor(n)` allocates), and
-`bytearray`, `range` and `bytes(n)` are refused.
+it mapped of such a file (`Segments`), so later payloads naming it map nothing; it lets go of a segment a push did
+not use (the sender grew it) and of one whose lock nobody holds any more (the sender is gone: the engine removes
+the name). A file's memory goes with its last mapping. A CUDA segment is opened for each payload and closed once
+loaded, as SGLang does: CUDA IPC memory stays allocated while a consumer has it open (a segment the sender grew
+away from would stay until the push ended), and opening one costs little beside the copy. Segments are registered
+by name (`SEGMENT_REGISTRY`), and a sender that starts removes those nobody holds (`sweep_segments`): torch's
+`torch_shm_manager` would remove them once every process that registered them exited, but Ray kills it with the
+actor.
 """
 
 import base64
 import binascii
-import builtins
-import codecs
-import collections
 import contextlib
-import copyreg
 import fcntl
-import functools
-import io
 import logging
-import math
+import mmap
 import os
-import pickle
 import re
+import stat
 import tempfile
 import threading
 import time
-import types
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
-import torch.multiprocessing.reductions as reductions
-
-from userrl_megatron.sync.bucket import BucketEntry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-LOAD_FORMATS = (None, "direct", "flattened_bucket")
-CUDA_DEVICE_ARG = 6  # position of the device index in the arguments of torch's `rebuild_cuda_tensor`
-
-
-class HandlePickler(ForkingPickler):
-    """ForkingPickler whose CPU storages travel by shared-memory file name and CUDA tensors by device UUID."""
-
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file)
-        self.dispatch_table[torch.UntypedStorage] = _reduce_storage_by_name
-        for cls in (torch.Tensor, torch.nn.Parameter):
-            self.dispatch_table[cls] = _reduce_tensor
-
-
-def _reduce_storage_by_name(storage: torch.UntypedStorage) -> tuple[Callable, tuple]:
-    """torch's `file_system` reduction: the storage moves to (or already is in) a named shared-memory file; the
-    reference taken here is handed to the receiver, whose rebuild releases it."""
-    if storage.device.type != "cpu":
-        raise ValueError(f"a {storage.device.type} storage cannot be shared by file name")
-    manager, handle, size = storage._share_filename_cpu_()
-    storage._shared_incref()
-    return reductions.rebuild_storage_filename, (type(storage), manager, handle, size)
-
-
-def _reduce_tensor(tensor: torch.Tensor) -> tuple[Callable, tuple]:
-    rebuild, args = reductions.reduce_tensor(tensor)
-    if tensor.is_cuda:
-        args = list(args)
-        args[CUDA_DEVICE_ARG] = str(torch.cuda.get_device_properties(args[CUDA_DEVICE_ARG]).uuid)
-        args = tuple(args)
-    return rebuild, args
-
-
-def serialize(obj: Any) -> str:
-    """A base64 ForkingPickler payload of `obj` in which tensors are handles (see the module docstring).
-
-    Each call hands out one reference per CPU storage: serialize once per receiving engine TP rank."""
-    buffer = io.BytesIO()
-    HandlePickler(buffer).dump(obj)
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def withdraw(tensor: torch.Tensor, count: int) -> None:
-    """Take back the references `count` serializations of `tensor` handed out, for payloads nobody will read
-    (never posted): else its shared-memory file would outlive the tensor. CUDA memory needs nothing here."""
-    if tensor.device.type == "cpu":
-        for _ in range(count):
-            tensor.untyped_storage()._shared_decref()
-
-
-def flattened_bucket(flat: torch.Tensor, layout: Sequence[BucketEntry]) -> dict[str, Any]:
-    """The `flattened_bucket` payload object of one packed bucket."""
-    return {
-        "flattened_tensor": flat,
-        "metadata": [
-            types.SimpleNamespace(
-                name=e.name,
-                shape=torch.Size(e.shape),
-                dtype=e.dtype,
-                start_idx=e.start,
-                end_idx=e.end,
-                numel=e.end - e.start,
-            )
-            for e in layout
-        ],
-    }
+SHM_HANDLE = re.compile(rb"/torch_\d+_\d+_\d+")  # torch's names for shared-memory files
+SHM_HEADER_BYTES = 64  # torch's header before a shared storage's bytes (its reference count, aligned)
+CUDA_IPC_REF_COUNTERS = 10000  # int64 counters in one of torch's CUDA IPC reference-counter files
 
 
 SHM_DIR = "/dev/shm"
@@ -179,9 +96,7 @@ def retire(storage: torch.UntypedStorage) -> None:
     kept for good first: torch's last close would otherwise remove the name again and abort on the missing file."""
     _, handle, _ = storage._share_filename_cpu_()
     storage._shared_incref()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(shm_path(handle))
-    SEGMENT_REGISTRY.joinpath(handle.decode().lstrip("/")).unlink(missing_ok=True)
+    _unlink(handle)
 
 
 def _held(handle: bytes) -> bool | None:
@@ -199,23 +114,39 @@ def _held(handle: bytes) -> bool | None:
     return False
 
 
+@dataclass
+class _Mapping:
+    """The first `tensor.numel()` bytes of a shared-memory file, mapped read-only, and the file they belong to."""
+
+    tensor: torch.Tensor
+    file: tuple[int, int]  # (st_dev, st_ino)
+
+
 class Segments:
     """The sender memory an engine keeps mapped between pushes: shared-memory files whose sender holds them
-    (`hold`), by name. Mapping costs page faults per bucket otherwise; a kept storage makes torch's rebuild find
-    it in its `shared_cache`."""
+    (`hold`), by name. Mapping costs page faults per bucket otherwise."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._kept: dict[bytes, torch.UntypedStorage] = {}
+        self._kept: dict[bytes, _Mapping] = {}
         self._used: set[bytes] = set()  # files the open push read
 
-    def keep_file(self, handle: bytes, storage: torch.UntypedStorage) -> None:
-        """Keep a mapped shared-memory file if its sender holds it (a file nobody holds is mapped per payload)."""
+    def map(self, handle: bytes, nbytes: int) -> torch.Tensor:
+        """The first `nbytes` bytes of the shared-memory file `handle`: the kept mapping when it is of the same
+        file and covers them, else a new one (`open_shm`), kept if the file's sender holds it."""
         with self._lock:
-            if handle not in self._kept and not _held(handle):
-                return
-            self._kept[handle] = storage
-            self._used.add(handle)
+            kept = self._kept.get(handle)
+        if kept is not None and kept.tensor.numel() >= nbytes and _file_id(handle) == kept.file:
+            with self._lock:
+                self._used.add(handle)
+            return kept.tensor[:nbytes]
+        tensor, file = open_shm(handle, nbytes)
+        with self._lock:
+            self._kept.pop(handle, None)
+            if _held(handle):
+                self._kept[handle] = _Mapping(tensor, file)
+                self._used.add(handle)
+        return tensor
 
     def names(self) -> list[bytes]:
         """The shared-memory files kept."""
@@ -237,7 +168,7 @@ class Segments:
             for handle in list(self._kept):
                 held = _held(handle)
                 if held is False:
-                    retire(self._kept[handle])
+                    _unlink(handle)
                 if not held:
                     del self._kept[handle]
                     self._used.discard(handle)
@@ -250,143 +181,86 @@ class Segments:
             self._used.clear()
 
 
-# ---- receiving (the embedded server) ----
+def open_shm(handle: bytes, nbytes: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The first `nbytes` bytes of torch's shared-memory file `handle`, mapped read-only (a uint8 tensor), and the
+    file's (device, inode). The file is opened without following links and mapped through that descriptor once it
+    is known to be a regular file of this user holding those bytes: nothing is created or grown."""
+    with _checked_shm(handle, nbytes) as (fd, info):
+        if nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8), (info.st_dev, info.st_ino)
+        mapping = mmap.mmap(fd, SHM_HEADER_BYTES + nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    with warnings.catch_warnings():  # read-only memory: nothing here writes to what it receives
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=SHM_HEADER_BYTES)
+    return tensor, (info.st_dev, info.st_ino)
 
 
-@dataclass
-class FlattenedTensorMetadata:
-    """Stands in for SGLang's class of that name when a payload written with SGLang installed names it."""
-
-    name: str
-    shape: torch.Size
-    dtype: torch.dtype
-    start_idx: int
-    end_idx: int
-    numel: int
+def check_shm(handle: bytes, nbytes: int) -> None:
+    """ValueError unless torch's shared-memory file `handle` is a regular file of this user holding `nbytes`
+    bytes after torch's header (what torch itself then maps: it would grow a shorter file)."""
+    with _checked_shm(handle, nbytes):
+        pass
 
 
-class _Budget:
-    """What one payload may make the engine hold: tensors of `max_bytes` together, no storage larger."""
-
-    def __init__(self, max_bytes: int, segments: Segments | None = None) -> None:
-        self.max_bytes, self.used = max_bytes, 0
-        self.tensor_rebuilds: list[Any] = []  # this payload's bound tensor rebuilds (_rebuild_from_type_v2 calls)
-        self.segments = segments  # where the receiving engine keeps what it maps (None: nothing is kept)
-
-    def storage(self, nbytes: int) -> None:
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or not 0 <= nbytes <= self.max_bytes:
-            raise pickle.UnpicklingError(f"a storage of {nbytes!r} bytes (at most {self.max_bytes})")
-
-    def tensor(self, nbytes: int) -> None:
-        self.used += nbytes
-        if self.used > self.max_bytes:
-            raise pickle.UnpicklingError(f"the payload's tensors exceed {self.max_bytes} bytes")
+def check_ref_counter(handle: bytes, offset: int) -> None:
+    """ValueError unless `handle` names one of torch's CUDA IPC reference-counter files (a regular file of this
+    user, of its full size) and `offset` one of its counters: torch increments that counter in place."""
+    if type(offset) is not int or not 0 <= offset < CUDA_IPC_REF_COUNTERS:
+        raise ValueError(f"a CUDA IPC reference counter offset must be in [0, {CUDA_IPC_REF_COUNTERS}), got {offset!r}")
+    with _checked_shm(handle, 8 * CUDA_IPC_REF_COUNTERS):
+        pass
 
 
-@dataclass(frozen=True)
-class _ClassRef:
-    """A class the payload names as an argument (a tensor or storage type), never constructs: calling it would
-    allocate uninitialised memory (`torch.Tensor(n)`, `torch.UntypedStorage(n)`)."""
-
-    cls: type
-
-    def __call__(self, *args: Any) -> Any:
-        raise pickle.UnpicklingError(f"constructing {self.cls.__name__} is not allowed in a weight payload")
-
-
-def _unwrap(ref: Any, allowed: tuple[type, ...]) -> type:
-    if not isinstance(ref, _ClassRef) or ref.cls not in allowed:
-        raise pickle.UnpicklingError(f"expected one of {', '.join(c.__name__ for c in allowed)}, got {ref!r}")
-    return ref.cls
-
-
-def _ints(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, (tuple, list)) or not all(type(v) is int and v >= 0 for v in value):
-        raise pickle.UnpicklingError(f"{what} must be a sequence of non-negative integers, got {value!r}")
-    return tuple(value)
-
-
-def _check_view(budget: _Budget, nbytes: int, itemsize: int, offset: Any, size: Any, stride: Any) -> None:
-    """A tensor of `size`/`stride` at element `offset` reads only its storage's `nbytes` and is no larger than
-    it (torch would grow the storage with uninitialised memory; an overlapping view could be huge)."""
-    size, stride = _ints(size, "size"), _ints(stride, "stride")
-    if type(offset) is not int or offset < 0 or len(size) != len(stride):
-        raise pickle.UnpicklingError(f"a bad tensor view: offset {offset!r}, size {size}, stride {stride}")
-    numel = math.prod(size)
-    extent = 0 if numel == 0 else offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) + 1
-    if extent * itemsize > nbytes or numel * itemsize > nbytes - min(nbytes, offset * itemsize):
-        raise pickle.UnpicklingError(
-            f"a tensor of size {list(size)} (stride {list(stride)}, offset {offset}) does not fit its storage "
-            f"of {nbytes} bytes"
-        )
-    budget.tensor(numel * itemsize)
+@contextlib.contextmanager
+def _checked_shm(handle: bytes, nbytes: int) -> Iterator[tuple[int, os.stat_result]]:
+    if not isinstance(handle, bytes) or not SHM_HANDLE.fullmatch(handle):
+        raise ValueError(f"not a torch shared-memory file name: {handle[:80]!r}")
+    try:
+        fd = os.open(shm_path(handle), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ValueError(f"no shared-memory file {handle.decode()}") from None
+    except OSError as e:  # a link (O_NOFOLLOW), a FIFO's peer, a permission
+        raise ValueError(f"cannot open the shared-memory file {handle.decode()}: {e.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            raise ValueError(f"{handle.decode()} is not a shared-memory file of this server's user")
+        if info.st_size < SHM_HEADER_BYTES + nbytes:
+            raise ValueError(
+                f"the shared-memory file {handle.decode()} holds {max(info.st_size - SHM_HEADER_BYTES, 0)} bytes, "
+                f"not the {nbytes} the payload names"
+            )
+        yield fd, info
+    finally:
+        os.close(fd)
 
 
-def _fitted(budget: _Budget, storage: Any, offset: Any, size: Any, stride: Any) -> torch.TypedStorage:
-    """`storage`, a typed storage that the tensor view `offset`/`size`/`stride` lies inside (`_check_view`)."""
-    if not isinstance(storage, torch.TypedStorage):
-        raise pickle.UnpicklingError(f"expected a typed storage, got {type(storage).__name__}")
-    _check_view(budget, storage._untyped_storage.nbytes(), storage.dtype.itemsize, offset, size, stride)
-    return storage
+def _file_id(handle: bytes) -> tuple[int, int] | None:
+    try:
+        info = os.stat(shm_path(handle), follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino
 
 
-def _rebuild_tensor(budget: _Budget, storage: Any, offset: Any, size: Any, stride: Any) -> torch.Tensor:
-    typed = _fitted(budget, storage, offset, size, stride)
-    return torch._utils._rebuild_tensor(typed, offset, size, stride)
+def _unlink(handle: bytes) -> None:
+    """Remove the name of shared-memory file `handle` and its registry entry (its memory stays mapped)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(shm_path(handle))
+    SEGMENT_REGISTRY.joinpath(handle.decode().lstrip("/")).unlink(missing_ok=True)
 
 
-def _rebuild_tensor_v2(
-    budget: _Budget, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *meta: Any
-) -> torch.Tensor:
-    if hooks:
-        raise pickle.UnpicklingError("a tensor with backward hooks")
-    typed = _fitted(budget, storage, offset, size, stride)
-    return torch._utils._rebuild_tensor_v2(typed, offset, size, stride, bool(requires_grad), hooks, *meta)
+def device_uuid(index: int) -> str:
+    """The UUID of this process's CUDA device `index` (how a handle names its device to another process)."""
+    return str(torch.cuda.get_device_properties(index).uuid)
 
 
-def _rebuild_parameter(data: Any, requires_grad: Any, hooks: Any) -> torch.nn.Parameter:
-    if not isinstance(data, torch.Tensor) or hooks:
-        raise pickle.UnpicklingError("a parameter is rebuilt from a tensor, without backward hooks")
-    return torch._utils._rebuild_parameter(data, bool(requires_grad), hooks)
-
-
-def _rebuild_from_type(budget: _Budget, func: Any, new_type: Any, args: Any, state: Any) -> torch.Tensor:
-    if not any(func is f for f in budget.tensor_rebuilds) or not isinstance(args, tuple) or state:
-        raise pickle.UnpicklingError("a tensor subclass is rebuilt only from a tensor rebuild, without state")
-    return torch._tensor._rebuild_from_type_v2(func, _unwrap(new_type, _TENSOR_TYPES), args, state)
-
-
-def _mp_rebuild_tensor(budget: _Budget, cls: Any, storage: Any, metadata: Any) -> torch.Tensor:
-    """torch's `multiprocessing.reductions.rebuild_tensor`, checked."""
-    if not isinstance(metadata, tuple) or len(metadata) != 4:
-        raise pickle.UnpicklingError("tensor metadata is (offset, size, stride, requires_grad)")
-    offset, size, stride, requires_grad = metadata
-    typed = _fitted(budget, storage, offset, size, stride)
-    return reductions.rebuild_tensor(_unwrap(cls, _TENSOR_TYPES), typed, (offset, size, stride, bool(requires_grad)))
-
-
-def _rebuild_typed_storage(storage: Any, dtype: Any) -> torch.TypedStorage:
-    if not isinstance(storage, torch.UntypedStorage) or not isinstance(dtype, torch.dtype):
-        raise pickle.UnpicklingError("a typed storage wraps an untyped storage with a dtype")
-    return reductions.rebuild_typed_storage(storage, dtype)
-
-
-def _rebuild_storage_filename(
-    budget: _Budget, cls: Any, manager: Any, handle: Any, size: Any, dtype: Any = None
-) -> torch.UntypedStorage | torch.TypedStorage:
-    """A shared-memory file of torch's naming (`/torch_<pid>_<n>_<n>`) of at most the budget's bytes."""
-    cls = _unwrap(cls, _STORAGE_TYPES)
-    if not isinstance(handle, bytes) or not SHM_HANDLE.fullmatch(handle) or not isinstance(manager, bytes):
-        raise pickle.UnpicklingError(f"not a torch shared-memory file name: {handle!r}")
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise pickle.UnpicklingError(f"not a dtype: {dtype!r}")
-    budget.storage(size if dtype is None or type(size) is not int else size * dtype.itemsize)
-    storage = through_shm_manager(lambda: reductions.rebuild_storage_filename(cls, manager, handle, size, dtype))
-    if budget.segments is not None:
-        budget.segments.keep_file(
-            handle, storage if isinstance(storage, torch.UntypedStorage) else storage._untyped_storage
-        )
-    return storage
+def device_index(uuid: str) -> int:
+    """This process's index of the CUDA device with `uuid` (SGLang's message when it sees no such device)."""
+    for index in range(torch.cuda.device_count()):
+        if device_uuid(index) == uuid:
+            return index
+    raise ValueError(f"Invalid device_uuid={uuid}")
 
 
 SHM_MANAGER_LATE = "Shared memory manager connection has timed out"
@@ -406,166 +280,6 @@ def through_shm_manager(call: Callable[[], T]) -> T:
             if SHM_MANAGER_LATE not in str(e) or time.monotonic() >= deadline:
                 raise
             log.warning("torch's shared-memory manager answered after its 1 s timeout: trying again")
-
-
-def _rebuild_storage_empty(cls: Any) -> torch.UntypedStorage | torch.TypedStorage:
-    return _unwrap(cls, _STORAGE_TYPES)()
-
-
-def _rebuild_cuda_tensor(budget: _Budget, *args: Any) -> torch.Tensor:
-    """torch's CUDA IPC rebuild, with the device given by UUID (or index) mapped to this process's index; the
-    tensor must lie inside the storage the handle declares."""
-    if len(args) != 15:
-        raise pickle.UnpicklingError(f"a CUDA tensor handle has 15 fields, got {len(args)}")
-    args_list = list(args)
-    args_list[0], args_list[4] = _unwrap(args[0], _TENSOR_TYPES), _unwrap(args[4], _STORAGE_TYPES)
-    size, stride, offset, dtype, storage_bytes = args[1], args[2], args[3], args[5], args[8]
-    if not isinstance(dtype, torch.dtype):
-        raise pickle.UnpicklingError(f"not a dtype: {dtype!r}")
-    budget.storage(storage_bytes)
-    _check_view(budget, storage_bytes, dtype.itemsize, offset, size, stride)
-    device = args_list[CUDA_DEVICE_ARG]
-    if isinstance(device, str):
-        matches = [
-            i for i in range(torch.cuda.device_count()) if str(torch.cuda.get_device_properties(i).uuid) == device
-        ]
-        if not matches:
-            raise ValueError(f"Invalid device_uuid={device}")
-        args_list[CUDA_DEVICE_ARG] = matches[0]
-    return reductions.rebuild_cuda_tensor(*args_list)
-
-
-def _load_storage_bytes(budget: _Budget, data: Any) -> torch.TypedStorage | torch.UntypedStorage:
-    """A storage pickled by value (plain `pickle`, its bytes in the request body), loaded without running
-    arbitrary code."""
-    if not isinstance(data, bytes):
-        raise pickle.UnpicklingError("a storage by value is bytes")
-    storage = torch.load(io.BytesIO(data), weights_only=True)
-    if not isinstance(storage, (torch.TypedStorage, torch.UntypedStorage)):
-        raise pickle.UnpicklingError(f"Expected a Torch storage, got {type(storage).__name__}")
-    untyped = storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
-    budget.storage(untyped.nbytes())
-    return storage
-
-
-def _bytes(*args: Any) -> bytes:
-    """`bytes(...)` without the size form (`bytes(n)` allocates n bytes)."""
-    if args and isinstance(args[0], int):
-        raise pickle.UnpicklingError("bytes(n) is not allowed in a weight payload")
-    return bytes(*args)
-
-
-def _encode(text: Any, encoding: Any = "latin1", errors: Any = "strict") -> bytes:
-    """How protocol-2 pickles write bytes: `_codecs.encode(str, "latin1")`, nothing else."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
-        raise pickle.UnpicklingError("_codecs.encode only re-encodes latin-1 text")
-    return codecs.encode(text, "latin1")
-
-
-_TENSOR_TYPES: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
-_STORAGE_TYPES: tuple[type, ...] = (torch.UntypedStorage, torch.TypedStorage)
-SHM_HANDLE = re.compile(rb"/torch_\d+_\d+_\d+")
-DEFAULT_MAX_BYTES = 1 << 30  # what a payload may make the engine hold when the caller sets no bound
-_BUILTINS = ("bool", "complex", "dict", "float", "frozenset", "int", "list", "set", "slice", "str", "tuple")
-_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
-# (module, name) -> what it resolves to: the part of SGLang 0.5.23's allow-list that weight payloads use, each
-# constructor that could allocate replaced by a checked one (`bytearray`, `range` and sized constructors refused).
-ALLOWED: dict[tuple[str, str], Any] = {
-    **{("builtins", n): getattr(builtins, n) for n in _BUILTINS},
-    **{("torch", n): d for n, d in _DTYPES.items()},
-    ("builtins", "bytes"): _bytes,
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("copyreg", "__newobj__"): copyreg.__newobj__,  # type: ignore[attr-defined]
-    ("types", "SimpleNamespace"): types.SimpleNamespace,
-    ("_codecs", "encode"): _encode,
-    ("torch", "Size"): torch.Size,
-    ("torch", "device"): torch.device,
-    ("torch", "dtype"): torch.dtype,
-    ("torch", "Tensor"): _ClassRef(torch.Tensor),
-    ("torch", "UntypedStorage"): _ClassRef(torch.UntypedStorage),
-    ("torch.nn.parameter", "Parameter"): _ClassRef(torch.nn.Parameter),
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch.storage", "UntypedStorage"): _ClassRef(torch.UntypedStorage),
-    ("torch.storage", "TypedStorage"): _ClassRef(torch.TypedStorage),
-    ("torch.multiprocessing.reductions", "rebuild_typed_storage"): _rebuild_typed_storage,
-    ("torch.multiprocessing.reductions", "rebuild_storage_empty"): _rebuild_storage_empty,
-    ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"): FlattenedTensorMetadata,
-}
-# Rebuilds that draw on the payload's byte budget (bound to it per payload).
-METERED: dict[tuple[str, str], Callable[..., Any]] = {
-    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-    ("torch.storage", "_load_from_bytes"): _load_storage_bytes,
-    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type,
-    ("torch.multiprocessing.reductions", "rebuild_tensor"): _mp_rebuild_tensor,
-    ("torch.multiprocessing.reductions", "rebuild_storage_filename"): _rebuild_storage_filename,
-    ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"): _rebuild_cuda_tensor,
-    ("sglang.srt.utils.patch_torch", "_rebuild_cuda_tensor_modified"): _rebuild_cuda_tensor,
-}
-
-
-class SafeUnpickler(pickle.Unpickler):
-    """Resolves only the globals a weight payload needs (a subset of what SGLang 0.5.23 allows), and rebuilds
-    tensors only inside their storage, within `max_bytes`."""
-
-    def __init__(self, file: io.BytesIO, max_bytes: int = DEFAULT_MAX_BYTES, segments: Segments | None = None) -> None:
-        super().__init__(file)
-        self.budget = _Budget(max_bytes, segments)
-        self._bound: dict[tuple[str, str], Any] = {}
-
-    def find_class(self, module: str, name: str) -> Any:
-        key = (module, name)
-        if key in METERED:
-            if key not in self._bound:
-                self._bound[key] = bound = functools.partial(METERED[key], self.budget)
-                if name in ("_rebuild_tensor", "_rebuild_tensor_v2"):
-                    self.budget.tensor_rebuilds.append(bound)
-            return self._bound[key]
-        found = ALLOWED.get(key)
-        if found is None:
-            raise pickle.UnpicklingError(f"Blocked unsafe global ({module}.{name}) during pickle deserialization")
-        return found
-
-
-def deserialize(payload: str | bytes, max_bytes: int = DEFAULT_MAX_BYTES, segments: Segments | None = None) -> Any:
-    """One rank's payload (base64 text, or the raw pickle) -> the object it holds, tensors mapped in place (and
-    the sender's persistent memory kept in `segments`)."""
-    data = payload.encode() if isinstance(payload, str) else bytes(payload)
-    if not (len(data) >= 2 and data[0] == 0x80):
-        data = base64.b64decode(data, validate=True)
-    return SafeUnpickler(io.BytesIO(data), max_bytes, segments).load()
-
-
-def decode_payload(
-    payloads: Sequence[str | bytes],
-    load_format: str | None,
-    rank: int = 0,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    segments: Segments | None = None,
-) -> list[tuple[str, Any]]:
-    """TP rank `rank`'s (name, tensor) pairs of an `/update_weights_from_tensor` request (entries of other ranks
-    are not read: reading one maps its memory); its tensors hold at most `max_bytes` together."""
-    if load_format not in LOAD_FORMATS:
-        raise NotImplementedError(f"Unknown load_format={load_format}")
-    if rank >= len(payloads):
-        raise IndexError(f"no payload for TP rank {rank} ({len(payloads)} given)")
-    obj = deserialize(payloads[rank], max_bytes, segments)
-    if load_format == "flattened_bucket":
-        return _flattened_tensors(obj)
-    if not isinstance(obj, (list, tuple)) or not all(
-        isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], torch.Tensor)
-        for p in obj
-    ):
-        raise ValueError("the payload of load_format null or direct is a list of (name, tensor) pairs")
-    return [(name, tensor) for name, tensor in obj]
-
-
-def _flattened_tensors(obj: Any) -> list[tuple[str, torch.Tensor]]:
-    """Views of each tensor of a `flattened_bucket` payload, rebuilt from its metadata as SGLang does."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("flattened_tensor"), torch.Tensor):
-        raise ValueError("a flattened_bucket payload is a dict with a flattened_tensor and its metadata")
-    flat = obj["flattened_tensor"]
-    return [(m.name, flat[m.start_idx : m.end_idx].view(m.dtype).reshape(m.shape)) for m in obj["metadata"]]
 
 
 def is_base64(text: str) -> bool:

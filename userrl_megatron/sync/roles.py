@@ -10,14 +10,16 @@ from dataclasses import dataclass, field
 class EngineEndpoint:
     """One engine as the sender sees it: its URL, how many ranks it adds to the group (its TP size), the
     device index of its first TP rank in the placement's order (None: not on the trainer's devices), the API
-    key its calls carry ("" = none) and the checkpoint directory it loaded ("" = unknown), whose tensor names are
-    the ones it accepts."""
+    key its calls carry ("" = none), the checkpoint directory it loaded ("" = unknown), whose tensor names are
+    the ones it accepts, and its backend (`rollout.backend`): which payload format tensor handles travel in (the
+    embedded engine's own, or SGLang's pickle; an embedded engine refuses pickles unless told otherwise)."""
 
     url: str
     tp_size: int = 1
     first_device: int | None = None
     api_key: str = field(default="", repr=False)
     checkpoint: str = ""
+    backend: str = "sglang"
 
 
 def group_world_size(engines: Sequence[EngineEndpoint]) -> int:

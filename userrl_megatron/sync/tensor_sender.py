@@ -5,13 +5,15 @@ A colocated run cannot use the broadcast of `sender.WeightSender`: NCCL refuses 
 GPU. Here a pipeline stage's HF-named tensors are packed into buckets of `sync.bucket_mb` exactly as on the
 broadcast path (SGLang's `flattened_bucket` layout), but each bucket lives in memory another process can map
 (`handles.py`: CUDA IPC on GPU, a named shared-memory file on CPU), and every engine gets one small payload per TP
-rank naming that memory. The engine copies the tensors into its weights and answers. Buckets alternate between two
-segments kept across buckets (`SharedBuffer`), and one bucket is in flight while the next is packed, so a segment
-is written again only after every engine answered for the bucket in it. On CPU the segments also stay from push to
-push and the embedded engine keeps its mapping of each (`handles.Segments`), so nothing is created, mapped or
-removed per bucket. On GPU an engine opens a bucket's IPC handle for that bucket only, and the segments last one
-push: after the engines' `/end_weight_update` they are dropped and their device memory goes back to rollout and
-training, which on a colocated GPU need it more than the next push needs to skip two allocations.
+rank naming that memory, in the format its backend reads (`EngineEndpoint.backend`): the embedded engine's own,
+a JSON header that executes nothing (`embedded_payload.py`), or SGLang's pickle (`sglang_payload.py`). The engine
+copies the tensors into its weights and answers. Buckets alternate between two segments kept across buckets
+(`SharedBuffer`), and one bucket is in flight while the next is packed, so a segment is written again only after
+every engine answered for the bucket in it. On CPU the segments also stay from push to push and the embedded
+engine keeps its mapping of each (`handles.Segments`), so nothing is created, mapped or removed per bucket. On GPU
+an engine opens a bucket's IPC handle for that bucket only, and the segments last one push: after the engines'
+`/end_weight_update` they are dropped and their device memory goes back to rollout and training, which on a
+colocated GPU need it more than the next push needs to skip two allocations.
 
 Which memory an engine TP rank maps: engine TP rank j of an engine whose first device is d sits on device d + j;
 actor rank r sits on device r (`fleet/placement.py`). When that actor rank belongs to the stage (whatever its TP,
@@ -41,14 +43,8 @@ import torch.distributed as dist
 
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.sync.bucket import BucketEntry
-from userrl_megatron.sync.handles import (
-    flattened_bucket,
-    hold,
-    retire,
-    serialize,
-    sweep_segments,
-    through_shm_manager,
-)
+from userrl_megatron.sync.embedded_payload import write_payload
+from userrl_megatron.sync.handles import hold, retire, sweep_segments, through_shm_manager
 from userrl_megatron.sync.roles import payload_holders
 from userrl_megatron.sync.sender import (
     REFUSAL_GRACE_S,
@@ -61,8 +57,10 @@ from userrl_megatron.sync.sender import (
     _InFlight,
     _Packer,
 )
+from userrl_megatron.sync.sglang_payload import flattened_bucket, serialize
 
 log = logging.getLogger(__name__)
+OWN_FORMAT_BACKENDS = ("embedded",)  # engines that read `embedded_payload.py`; the others get SGLang's pickle
 
 
 class SharedBuffer:
@@ -155,7 +153,16 @@ class TensorSender(WeightSender):
         self.rank = peers.rank if peers else 0
         self.source = peers is None or peers.rank == peers.ranks[0]
         self.holders = payload_holders(engines, peers.ranks if peers else [0])
-        self.mine = sum(row.count(self.rank) for row in self.holders)  # payloads this member makes per bucket
+        # The payloads this member makes per bucket, in the order the source hands them out: whether each is in the
+        # embedded engine's own format (else SGLang's pickle, of which `pickles` hand out storage references).
+        self.own_format = [
+            engine.backend in OWN_FORMAT_BACKENDS
+            for engine, row in zip(engines, self.holders, strict=True)
+            for holder in row
+            if holder == self.rank
+        ]
+        self.mine = len(self.own_format)
+        self.pickles = self.own_format.count(False)
         self._segments = (SharedBuffer(self.device), SharedBuffer(self.device))  # alternate, as `_buffers`
         self.keep_segments = self.device.type == "cpu"  # across pushes; on GPU one push only (module docstring)
         if self.device.type == "cpu" and (swept := sweep_segments()):
@@ -229,8 +236,7 @@ class TensorSender(WeightSender):
         with clock("serialize"):
             if self.device.type == "cuda":  # the engines read what is written, whether or not they wait on the event
                 torch.cuda.synchronize(self.device)
-            bucket = flattened_bucket(packer.flat(), bucket_entries(packer.entries))
-            mine = [serialize(bucket) for _ in range(self.mine)]
+            mine = [self._payload(packer, own) for own in self.own_format]
         payloads = self.peers.gather(mine) if self.peers else [mine]
         status = None
         if self.source:
@@ -239,9 +245,18 @@ class TensorSender(WeightSender):
                 assert payloads is not None
                 state.inflight = self._post(packer, payloads, version, state)
             else:
-                packer.release(handed_out=self.mine)  # never posted: nobody will read this rank's payloads
+                packer.release(handed_out=self.pickles)  # never posted: nobody will read this rank's payloads
             status = None if state.failure is None else f"{type(state.failure).__name__}: {state.failure}"
         self._after(status, packer, state)
+
+    @staticmethod
+    def _payload(packer: _Packer, own_format: bool) -> str:
+        """One engine TP rank's payload of the packed bucket: its tensors placed in the segment (the embedded
+        engine's format), or SGLang's `flattened_bucket` pickle."""
+        flat = packer.flat()
+        if own_format:
+            return write_payload([(n, flat[a:b].view(dtype).view(shape)) for n, dtype, shape, a, b in packer.entries])
+        return serialize(flattened_bucket(flat, bucket_entries(packer.entries)))
 
     def _finish(self, state: _State, clock: _Clock) -> None:
         """After the export: the last bucket lands (or not), and every member lets go of its copy."""
@@ -271,7 +286,7 @@ class TensorSender(WeightSender):
                 state.held.release()
             state.held = posted if status is None else None
             if status is not None and posted is not None:
-                posted.release(handed_out=self.mine)  # the source did not post it
+                posted.release(handed_out=self.pickles)  # the source did not post it
         if status is not None:
             state.stopped = True
             if not self.source:

@@ -123,8 +123,8 @@ class WeightSync:
 
     def _endpoint(self, index: int, url: str) -> dict[str, Any]:
         """Engine `index` for a weight sender: its URL, TP size, the device of its first TP rank in the placement's
-        order (colocated engines start at device 0, disaggregated ones after the actor's devices), key and
-        checkpoint."""
+        order (colocated engines start at device 0, disaggregated ones after the actor's devices), key, checkpoint
+        and backend (the payload format of tensor handles)."""
         tp, m = self.cfg.rollout.engine_tp, self.cfg.megatron
         first = 0 if self.cfg.rollout.colocate else m.nnodes * m.devices_per_node
         return {
@@ -133,6 +133,7 @@ class WeightSync:
             "first_device": first + index * tp,
             "api_key": self.pool.api_key,
             "checkpoint": self.pool.model_path,
+            "backend": self.cfg.rollout.backend,
         }
 
     async def _replace_refusing(self, urls: list[str], version: int) -> dict[str, float]:
