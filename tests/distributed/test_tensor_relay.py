@@ -28,7 +28,7 @@ def _segments() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_")}
 
 
-def _rank(rank: int, world: int, port: int, urls: list[str], state_file: str) -> dict[str, Any]:
+def _rank(rank: int, world: int, port: int, urls: list[str], state_file: str, checkpoint: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from userrl_megatron.sync.sender import EngineEndpoint, UnknownWeightNameError
@@ -36,7 +36,9 @@ def _rank(rank: int, world: int, port: int, urls: list[str], state_file: str) ->
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     state = torch.load(state_file)
-    engines = [EngineEndpoint(url, 1, first_device=i) for i, url in enumerate(urls)]
+    engines = [
+        EngineEndpoint(url, 1, first_device=i, checkpoint=checkpoint, backend="embedded") for i, url in enumerate(urls)
+    ]
     peers = Peers(dist.group.WORLD, [0, 1], rank)
     sender = TensorSender(SyncConfig(bucket_mb=1), engines, "relay", peers=peers)
     sender.connect()
@@ -68,7 +70,7 @@ def test_two_ranks_hand_each_engine_its_own_copy(tmp_path: Path) -> None:
     cfg = EmbeddedServerConfig(device="cpu")
     servers = [launch_embedded(str(a), cfg, free_port(), log_path=tmp_path / f"serve{i}.log") for i in range(2)]
     try:
-        results = spawn(_rank, 2, [s.url for s in servers], str(tmp_path / "state.pt"))
+        results = spawn(_rank, 2, [s.url for s in servers], str(tmp_path / "state.pt"), str(a))
 
         async def read(url: str) -> tuple[str, dict[str, list]]:
             async with SGLangClient(url) as client:
