@@ -103,6 +103,34 @@ def test_killed_run_resumes_and_loses_at_most_one_step(tmp_path: Path, mode: str
         assert len(dump) == cfg.rollout.prompts_per_step * cfg.rollout.n_samples_per_prompt, step
 
 
+def test_a_step_checkpointed_but_not_logged_is_logged_from_its_record(tmp_path: Path) -> None:
+    """A run that stops between step 2's checkpoint (taken in the training window) and its log line: the resumed
+    run logs step 2 from the checkpoint's record, which holds the step's rollout statistics, update and timings,
+    and finds its rollout dump already written."""
+    model = make_tiny_model("qwen3", tmp_path / "tiny", seed=1, tokenizer="char", num_hidden_layers=2)
+    overrides = [*_overrides(model, tmp_path / "runs", "one_step_off"), "run.total_steps=3"]
+    run = tmp_path / "runs" / "resume"
+    stopped = subprocess.run(
+        train_command([*overrides, "run.faults=[stop_after_checkpoint@2]"]),
+        cwd=REPO, timeout=RUN_TIMEOUT_S, capture_output=True, text=True,
+    )  # fmt: skip
+    assert stopped.returncode == 1, stopped.stderr[-4000:]
+    assert "fault drill: stopped after step 2's checkpoint, before its log line" in stopped.stderr
+    assert _steps(run) == [1]
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_2"
+
+    subprocess.run(train_command(overrides), cwd=REPO, check=True, timeout=RUN_TIMEOUT_S, capture_output=True)
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for record in records:
+        assert {"actor/loss", "timing/rollout_wait", "timing/logprobs", "timing/train"} <= record.keys(), record
+        assert {"rollout/episodes", "train/weight_version"} <= record.keys(), record
+    assert "rollout/engine_restarts" not in records[1]  # the checkpoint's record, not a log line of the run
+    assert "rollout/engine_restarts" in records[0] and "rollout/engine_restarts" in records[2]
+    dump = (run / "rollouts" / "step_2.jsonl").read_text().splitlines()
+    assert len(dump) == 4  # prompts_per_step x n_samples_per_prompt
+
+
 def _kill_tree(command: subprocess.Popen[bytes]) -> None:
     """SIGKILL `command` and every process it started (Ray's, the actor rank, the engine server) at once, as a lost
     node would, and wait until all are gone. Killing the command alone left its actor rank alive long enough to

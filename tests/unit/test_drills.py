@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from userrl_megatron.errors import RunError
 from userrl_megatron.trainer.drills import Drills
 
 
@@ -44,3 +45,22 @@ def test_the_simulator_drill_kills_a_simulator_engine_or_fails_without_one() -> 
     with pytest.raises(RuntimeError, match="no user simulator engine to kill"):
         asyncio.run(Drills(["kill_user_sim_in_rollout@1"], policy).during_rollout(1))
     assert policy.kills == []
+
+
+class Commits:
+    """The checkpoint manager's commit, recorded."""
+
+    def __init__(self) -> None:
+        self.waits: list[bool] = []
+
+    def commit(self, wait: bool) -> None:
+        self.waits.append(wait)
+
+
+def test_the_stop_drill_commits_step_ns_checkpoint_then_stops_the_run() -> None:
+    checkpoints = Commits()
+    drills = Drills(["stop_after_checkpoint@2"], KillablePool())
+    drills.before_log(1, checkpoints)  # type: ignore[arg-type]
+    with pytest.raises(RunError, match="fault drill: stopped after step 2's checkpoint, before its log line"):
+        drills.before_log(2, checkpoints)  # type: ignore[arg-type]
+    assert checkpoints.waits == [True]  # the background save is on disk before the run stops

@@ -21,8 +21,12 @@ class Timers:
         finally:
             self._totals[name] += self._clock() - start
 
+    def read(self) -> dict[str, float]:
+        """The accumulated seconds of every timer closed since the last pop, left running."""
+        return {f"timing/{k}": v for k, v in self._totals.items()}
+
     def pop(self) -> dict[str, float]:
         """The accumulated seconds of every timer since the last pop."""
-        out = {f"timing/{k}": v for k, v in self._totals.items()}
+        out = self.read()
         self._totals.clear()
         return out

@@ -7,10 +7,14 @@ nothing.
 - `skip_update@N`: step N trains on nothing (as a step whose episodes were lost).
 - `kill_user_sim_in_rollout@N`: while step N's episodes run, the first user-simulator engine the run serves is
   killed (`user_sim.engines`).
+- `stop_after_checkpoint@N`: the run stops with an error once step N's checkpoint is written, before the step's
+  log line (the worst moment for a crash: the resumed run logs the step from the checkpoint's record).
 """
 
 import logging
 
+from userrl_megatron.errors import RunError
+from userrl_megatron.run.checkpoints import CheckpointManager
 from userrl_megatron.trainer.seams import EnginePool
 
 log = logging.getLogger(__name__)
@@ -41,3 +45,8 @@ class Drills:
             raise RuntimeError(f"fault drill: no {what} to kill (user_sim.engines.model is empty)")
         pid = await pool.kill_engine_server(index)
         log.warning("fault drill: killed %s %d's server (pid %d)", what, index, pid)
+
+    def before_log(self, step: int, checkpoints: CheckpointManager) -> None:
+        if f"stop_after_checkpoint@{step}" in self.faults:
+            checkpoints.commit(wait=True)
+            raise RunError(f"fault drill: stopped after step {step}'s checkpoint, before its log line")

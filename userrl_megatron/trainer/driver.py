@@ -113,6 +113,7 @@ class Trainer:
         with timers("step"):
             with timers("rollout_wait"):
                 groups, finished, metrics = await self.take_rollout(step)
+            self.dump_rollouts(step, finished)
             await self.drills.after_rollout(step)
             if cfg.rollout.mode == "one_step_off" and step < cfg.run.total_steps:
                 self.start_rollout(step + 1)
@@ -132,7 +133,7 @@ class Trainer:
                 metrics |= prepared.metrics  # the actor reports the rollout/trainer mismatch/*
                 if self.checkpoint_due(step):  # inside the training window: the engines' weights are pushed next
                     with timers("checkpoint"):  # (the record: what the step knows so far, its rollout and update)
-                        self.save(step, metrics | rollout_metrics([e for g in finished for e in g.episodes]))
+                        self.save(step, self.step_record(finished, metrics | timers.read()))
             if self.ahead is not None and not cfg.rollout.partial:
                 with timers("rollout_wait"):  # the engines finish the next step's episodes before the push
                     await asyncio.wait([self.ahead[0]])
@@ -144,13 +145,14 @@ class Trainer:
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 with timers("eval"):
                     metrics |= await self.evaluate(step)
-        metrics = self.summarize(step, finished, metrics | timers.pop())
+        metrics = self.summarize(finished, metrics | timers.pop())
         if prepared is None and self.checkpoint_due(step):  # no training window this step
             with timers("checkpoint"):
                 async with parts.handoff.actor_on_device():
                     self.save(step, metrics)
             metrics |= timers.pop()
         self.checkpoints.commit(wait=False)
+        self.drills.before_log(step, self.checkpoints)
         self.tracker.log(metrics, step)  # after the checkpoint: a logged step is never trained twice
         self.progress.done(step)
         return step
@@ -286,16 +288,23 @@ class Trainer:
             self.run.best.write_text(json.dumps({"step": step, "eval/reward_mean": score}))
             self.best_pending = None
 
-    def summarize(self, step: int, groups: list[EpisodeGroup], metrics: dict[str, float]) -> dict[str, float]:
-        """The step's full metrics; also writes the rollout dump of the step."""
-        episodes = [e for g in groups for e in g.episodes]
-        metrics |= rollout_metrics(episodes) | self.parts.service_metrics()
-        metrics["train/weight_version"] = float(min((e.weight_version for e in episodes), default=0))
+    def dump_rollouts(self, step: int, groups: list[EpisodeGroup]) -> None:
+        """Write the step's rollout dump (`logging.rollout_dump_every`), before its checkpoint can be taken."""
         every = self.cfg.logging.rollout_dump_every
         if every and step % every == 0:
-            count = self.cfg.logging.rollout_dump_count
-            write_episodes(self.run.rollouts(step), episodes[:count], step=step, replace=True)
-        return metrics
+            episodes = [e for g in groups for e in g.episodes][: self.cfg.logging.rollout_dump_count]
+            write_episodes(self.run.rollouts(step), episodes, step=step, replace=True)
+
+    @staticmethod
+    def step_record(groups: list[EpisodeGroup], metrics: dict[str, float]) -> dict[str, float]:
+        """`metrics` with the rollout statistics of the episodes that finished in the step."""
+        episodes = [e for g in groups for e in g.episodes]
+        weight_version = float(min((e.weight_version for e in episodes), default=0))
+        return metrics | rollout_metrics(episodes) | {"train/weight_version": weight_version}
+
+    def summarize(self, groups: list[EpisodeGroup], metrics: dict[str, float]) -> dict[str, float]:
+        """The step's full metrics: its record and the services' counters."""
+        return self.step_record(groups, metrics) | self.parts.service_metrics()
 
     def resume(self) -> int:
         """Load the checkpoint `checkpoint.resume` names ("auto": the run's newest undamaged one); its step. An
