@@ -1,4 +1,4 @@
-"""grpo_multiturn against userrl_spec.md §6.4, independent hand-computed vectors, and properties."""
+"""grpo_multiturn against a worked example of UserRL's estimator (arXiv 2509.19736); hand vectors; properties."""
 
 import math
 
@@ -44,7 +44,7 @@ def per_turn(adv: torch.Tensor, turn_index: torch.Tensor) -> list[list[float]]:
     return out
 
 
-# --- §6.4 worked example: gamma 0.8, eps 1e-6, one group of four ------------------------------------------
+# --- worked example: gamma 0.8, eps 1e-6, one group of four ------------------------------------------
 REWARDS = [[0, 0.2, 1.0], [0, 0, 0], [1.0], [0.2, 0]]
 TOKENS = [[4, 3, 2], [2, 2, 2], [3], [2, 4]]
 TABLE = {

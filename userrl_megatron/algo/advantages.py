@@ -1,8 +1,9 @@
 """Advantage estimators: one value per token from per-turn rewards, grouped by task (GRPO).
 
-`grpo_multiturn` follows UserRL (userrl_spec.md §6): a trajectory score is normalised inside its group, then
-spread over the trajectory's turns in proportion to per-turn credits, so the mean advantage over the tokens
-with non-zero credit equals the normalised score. Per-turn quantities (a few per episode) are computed in
+`grpo_multiturn` follows UserRL (arXiv 2509.19736; https://github.com/SalesforceAIResearch/UserRL,
+`verl/trainer/ppo/core_algos.py`): a trajectory score is normalised inside its group, then spread over the
+trajectory's turns in proportion to per-turn credits, so the mean advantage over the tokens with non-zero credit
+equals the normalised score. Per-turn quantities (a few per episode) are computed in
 Python, exactly as the reference rounds them; everything per token is vectorised over the batch.
 """
 
@@ -123,7 +124,7 @@ def grpo_multiturn_advantages(
     norm_by_std: bool = True,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """UserRL multi-turn GRPO advantages (userrl_spec.md §6), float32 [B, L].
+    """UserRL multi-turn GRPO advantages (arXiv 2509.19736, `compute_grpo_multiturn_advantage`), float32 [B, L].
 
     A token of turn t in trajectory b gets z_b · c_t · N_b / Σ_t' c_t' L_t', where z_b is the group-normalised
     trajectory score, c the turn credits, L_t the trained tokens of turn t and N_b the trained tokens with
