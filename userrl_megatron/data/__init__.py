@@ -2,7 +2,7 @@
 
 A source is one of:
   * a gym name (`function`, `travel`, ...): that gym's tasks of the split, from the public data folder;
-  * a mixture: `alltrain` or `alltest` (UserRL's, spec §4; the mixture fixes its own split);
+  * a mixture: `alltrain` or `alltest` (UserRL's data/; the mixture fixes its own split);
   * a procedural source that needs no data: `function-procedural` (FunctionGym rules from the seeded
     generator, `gyms.function.generator` settings) or `echo-procedural` (EchoGym, `gyms.echo` settings);
   * a row file path (.parquet / .jsonl): rows written by `userrl data build`, or UserRL's own parquet rows.

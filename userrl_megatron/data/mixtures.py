@@ -1,4 +1,4 @@
-"""UserRL's training and evaluation mixtures (`alltrain`: 2,426 rows, `alltest`: 597 rows, spec §4).
+"""UserRL's training and evaluation mixtures (`alltrain`: 2,426 rows, `alltest`: 597 rows; UserRL's data/).
 
 A mixture row names its gym (`env_name`) and task (id or title); the task itself (prompt, record) comes from that
 gym's own split, so mixture tasks are exactly the gym's tasks. Rows of gyms that are not registered are skipped

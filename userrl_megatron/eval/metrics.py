@@ -1,7 +1,7 @@
 """UserRL's evaluation metrics and their confidence intervals, as pure functions of per-turn rewards.
 
 An *item* is one test task; it has `k` *passes* (episodes sampled from it). Definitions (UserRL `eval/eval.py`
-and `analyze.py`, spec §8; tau-bench for pass^k):
+and `analyze.py`, arXiv 2509.19736; tau-bench for pass^k):
 
 * episode return: the sum of its turn rewards;
 * `mean` (UserRL `micro_avg`): mean over items of the mean over passes of the episode returns;
