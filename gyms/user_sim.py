@@ -10,6 +10,11 @@ its retry, for `reconnect` when whoever runs the endpoint set it (the run's own 
 has restarted a dead one, however long that takes) instead of a backoff. An optional on-disk cache
 keyed by the request makes replays deterministic and debugging cheap. The API key comes from the environment
 variable the config names, never from the config itself.
+
+A call given its reply's schema (`gyms/reply_schema.py`) asks for it as `response_format: json_schema`
+(constrained decoding) as `user_sim.structured` says: `on` always, `off` never, `auto` until the endpoint first
+refuses it (HTTP 400/422 to a request that the same request without it gets answered): from then on the run asks
+for free text, with one warning and the metric `structured_fallback`. The reply is parsed the same way either way.
 """
 
 import asyncio
@@ -32,12 +37,14 @@ from typing import TYPE_CHECKING, Any
 from gyms.reply_json import extract_json_object, strip_think
 
 if TYPE_CHECKING:
+    from gyms.reply_schema import ReplySchema
     from userrl_megatron.config.gyms import UserSimConfig
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({408, 409, 429})  # plus every 5xx
 LATENCY_WINDOW = 10_000  # answered calls the latency percentiles look back over
+FORMAT_REFUSALS = frozenset({400, 422})  # how an endpoint refuses a request field it does not support
 
 
 class Omit:
@@ -95,6 +102,10 @@ def configured_key(cfg: "UserSimConfig") -> str:
     return key
 
 
+class _FormatRefusedError(Exception):
+    """The endpoint refused a request that asked for a structured reply (`user_sim.structured: auto`)."""
+
+
 class _RetryableError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -119,7 +130,7 @@ class UserSimulator:
             weakref.WeakKeyDictionary()
         )
         self._cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None
-        counters = ("calls", "answered", "failures", "retries", "requests", "cache_hits")
+        counters = ("calls", "answered", "failures", "retries", "requests", "cache_hits", "structured_fallback")
         self._counts = dict.fromkeys((*counters, "prompt_tokens", "completion_tokens"), 0)
         self._latency_total = 0.0
         self._latency_max = 0.0
@@ -127,6 +138,8 @@ class UserSimulator:
         self._latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         self._in_flight = 0
         self._in_flight_max = 0
+        # Whether calls with a reply schema ask for it (`structured`: on, or auto until the endpoint refuses it).
+        self.structured = cfg.structured_mode != "off"
         # Set by whoever runs the endpoint: returns once it can be reached again (e.g. its engine restarted), raises
         # when it will not be; awaited before the retry of a call that could not reach it, instead of the backoff.
         self.reconnect: Callable[[], Awaitable[None]] | None = None
@@ -138,10 +151,13 @@ class UserSimulator:
         temperature: float | Omit | None = None,
         max_tokens: int | Omit | None = None,
         json: bool = False,
+        schema: "ReplySchema | None" = None,
     ) -> Reply:
         """One chat completion; with `json=True` the reply must contain a JSON object (`Reply.data`).
 
         `temperature` / `max_tokens`: None uses the config's value, `OMIT` leaves the parameter out of the request.
+        `schema`: the reply's JSON schema, asked for as `response_format` while `self.structured` (it is not part
+        of the cache key: a cached reply parses the same either way).
         """
         self._counts["calls"] += 1
         request: dict[str, Any] = {"model": self.cfg.model, "messages": _sendable(messages)}
@@ -158,11 +174,16 @@ class UserSimulator:
             return cached
         start = time.perf_counter()
         attempt = 0
+        response_format = schema.response_format() if schema is not None and self.structured else None
+        refusal = ""
         while True:
             attempt += 1
             try:
-                reply = await self._attempt(request, json)
+                reply = await self._attempt(request, json, response_format)
                 break
+            except _FormatRefusedError as e:  # the same request again, without it (not counted as a retry)
+                response_format, refusal = None, str(e)
+                attempt -= 1
             except _RetryableError as e:
                 if attempt > self.cfg.max_retries:
                     self._count("failures", e.kind)
@@ -181,6 +202,8 @@ class UserSimulator:
             except UserSimError as e:
                 self._count("failures", e.kind)
                 raise
+        if refusal:  # answered without the format the endpoint refused: it does not support it
+            self._fall_back(refusal)
         reply.latency_s = time.perf_counter() - start
         self._counts["answered"] += 1
         self._latency_total += reply.latency_s
@@ -189,6 +212,19 @@ class UserSimulator:
         self._cache_write(key, reply)
         return reply
 
+    def _fall_back(self, refusal: str) -> None:
+        """Ask for free text from now on (`structured: auto`, the endpoint refused response_format); once."""
+        if not self.structured:
+            return  # a call that was in flight when another one fell back
+        self.structured = False
+        self._counts["structured_fallback"] += 1
+        log.warning(
+            "user simulator at %s refuses response_format json_schema (%s): its replies are free text from now on "
+            "(set user_sim.structured=off to skip asking, or serve it with SGLang or another engine that supports it)",
+            self.cfg.base_url,
+            refusal[:300],
+        )
+
     def _count(self, what: str, kind: str) -> None:
         """One failure or retry, also counted by its kind (`failures/connection`, `retries/bad_json`, ...)."""
         self._counts[what] += 1
@@ -196,8 +232,10 @@ class UserSimulator:
 
     def metrics(self, reset: bool = False) -> dict[str, float]:
         """Counters since construction (or the last reset): calls, failures and retries (also by kind), latency
-        (mean, max, and p50 / p99 over the last `LATENCY_WINDOW` answered calls), cache hit rate, tokens."""
+        (mean, max, and p50 / p99 over the last `LATENCY_WINDOW` answered calls), cache hit rate, tokens, the
+        fallback to free text (`structured_fallback`); and whether replies are asked for structured (`structured`)."""
         out = {k: float(v) for k, v in self._counts.items()}
+        out["structured"] = float(self.structured)
         answered = self._counts["answered"]  # by the endpoint (cache hits excluded)
         out["latency_mean_s"] = self._latency_total / answered if answered else 0.0
         out["latency_max_s"] = self._latency_max
@@ -219,12 +257,16 @@ class UserSimulator:
         if state is not None:
             await state[0].close()
 
-    async def _attempt(self, request: dict[str, Any], want_json: bool) -> Reply:
+    async def _attempt(
+        self, request: dict[str, Any], want_json: bool, response_format: dict[str, Any] | None = None
+    ) -> Reply:
         import httpx
         import openai
 
         client, semaphore = self._loop_state()
         body = dict(request)
+        if response_format is not None:
+            body["response_format"] = response_format
         if self.cfg.disable_thinking:
             body["chat_template_kwargs"] = {"enable_thinking": False}
         async with semaphore:
@@ -247,7 +289,12 @@ class UserSimulator:
                 status = e.status_code
                 if status in RETRY_STATUS or status >= 500:
                     raise _RetryableError("rate_limit" if status == 429 else "server", f"HTTP {status}") from e
+                refused = response_format is not None and status in FORMAT_REFUSALS
+                if refused and self.cfg.structured_mode == "auto":
+                    raise _FormatRefusedError(f"HTTP {status}: {e}") from e
                 hint = f" (is ${self.cfg.api_key_env} set?)" if status in (401, 403) else ""
+                if refused:
+                    hint = " (user_sim.structured=on: does the endpoint support response_format json_schema?)"
                 raise UserSimError(f"user simulator request rejected: HTTP {status}{hint}: {e}", "client", 1) from e
             except httpx.HTTPError as e:  # the body broke off while `_read_capped` read it
                 raise _RetryableError("connection", f"reply cut off: {e}") from e

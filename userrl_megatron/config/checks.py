@@ -4,7 +4,7 @@ import functools
 import re
 
 from userrl_megatron.config.env_names import NO_KEY, env_field_problems
-from userrl_megatron.config.gyms import settings_problems
+from userrl_megatron.config.gyms import YAML_ON_OFF, settings_problems
 from userrl_megatron.config.layout import layout_problems
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.model_fit import model_fit_problems
@@ -41,6 +41,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gyms.search.judge": ("llm", "exact"),
     "gyms.search.backend": ("offline", "web"),
     "user_sim.http_backend": ("aiohttp", "httpx"),
+    "user_sim.structured": ("auto", "on", "off"),
     "user_sim.engines.backend": ("", "embedded", "sglang"),
     "user_sim.engines.placement": ("own", "policy_engines"),
     "logging.wandb_mode": ("offline", "online", "disabled"),
@@ -78,7 +79,9 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
 def _choice_problems(cfg: RootConfig) -> list[str]:
     problems = []
     for dotted, allowed in CHOICES.items():
-        value = functools.reduce(getattr, dotted.split("."), cfg)
+        value: object = functools.reduce(getattr, dotted.split("."), cfg)
+        if "on" in allowed and isinstance(value, str):  # YAML read a bare on/off as a boolean
+            value = YAML_ON_OFF.get(value, value)
         if value not in allowed:
             problems.append(f"{dotted} = {value!r}; choose from {', '.join(allowed)}")
     return problems

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FUNCTION_OPERATORS = ("+", "-", "*", "/", "**")
+YAML_ON_OFF = {"True": "on", "False": "off"}  # a bare on/off in YAML is a boolean, which a str field reads so
 
 
 def settings_problems(settings: Any, where: str) -> list[str]:
@@ -164,4 +165,10 @@ class UserSimConfig:
     disable_thinking: bool = False  # send chat_template_kwargs.enable_thinking=false (Qwen3 on vLLM/SGLang)
     http_backend: str = "aiohttp"  # HTTP transport of the openai client: "aiohttp" (fast when busy) or "httpx"
     max_reply_chars: int = 100_000  # longer replies (thinking included) are a failed call, not episode text
+    structured: str = "auto"  # ask for JSON-schema replies: on, off, auto (on until the endpoint first refuses them)
     engines: UserSimEnginesConfig = field(default_factory=UserSimEnginesConfig)  # simulator engines the run starts
+
+    @property
+    def structured_mode(self) -> str:
+        """`structured` as auto/on/off: YAML reads a bare on/off as a boolean, which arrives here as "True"/"False"."""
+        return YAML_ON_OFF.get(self.structured, self.structured)

@@ -88,6 +88,7 @@ def simulator_identity(cfg: RootConfig) -> dict[str, Any]:
         "temperature": sim.temperature,
         "max_tokens": sim.max_tokens,
         "disable_thinking": sim.disable_thinking,
+        "structured": sim.structured_mode,
     }
 
 
