@@ -17,7 +17,8 @@ SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
 .PHONY: install sglang test test-under-load test-fast lint format quickstart sft-quickstart gpu-check clean
 
-$(STAMP): setup.py requirements/runtime.txt requirements/dev.txt requirements/models.txt tools/install_venv.sh tools/venv_torch.sh
+$(STAMP): setup.py requirements/runtime.txt requirements/dev.txt requirements/models.txt requirements/grammar.txt \
+		tools/install_venv.sh tools/venv_torch.sh
 	bash tools/install_venv.sh $(VENV)
 	touch $(STAMP)
 

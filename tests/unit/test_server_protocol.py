@@ -40,7 +40,11 @@ def test_defaults_and_greedy_encoding() -> None:
         ({"max_new_tokens": 2, "min_new_tokens": 3}, "min_new_tokens must be in [0, max_new_tokens(2)], got 3."),
         ({"logit_bias": {"50": 1.0}}, "logit_bias must has keys in [0, 49], got 50."),
         ({"sampling_seed": 2**63}, "sampling_seed must be in [-2**63, 2**63 - 1], got 9223372036854775808."),
-        ({"regex": "a+"}, "sampling_params.regex is not supported by the embedded server."),
+        ({"stop_regex": "a+"}, "sampling_params.stop_regex is not supported by the embedded server."),
+        (
+            {"regex": "a+", "ebnf": 'root ::= "a"'},
+            "Only one of json_schema, regex, ebnf, or structural_tag can be set.",
+        ),
     ],
 )
 def test_invalid_sampling_params_use_sglangs_messages(params: dict, message: str) -> None:

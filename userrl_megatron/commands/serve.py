@@ -47,6 +47,8 @@ def _serve(args: argparse.Namespace) -> int:
         "max_connections": args.max_connections,
         "weight_dirs": args.weights_dir,
         "max_weight_payload_bytes": args.max_weight_payload_bytes,
+        "constrained_json_disable_any_whitespace": args.constrained_json_disable_any_whitespace or None,
+        "constrained_json_max_whitespace_cnt": args.constrained_json_max_whitespace_cnt,
     }
     cfg = replace(EmbeddedServerConfig(), **{k: v for k, v in overrides.items() if v is not None})
     api_key = _api_key(args, cfg.host)
@@ -190,6 +192,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep the weights across a release of the weights memory (else they are dropped until the next "
         "weight update, as SGLang's flag)",
+    )
+    p.add_argument(
+        "--constrained-json-disable-any-whitespace",
+        action="store_true",
+        help="json_schema output in compact form: no whitespace but one space after ',' and ':' (as SGLang's flag)",
+    )
+    p.add_argument(
+        "--constrained-json-max-whitespace-cnt",
+        type=int,
+        help="most whitespace characters in a row in json_schema output (as SGLang's flag; default: unbounded)",
     )
     p.add_argument("--health-check-timeout", type=float, help="seconds /health waits for a forward")
     p.add_argument("--control-timeout", type=float, help="seconds a blocking control call (group join) may take")

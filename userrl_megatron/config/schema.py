@@ -86,6 +86,8 @@ class SGLangConfig:
     enable_weights_cpu_backup: bool = False  # keep weights across memory release (forced on: colocated with sync off)
     enable_return_routed_experts: bool = False  # MoE: record routing for return_routed_experts (on: routing replay)
     release_cuda_graph: bool = False  # colocated: a release frees the CUDA-graph pool (slime's env; prefill graphs off)
+    constrained_json_disable_any_whitespace: bool = False  # json_schema output compact (--constrained-json-...)
+    constrained_json_max_whitespace_cnt: int = 0  # --constrained-json-max-whitespace-cnt (xgrammar); 0 = unbounded
 
 
 @dataclass
@@ -114,6 +116,8 @@ class EmbeddedServerConfig:
     max_prompt_chars: int = 1000000  # longest text prompt (a chat's messages together), refused before tokenising
     weight_dirs: list[str] = field(default_factory=list)  # where /update_weights_from_disk may load; [] = refused
     max_weight_payload_bytes: int = 0  # tensors of one /update_weights_from_tensor payload; 0 = 8 B/parameter, >= 1 GiB
+    constrained_json_disable_any_whitespace: bool = False  # json_schema output compact (SGLang flag of that name)
+    constrained_json_max_whitespace_cnt: int = 0  # most whitespace characters in a row in json_schema output; 0 = any
 
 
 @dataclass

@@ -258,6 +258,10 @@ def embedded_server_command(
         command += ["--weights-dir", directory]
     if cfg.max_weight_payload_bytes:
         command += ["--max-weight-payload-bytes", str(cfg.max_weight_payload_bytes)]
+    if cfg.constrained_json_disable_any_whitespace:
+        command.append("--constrained-json-disable-any-whitespace")
+    if cfg.constrained_json_max_whitespace_cnt:
+        command += ["--constrained-json-max-whitespace-cnt", str(cfg.constrained_json_max_whitespace_cnt)]
     return command
 
 

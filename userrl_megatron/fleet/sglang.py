@@ -130,6 +130,10 @@ def sglang_command(
         command.append("--enable-return-routed-experts")
     if served_model_name:
         command += ["--served-model-name", served_model_name]
+    if cfg.constrained_json_disable_any_whitespace:
+        command.append("--constrained-json-disable-any-whitespace")
+    if cfg.constrained_json_max_whitespace_cnt:
+        command += ["--constrained-json-max-whitespace-cnt", str(cfg.constrained_json_max_whitespace_cnt)]
     return command + list(cfg.extra_args)
 
 

@@ -37,7 +37,8 @@ def simulator_rollout(cfg: "RootConfig") -> "RolloutConfig":
     SGLang memory fraction (0: the policy's) and context length (0: the simulator model's own, whatever the policy's
     engines serve); colocated (SGLang's memory saver, to release their KV cache while the actor trains) only on the
     GPUs of colocated policy engines; no weight backup, since they never release their weights; no routing replay;
-    the router when there are several; a key and ports of their own."""
+    the router when there are several; a key and ports of their own; json_schema output held compact (SGLang on CPU,
+    SmolLM2-135M at temperature 1 spent all 48 tokens in blank space in 2 of 24 schema requests)."""
     engines, r = cfg.user_sim.engines, cfg.rollout
     sglang_port, embedded_port = r.sglang.base_port, r.embedded.base_port
     sglang = dataclasses.replace(
@@ -47,12 +48,14 @@ def simulator_rollout(cfg: "RootConfig") -> "RolloutConfig":
         context_length=engines.context_length,
         enable_weights_cpu_backup=False,  # frozen: they never release their weights
         enable_return_routed_experts=False,  # the policy's routing replay, not the simulator's
+        constrained_json_disable_any_whitespace=True,  # json_schema output compact: no runs of blank space
     )
     embedded = dataclasses.replace(
         r.embedded,
         base_port=embedded_port + PORT_OFFSET if embedded_port else 0,
         context_length=engines.context_length,
         enable_return_routed_experts=False,
+        constrained_json_disable_any_whitespace=True,  # json_schema output compact: no runs of blank space
     )
     return dataclasses.replace(
         cfg.rollout,

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from userrl_megatron.config.schema import EmbeddedServerConfig
+from userrl_megatron.server.grammar import Grammars
 from userrl_megatron.server.model import EngineModel
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import PAUSE_MODES, Request, Scheduler, engine_failed
@@ -105,6 +106,13 @@ class EngineCore:
         self.payload_limit = cfg.max_weight_payload_bytes or max(8 * params, 1 << 30)
         self.started = False
         self.startup_time = time.time()
+        self.grammars = Grammars(
+            self.model.tokenizer,
+            self.model.spec.vocab_size,
+            self.model.spec.eos_token_ids,
+            any_whitespace=not cfg.constrained_json_disable_any_whitespace,
+            max_whitespace_cnt=cfg.constrained_json_max_whitespace_cnt or None,
+        )
 
     @property
     def weight_version(self) -> str:
@@ -176,6 +184,14 @@ class EngineCore:
                 f"input messages and {max_new_tokens} tokens for the completion. Please reduce the number of tokens "
                 "in the input messages or the completion to fit within the limit."
             )
+
+    async def attach_grammars(self, requests: list[Request]) -> None:
+        """Give each structured request (`sampling.grammar`) a matcher of its grammar, compiled on a tokenizer
+        thread (or found in the cache); GrammarError (a ValueError, answered as 400) when it does not compile."""
+        for request in requests:
+            if request.sampling.grammar is not None:
+                kind, spec = request.sampling.grammar
+                request.grammar = await self.tokenize(lambda k=kind, s=spec: self.grammars.matcher(k, s))
 
     async def generate(self, request: Request) -> Request:
         """Run one request to completion (abort included); cancelling the caller aborts the request."""

@@ -236,6 +236,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         requests = [make_request(core, item) for item in items]
         if body.get("stream") and not single:
             raise ValueError("Streaming a batch or n > 1 is not supported by the embedded server.")
+        await core.attach_grammars(requests)
     except ValueError as e:
         return error_message(str(e))
     if body.get("stream"):

@@ -2,8 +2,8 @@
 
 This lets the embedded server act as the user simulator / judge and as an evaluation endpoint for the real
 `openai` client. As in SGLang without `--tool-call-parser`, tool calls are not parsed out of the reply; `tools`
-are passed to the chat template. `response_format` "json_object" is accepted but not enforced (no constrained
-decoding here); "json_schema" is refused.
+are passed to the chat template. `response_format` "json_object" and "json_schema", and SGLang's extra `regex` /
+`ebnf` fields, constrain the reply as SGLang does (`grammar.py`).
 """
 
 import asyncio
@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from userrl_megatron.server.core import EngineCore, call_soon
+from userrl_megatron.server.grammar import GRAMMAR_KEYS, JSON_OBJECT_SCHEMA
 from userrl_megatron.server.http import (
     CORE_KEY,
     REQUIRED,
@@ -53,6 +54,9 @@ SAMPLING_TYPES: dict[str, tuple[Any, Any]] = {
     "max_tokens": (int, None),
     "n": (int, None),
     "seed": (int, None),
+    "response_format": (dict, None),
+    "regex": (str, None),
+    "ebnf": (str, None),
     "stop": ((str, list), None),
     "stop_token_ids": (list, None),
     "logit_bias": (dict, None),
@@ -67,7 +71,6 @@ CHAT_TYPES = {
     "max_completion_tokens": (int, None),
     "logprobs": (bool, None),
     "top_logprobs": (int, None),
-    "response_format": (dict, None),
     "tools": (list, None),
     "chat_template_kwargs": (dict, None),
     "stream_options": (dict, None),
@@ -196,9 +199,6 @@ def _chat_item(core: EngineCore, body: dict[str, Any]) -> GenerateItem:
     tokenizer = core.model.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("The model has no chat template; use /generate with input_ids.")
-    response_format = (body.get("response_format") or {}).get("type", "text")
-    if response_format not in ("text", "json_object"):
-        raise ValueError(f"response_format {response_format!r} is not supported by the embedded server.")
     try:
         text = tokenizer.apply_chat_template(
             [_message(m) for m in body["messages"]],
@@ -231,6 +231,7 @@ def _chat_item(core: EngineCore, body: dict[str, Any]) -> GenerateItem:
         "skip_special_tokens": body.get("skip_special_tokens"),
         "logit_bias": body.get("logit_bias"),
         "sampling_seed": body.get("seed"),
+        **_constraint(body),
     }
     return GenerateItem(
         rid=f"chatcmpl-{uuid.uuid4().hex}",
@@ -241,6 +242,27 @@ def _chat_item(core: EngineCore, body: dict[str, Any]) -> GenerateItem:
         top_logprobs_num=body.get("top_logprobs") or 0,
         return_text_in_logprobs=False,
     )
+
+
+def _constraint(body: dict[str, Any]) -> dict[str, Any]:
+    """The grammar sampling params of an OpenAI body, as SGLang maps them: `regex` / `ebnf` / `json_schema` as
+    given, else `response_format` json_schema (its schema) or json_object (any JSON object); ValueError otherwise."""
+    out = {key: body[key] for key in GRAMMAR_KEYS if body.get(key) is not None}
+    response_format = body.get("response_format") or {}
+    kind = response_format.get("type", "text")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None:
+            raise ValueError("schema_ is required for json_schema response format request.")
+        if not isinstance(schema, dict):
+            raise _invalid("response_format.json_schema.schema", f"Input should be a valid dictionary, got {schema!r}")
+        out["json_schema"] = json.dumps(schema)
+    elif kind == "json_object":
+        out["json_schema"] = JSON_OBJECT_SCHEMA
+    elif kind != "text":
+        raise ValueError(f"response_format {kind!r} is not supported by the embedded server.")
+    return out
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:
@@ -266,6 +288,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         item = await core.tokenize(lambda: _chat_item(core, body))
         n = body.get("n") or 1
         requests = [make_request(core, item) for _ in range(n)]
+        await core.attach_grammars(requests)
     except ValueError as e:
         return error_shape(str(e), kind="BadRequestError")
     model = body.get("model") or core.served_model_name
@@ -429,6 +452,7 @@ def _completion_items(core: EngineCore, body: dict[str, Any], prompt: list[str |
         "repetition_penalty": body.get("repetition_penalty"),
         "logit_bias": body.get("logit_bias"),
         "sampling_seed": body.get("seed"),
+        **_constraint(body),
     }
     return [
         GenerateItem(
@@ -456,6 +480,7 @@ async def completions(request: web.Request) -> web.Response:
             items = _completion_items(core, body, prompt)
         n = body.get("n") or 1
         pairs = [(item, make_request(core, item)) for item in items for _ in range(n)]
+        await core.attach_grammars([r for _, r in pairs])
     except ValueError as e:
         return error_shape(str(e), kind="BadRequestError")
     done = await asyncio.gather(*(core.generate(r) for _, r in pairs))

@@ -11,12 +11,14 @@ from typing import Any
 
 import torch
 
+from userrl_megatron.server.grammar import apply_bitmasks, grammar_key
+
 _SAMPLING_EPS = 1e-6
 MAX_STOP_COUNT = 32  # SGLang 0.5.23's limit on stop strings
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range of a logit_bias value; a larger one overflows float32 logits to inf/nan
 MAX_N = 128  # OpenAI's largest n; each sample is a request of its own
 # Keys SGLang accepts that this engine cannot honour: refused with a clear message instead of being ignored.
-UNSUPPORTED_KEYS = ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "custom_params", "watermark")
+UNSUPPORTED_KEYS = ("stop_regex", "custom_params", "watermark")
 
 
 @dataclass
@@ -41,6 +43,7 @@ class SamplingSpec:
     n: int = 1
     logit_bias: dict[int, float] = field(default_factory=dict)
     sampling_seed: int | None = None
+    grammar: tuple[str, str] | None = None  # (kind, spec): json_schema, regex or ebnf (`grammar.py`)
 
     @property
     def greedy(self) -> bool:
@@ -84,6 +87,7 @@ def parse_sampling_params(raw: dict[str, Any] | None, vocab_size: int) -> Sampli
         n=_int(raw, "n", 1),
         logit_bias=_logit_bias(get("logit_bias", {})),
         sampling_seed=raw.get("sampling_seed"),
+        grammar=grammar_key(raw),
     )
     _verify(spec, vocab_size)
     if 0 <= spec.temperature < _SAMPLING_EPS:  # greedy, as SGLang encodes it
@@ -196,6 +200,7 @@ class SampleRow:
     output_ids: list[int]
     generator: torch.Generator | None
     banned: tuple[int, ...] = ()  # token ids masked out (EOS/stop ids before min_new_tokens)
+    grammar: Any = None  # the request's xgrammar GrammarMatcher: its bitmask limits the row's next token
 
 
 @dataclass
@@ -217,7 +222,9 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -
     every other row of the batch is sampled as if it had not been there.
 
     One step is a fixed set of batched ops over all rows, with one host-to-device copy of the rows' settings and
-    one device-to-host copy of the tokens and their log-probs (no per-row synchronisation). A sampled row inverts
+    one device-to-host copy of the tokens and their log-probs (no per-row synchronisation). A row with a grammar
+    has its logits masked, after those edits, to the tokens its grammar allows next (`grammar.apply_bitmasks`);
+    the log-probs are those of the masked logits, as SGLang's. A sampled row inverts
     its distribution's CDF at one uniform draw `u` (`_invert`): a row with a generator of its own (a
     `sampling_seed`) draws its `u` from it alone, so its tokens do not depend on the rest of the batch.
     """
@@ -239,6 +246,11 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], top_logprobs: int = 0) -
     per_row, penalized, biased, banned, together = settings.upload(logits.device)
 
     _edit_logits(logits, per_row, penalized, biased, banned)
+    if any(row.grammar is not None for row in rows):
+        try:
+            apply_bitmasks(logits, [row.grammar for row in rows])
+        except Exception as e:  # a matcher that refuses fails the grammar rows, never the others
+            failed.update({i: e for i, row in enumerate(rows) if row.grammar is not None})
     temperatures = per_row[:, 0].to(logits.dtype)
     logprobs = torch.log_softmax(logits / temperatures.unsqueeze(1), dim=-1)
     invalid = None

@@ -62,6 +62,7 @@ class Request:
     finished_at: float = 0.0
     matched_stop_text: str | None = None  # the stop string that ended the request, if any
     routed: list[torch.Tensor] = field(default_factory=list)  # int32 [n, layers, top_k] chunks from the start len
+    grammar: Any = None  # xgrammar GrammarMatcher of a structured request (`sampling.grammar`); scheduler-owned
     _generator: torch.Generator | None = None
 
     @property
@@ -410,7 +411,7 @@ class Scheduler:
                 self._remove_row(row)
 
     def _sample_and_check(self, requests: list[Request], logits: torch.Tensor) -> None:
-        rows = [SampleRow(r.sampling, r.output_ids, r._generator, self._banned(r)) for r in requests]
+        rows = [SampleRow(r.sampling, r.output_ids, r._generator, self._banned(r), r.grammar) for r in requests]
         top_k = max(r.top_logprobs_num if r.return_logprob else 0 for r in requests)
         out = sample(logits, rows, top_k)
         if len(out.failed) < len(requests):  # progress means tokens, not forwards: a failing sampler is not alive
@@ -428,6 +429,10 @@ class Scheduler:
                     self._finish(request, _engine_error(e))
 
     def _take_token(self, request: Request, row: int, out: Sampled) -> None:
+        if request.grammar is not None and not request.grammar.accept_token(out.tokens[row]):
+            message = f"Grammar accept_token failed: token {out.tokens[row]} is not allowed"
+            self._finish(request, _abort_reason(message, 500, "InternalServerError"))
+            return
         request.output_ids.append(out.tokens[row])
         request.output_logprobs.append(out.logprobs[row])
         if request.return_logprob and request.top_logprobs_num:
@@ -461,6 +466,8 @@ class Scheduler:
                 if stop in tail:
                     request.matched_stop_text = stop
                     return {"type": "stop", "matched": stop}
+        if request.grammar is not None and request.grammar.is_terminated():  # SGLang: after the other checks
+            return {"type": "stop", "matched": token}
         return None
 
     def _finish(self, request: Request, reason: dict[str, Any]) -> None:
