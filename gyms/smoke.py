@@ -58,6 +58,7 @@ class ScriptedUserSim:
         temperature: Any = None,
         max_tokens: Any = None,
         json: bool = False,
+        schema: Any = None,
     ) -> Reply:
         from gyms.reply_json import extract_json_object
 

@@ -9,6 +9,7 @@ trainer can drop or mask the episode.
 from typing import Any
 
 from gyms.base import StepResult, parse_action
+from gyms.reply_schema import ReplySchema
 from gyms.user_sim import UserSimError
 
 EPISODE_OVER = "The episode has already ended; no further actions are accepted."
@@ -75,15 +76,22 @@ class TurnGym:
         """Handle one action: `tag` is action/answer/search/finish or None (untagged), `payload` the rest."""
         raise NotImplementedError
 
-    async def ask(self, system: str, user: str, *keys: str, max_tokens: int | None = None) -> dict[str, Any]:
-        """One simulator call answered with a JSON object holding `keys`; UserSimError otherwise.
+    async def ask(
+        self, system: str, user: str, *keys: str, reply: ReplySchema | None = None, max_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """One simulator call answered with a JSON object holding `keys` (or `reply.needs`); UserSimError otherwise.
 
-        `max_tokens` overrides the simulator's completion limit (`user_sim.max_tokens`) for this call.
+        `reply` states the object (`gyms/reply_schema.py`): the client asks for it as a structured reply
+        (`user_sim.structured`). `max_tokens` overrides the simulator's completion limit (`user_sim.max_tokens`).
         """
+        if reply is not None and keys:
+            raise ValueError("give the keys a reply needs in its ReplySchema, not as well as it")
+        needed = reply.needs if reply is not None else keys
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        reply = await self.user_sim.chat(messages, max_tokens=max_tokens, json=True)
-        data = reply.data or {}
-        missing = [k for k in keys if k not in data]
+        extra = {"schema": reply} if reply is not None else {}  # stand-ins without schemas keep working
+        answer = await self.user_sim.chat(messages, max_tokens=max_tokens, json=True, **extra)
+        data = answer.data or {}
+        missing = [k for k in needed if k not in data]
         if missing:
-            raise UserSimError(f"simulator reply lacks {', '.join(missing)}: {reply.text[:200]!r}", "bad_json", 1)
+            raise UserSimError(f"simulator reply lacks {', '.join(missing)}: {answer.text[:200]!r}", "bad_json", 1)
         return data

@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.intention import prompts
+from gyms.intention import prompts, replies
 from gyms.intention.tasks import intention_record, intention_smoke, intention_tasks
 from gyms.turn_gym import TurnGym
 from userrl_megatron.config.gyms import IntentionGymConfig
@@ -55,12 +55,12 @@ class IntentionGym(TurnGym):
             self.ask(
                 prompts.USER_SYSTEM,
                 prompts.USER_USER.format(**fields, details=_hidden(self.record["missing_details"]), question=payload),
-                "response",
+                reply=replies.USER,
             ),
             self.ask(
                 prompts.JUDGE_SYSTEM,
                 prompts.JUDGE_USER.format(**fields, details=_numbered(self.remaining), question=payload),
-                "covered_detail_numbers",
+                reply=replies.JUDGE,
             ),
             return_exceptions=True,  # both calls finish before the step returns, failed or not
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
 from gyms.persuade import prompts
-from gyms.persuade.prompts import STANCES
+from gyms.persuade.replies import PERSONA, STANCES
 from gyms.persuade.tasks import persuade_record, persuade_smoke, persuade_tasks
 from gyms.turn_gym import TurnGym
 from gyms.user_sim import UserSimError
@@ -56,8 +56,7 @@ class PersuadeGym(TurnGym):
                 history=history or "(none yet)",
                 latest=payload,
             ),
-            "response",
-            "stance",
+            reply=PERSONA,
         )
         new = _STANCE_INDEX.get(data["stance"]) if isinstance(data["stance"], str) else None
         if new is None:

@@ -1,14 +1,6 @@
 """PersuadeGym's persona prompt."""
 
-STANCES = (
-    "Strongly Agree",
-    "Agree",
-    "Partly Agree",
-    "Neutral",
-    "Partly Disagree",
-    "Disagree",
-    "Strongly Disagree",
-)
+from gyms.persuade.replies import STANCES
 
 SYSTEM = f"""You take part in a debate. You hold a claim, argued in your own words below, and a persuader \
 tries to change your mind. Respond like a thoughtful person: engage with the persuader's latest argument \

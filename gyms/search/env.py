@@ -7,7 +7,7 @@ A correct answer pays 1.0 and ends the episode; wrong answers pay 0 and the epis
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.search import prompts
+from gyms.search import prompts, replies
 from gyms.search.bm25 import Hit, OfflineSearch
 from gyms.search.tasks import search_record, search_smoke, search_tasks
 from gyms.search.web import SearchBackendError, WebSearch
@@ -87,12 +87,10 @@ class SearchGym(TurnGym):
             data = await self.ask(
                 prompts.JUDGE_SYSTEM,
                 prompts.JUDGE_USER.format(question=self.record["question"], gold=self.record["answer"], answer=answer),
-                "reasoning",
-                "judgment",
-                "feedback",
+                reply=replies.JUDGE,
                 max_tokens=self.config.judge_max_tokens,
             )
-            correct, judged = data["judgment"] == "Yes", True  # UserRL: exactly "Yes"
+            correct, judged = data["judgment"] == replies.CORRECT, True  # UserRL: exactly "Yes"
         info = {"correct": correct, "judged": judged}
         if correct:
             self.solved = True

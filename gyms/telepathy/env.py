@@ -7,7 +7,7 @@ far, so an episode returns at most 1.0; a correct guess ends the episode.
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.telepathy import prompts
+from gyms.telepathy import prompts, replies
 from gyms.telepathy.tasks import telepathy_record, telepathy_smoke, telepathy_tasks
 from gyms.turn_gym import TurnGym
 from userrl_megatron.config.gyms import TelepathyGymConfig
@@ -43,16 +43,18 @@ class TelepathyGym(TurnGym):
         entity = self.record["target_entity"]
         if tag == "answer":
             data = await self.ask(
-                prompts.GUESS_SYSTEM, prompts.GUESS_USER.format(entity=entity, guess=payload), "judgment", "feedback"
+                prompts.GUESS_SYSTEM, prompts.GUESS_USER.format(entity=entity, guess=payload), reply=replies.GUESS
             )
-            correct = data["judgment"] == "Yes"  # UserRL: exactly "Yes"
+            correct = data["judgment"] == replies.CORRECT  # UserRL: exactly "Yes"
             score = 1.0 if correct else 0.0
             reward = max(0.0, score - self.best_score)
             self.best_score = max(self.best_score, score)
             feedback = str(data["feedback"])
             return StepResult(feedback, reward, done=correct, info={"correct": correct})
         data = await self.ask(
-            prompts.QUESTION_SYSTEM, prompts.QUESTION_USER.format(entity=entity, question=payload), "response"
+            prompts.QUESTION_SYSTEM,
+            prompts.QUESTION_USER.format(entity=entity, question=payload),
+            reply=replies.QUESTION,
         )
         return StepResult(str(data["response"]).strip(), 0.0)
 

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
-from gyms.travel import prompts
+from gyms.travel import prompts, replies
 from gyms.travel.catalog import ASPECT_INITIALS, OPTION_SCHEMAS
 from gyms.travel.generator import generate_scenario
 from gyms.travel.tasks import travel_smoke, travel_tasks
@@ -135,10 +135,10 @@ class TravelGym(TurnGym):
         data = await self.ask(
             prompts.SEARCH_JUDGE_SYSTEM,
             prompts.SEARCH_JUDGE_USER.format(request=request, arguments=arguments),
-            "alignment_judgement",
+            reply=replies.SEARCH_JUDGE,
         )
         verdict = data["alignment_judgement"]
-        if verdict not in ("True", "False", "N/A"):  # UserRL: any other value fails the search judge
+        if verdict not in replies.VERDICTS:  # UserRL: any other value fails the search judge
             raise UserSimError(f"search judge verdict {verdict!r} is not True, False or N/A", "bad_json", 1)
         if verdict == "False":
             return self._say(request, SEARCH_MISMATCH, 0.0, role="Database")
@@ -174,7 +174,7 @@ class TravelGym(TurnGym):
                     preferences="\n".join(f"{p['id']} ({p['aspect']}): {p['preference']}" for p in self.remaining)
                     or "(none left)",
                 ),
-                "type",
+                reply=replies.UTTERANCE_JUDGE,
             )
             kind = str(judged["type"]).strip()
             asked = next((p for p in self.remaining if p["id"] == str(judged.get("preference_id", "")).strip()), None)
@@ -197,7 +197,7 @@ class TravelGym(TurnGym):
                 data = await self.ask(
                     prompts.NATURAL_SYSTEM,
                     prompts.NATURAL_USER.format(history=self._history(), utterance=utterance),
-                    "response",
+                    reply=replies.TRAVELLER,
                 )
                 reply = str(data["response"]).strip()
         except UserSimError as e:
@@ -216,7 +216,7 @@ class TravelGym(TurnGym):
                 history=self._history(),
                 utterance=utterance,
             ),
-            "response",
+            reply=replies.TRAVELLER,
         )
         self.remaining = [p for p in self.remaining if p["id"] != preference["id"]]
         self.elicited.append(preference["id"])

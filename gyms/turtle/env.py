@@ -9,12 +9,12 @@ from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
 from gyms.turn_gym import TurnGym
-from gyms.turtle import prompts
+from gyms.turtle import prompts, replies
+from gyms.turtle.replies import JUDGMENTS
 from gyms.turtle.tasks import turtle_record, turtle_smoke, turtle_tasks
 from gyms.user_sim import UserSimError
 from userrl_megatron.config.gyms import TurtleGymConfig
 
-JUDGMENTS = (0.0, 0.5, 1.0)
 MORE_TWISTS = (
     "There might be more hidden twists that you haven't covered. Try to continue ask related questions and answer "
     "with creativity."
@@ -50,7 +50,7 @@ class TurtleGym(TurnGym):
         data = await self.ask(
             prompts.QUESTION_SYSTEM,
             prompts.QUESTION_USER.format(surface=surface, bottom=bottom, question=payload),
-            "response",
+            reply=replies.QUESTION,
         )
         return StepResult(str(data["response"]), 0.0)  # the judge's word as it wrote it, as in UserRL
 
@@ -59,7 +59,7 @@ class TurtleGym(TurnGym):
         data = await self.ask(
             prompts.STORY_SYSTEM,
             prompts.STORY_USER.format(surface=surface, bottom=bottom, story=story, rubric=rubric),
-            "scores",
+            reply=replies.story(len(self.rubric)),
         )
         judgments = _judgments(data["scores"], len(self.rubric))
         score = round(sum(w * j for (_, w), j in zip(self.rubric, judgments, strict=True)), 6)

@@ -84,7 +84,7 @@ class ScriptedSim:
     """Our side: `chat` as gyms.user_sim.UserSimulator's, answering from the script (a failure: UserSimError)."""
 
     async def chat(self, messages: list[dict[str, Any]], *, temperature: Any = None, max_tokens: Any = None,
-                   json: bool = False) -> Any:  # fmt: skip
+                   json: bool = False, schema: Any = None) -> Any:  # fmt: skip
         from gyms.reply_json import extract_json_object, strip_think
         from gyms.user_sim import Reply, UserSimError
 
