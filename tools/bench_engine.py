@@ -45,6 +45,13 @@ attention, other ops and Python, the sampler, and the scheduler's own work (KV-c
 
 `--cpu-linear torch` runs the embedded engine's float32 linear layers on torch's own kernel instead of oneDNN's
 (`rollout.embedded.cpu_linear`), for an A/B of the two.
+
+`--structured` runs each level a second time on the same server with every turn constrained by a JSON schema the
+size of a gym's reply schema (`json_schema`, SGLang's sampling param; the server compiles it once). Those levels
+are in `structured_levels`; `structured` gives their tokens/s over the free level's, per backend, thread count and
+concurrency (target: >= 0.8). A constrained turn ends when its JSON does (`short_turns` counts those):
+
+    python tools/bench_engine.py --structured --concurrency 1 32 --out runs/bench_engine_structured.json
 """
 
 import argparse
@@ -74,6 +81,19 @@ TTFT_METHOD = (
     "client-side: from sending POST /generate (stream: true, stream_interval = max_new_tokens) to reading the first "
     "server-sent event that carries an output token; every turn of every episode of the level"
 )
+STRUCTURED_TARGET = 0.8  # tokens/s with a schema over tokens/s without, at every level
+# A gym-sized reply schema (the user simulator's kind): free text, an enum, a bounded number, a boolean, a list.
+REPLY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "reply": {"type": "string", "maxLength": 400},
+        "intent": {"type": "string", "enum": ["answer", "clarify", "refuse", "end"]},
+        "satisfaction": {"type": "integer", "minimum": 0, "maximum": 10},
+        "done": {"type": "boolean"},
+        "topics": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 4},
+    },
+    "required": ["reply", "intent", "satisfaction", "done", "topics"],
+}
 MATMUL_OPS = (
     "aten::mm",
     "aten::addmm",
@@ -186,6 +206,27 @@ def peer_rows(levels: Sequence[dict]) -> list[dict]:
     return rows
 
 
+def structured_rows(levels: Sequence[dict], structured: Sequence[dict]) -> list[dict]:
+    """Per backend, thread count and concurrency: tokens/s with the schema over tokens/s without (target >= 0.8)."""
+    free = {(r["backend"], r["threads"], r["concurrency"]): r for r in levels}
+    rows = []
+    for r in structured:
+        base = free[r["backend"], r["threads"], r["concurrency"]]
+        ratio = r["tokens_per_s"] / base["tokens_per_s"]
+        rows.append(
+            {
+                "backend": r["backend"],
+                "threads": r["threads"],
+                "concurrency": r["concurrency"],
+                "free_tokens_per_s": base["tokens_per_s"],
+                "schema_tokens_per_s": r["tokens_per_s"],
+                "tokens_per_s_ratio": ratio,
+                "meets_target": ratio >= STRUCTURED_TARGET,
+            }
+        )
+    return rows
+
+
 def annotate(levels: list[dict], matmul: dict[int, float], flops_per_token: float) -> None:
     """Add each level's matmul share, the share of all the tokens it computed (generated and prefilled), and its
     tokens/s over its server's first level."""
@@ -226,6 +267,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--matmul-count", type=int, default=4, help="matmuls timed together, best of 5 runs")
     parser.add_argument("--port", type=int, default=31999)
     parser.add_argument("--startup-timeout", type=float, default=1200.0, help="seconds a server may take to start")
+    parser.add_argument("--structured", action="store_true", help="each level again with a JSON schema on every turn")
     parser.add_argument("--profile-decode", action="store_true", help="profile decode steps in-process instead")
     parser.add_argument("--profile-steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("runs/bench_engine.json"))
@@ -305,10 +347,13 @@ def measure_ceiling(shapes: list[tuple[int, int]], rows: int, threads: int, tria
     return {"rows": rows, "kernels_seconds": seconds, "flops_per_s": flops / min(seconds.values())}
 
 
-async def stream_turn(session: Any, url: str, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], Turn]:
-    """One streamed `/generate` of exactly `max_new_tokens` sampled tokens: (output ids, the turn's figures)."""
+async def stream_turn(
+    session: Any, url: str, input_ids: list[int], max_new_tokens: int, constraint: dict[str, Any] | None = None
+) -> tuple[list[int], Turn]:
+    """One streamed `/generate` of exactly `max_new_tokens` sampled tokens (fewer when `constraint`, a grammar
+    sampling param, ends first): (output ids, the turn's figures)."""
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "ignore_eos": True,
-                "stream_interval": max_new_tokens}  # fmt: skip
+                "stream_interval": max_new_tokens, **(constraint or {})}  # fmt: skip
     body = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, "stream": True}
     start = time.perf_counter()
     first: float | None = None
@@ -331,24 +376,38 @@ async def stream_turn(session: Any, url: str, input_ids: list[int], max_new_toke
     return list(last["output_ids"]), Turn(len(last["output_ids"]), first, meta["prompt_tokens"] - meta["cached_tokens"])
 
 
-async def episode(session: Any, url: str, prompt: list[int], feedback: list[int], turns: int, max_new: int) -> list:
+async def episode(
+    session: Any,
+    url: str,
+    prompt: list[int],
+    feedback: list[int],
+    turns: int,
+    max_new: int,
+    constraint: dict[str, Any] | None = None,
+) -> list:
     """`turns` turns, each resending the conversation so far plus the environment's reply."""
     ids, done = list(prompt), []
     for _ in range(turns):
-        output, turn = await stream_turn(session, url, ids, max_new)
+        output, turn = await stream_turn(session, url, ids, max_new, constraint)
         done.append(turn)
         ids = ids + output + feedback
     return done
 
 
 async def run_level(
-    session: Any, url: str, prompts: list[list[int]], feedback: list[int], concurrency: int, args: argparse.Namespace
+    session: Any,
+    url: str,
+    prompts: list[list[int]],
+    feedback: list[int],
+    concurrency: int,
+    args: argparse.Namespace,
+    constraint: dict[str, Any] | None = None,
 ) -> dict:
     gate = asyncio.Semaphore(concurrency)
 
     async def one(prompt: list[int]) -> list[Turn]:
         async with gate:
-            return await episode(session, url, prompt, feedback, args.turns, args.max_new_tokens)
+            return await episode(session, url, prompt, feedback, args.turns, args.max_new_tokens, constraint)
 
     start = time.perf_counter()
     episodes = await asyncio.gather(*(one(p) for p in prompts))
@@ -415,7 +474,8 @@ async def bench_server(
     kv: int,
     args: argparse.Namespace,
 ) -> tuple[list[dict], dict]:
-    """Every level on one server; (the levels, the server's settings)."""
+    """Every level on one server (with `--structured`, each also constrained, in `launch["structured_levels"]`);
+    (the levels, the server's settings)."""
     import aiohttp
 
     from userrl_megatron.fleet.engine import SGLangClient
@@ -438,6 +498,15 @@ async def bench_server(
                     )
                     levels.append({"backend": backend, "threads": threads} | level)
                     print(json.dumps(levels[-1]), flush=True)
+                    if args.structured:
+                        await control.flush_cache(timeout_s=60)
+                        schema = {"json_schema": json.dumps(REPLY_SCHEMA)}
+                        level = await run_level(
+                            session, server.url, prompts[: max(c, args.min_episodes)], feedback, c, args, schema
+                        )
+                        structured = {"backend": backend, "threads": threads, "constraint": "json_schema"} | level
+                        launch.setdefault("structured_levels", []).append(structured)
+                        print(json.dumps(structured), flush=True)
     finally:
         server.stop()
     return levels, launch
@@ -468,11 +537,12 @@ async def main(args: argparse.Namespace) -> dict:
             ceiling = measure_ceiling(shapes, SHARE_AT, t or default_threads)
             m["ceiling"] = ceiling | {"share": ceiling["flops_per_s"] / m["flops_per_s"]}
         print(json.dumps({"matmul": m, "for_threads": t}), flush=True)
-    levels, servers = [], []
+    levels, servers, structured = [], [], []
     for threads in args.threads:  # one server per backend and thread count (0: every core)
         for backend in args.backend:
             done, launch = await bench_server(backend, threads, path, prompts, feedback, kv, args)
             levels += done
+            structured += launch.pop("structured_levels", [])
             servers.append({"backend": backend, "threads": threads} | launch)
     annotate(levels, {t: m["flops_per_s"] for t, m in zip(args.threads, matmul, strict=True)}, flops_per_token)
     peers = peer_rows(levels)
@@ -493,6 +563,7 @@ async def main(args: argparse.Namespace) -> dict:
         "levels": levels,
         "peer": peers,
         "targets": targets(levels, peers),
+        **({"structured_levels": structured, "structured": structured_rows(levels, structured)} if structured else {}),
     }
 
 

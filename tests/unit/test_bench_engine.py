@@ -157,3 +157,18 @@ def test_arguments() -> None:
     for bad in (["--backend", "vllm"], ["--concurrency", "0"], ["--max-new-tokens", "0"], ["--threads", "-1"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
+
+
+def test_structured_levels_are_compared_with_the_free_ones() -> None:
+    def level(backend: str, concurrency: int, rate: float) -> dict[str, Any]:
+        return {"backend": backend, "threads": 0, "concurrency": concurrency, "tokens_per_s": rate}
+
+    free = [level("embedded", 1, 20.0), level("embedded", 32, 100.0), level("sglang", 32, 50.0)]
+    schema = [level("embedded", 1, 18.0), level("embedded", 32, 70.0), level("sglang", 32, 45.0)]
+    rows = bench.structured_rows(free, schema)
+    assert [(r["backend"], r["concurrency"], r["tokens_per_s_ratio"], r["meets_target"]) for r in rows] == [
+        ("embedded", 1, 0.9, True),
+        ("embedded", 32, 0.7, False),
+        ("sglang", 32, 0.9, True),
+    ]
+    assert bench.parse_args(["--structured"]).structured and not bench.parse_args([]).structured

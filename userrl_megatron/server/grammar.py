@@ -193,6 +193,20 @@ def _xgrammar_message(e: Exception) -> str:
     return re.sub(r"^Check failed: \(.*?\) is false: ", "", text)
 
 
+_FILLERS = threading.local()  # each scheduler thread's xgrammar BatchGrammarMatcher, made on first use
+
+
+def _batch_filler() -> Any:
+    """xgrammar's batch filler on one thread: half the time of filling row by row from Python (32 rows of a JSON
+    schema on SmolLM2's vocabulary: ~1 ms against ~2 ms), and no thread beside the engine's torch threads."""
+    filler = getattr(_FILLERS, "filler", None)
+    if filler is None:
+        import xgrammar
+
+        filler = _FILLERS.filler = xgrammar.BatchGrammarMatcher(1)
+    return filler
+
+
 def apply_bitmasks(logits: torch.Tensor, matchers: Sequence[Any]) -> None:
     """Mask, in place, the logits of every row whose matcher is not None to the tokens its grammar allows next.
 
@@ -205,8 +219,7 @@ def apply_bitmasks(logits: torch.Tensor, matchers: Sequence[Any]) -> None:
         return
     vocab = logits.shape[-1]
     bitmask = xgrammar.allocate_token_bitmask(len(matchers), vocab)  # all bits set: every token allowed
-    for i in rows:
-        matchers[i].fill_next_token_bitmask(bitmask, i)
+    _batch_filler().batch_fill_next_token_bitmask([matchers[i] for i in rows], bitmask, rows)
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous():
         xgrammar.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)
         return
