@@ -21,7 +21,7 @@ SCHEDULE = {"lr_warmup_steps": 1, "lr_schedule": "cosine", "lr_decay_steps": 8, 
 
 def _resume(rank: int, world: int, port: int, model_dir: Path, other_dir: Path, root: str, batches: list) -> dict:
     from userrl_megatron.megatron import checkpoint
-    from userrl_megatron.megatron.checkpoint_files import CheckpointError
+    from userrl_megatron.run.checkpoint_files import CheckpointError
 
     out = {}
     cfg = megatron_config(tp=2, **SCHEDULE)

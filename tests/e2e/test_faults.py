@@ -12,8 +12,8 @@ import pytest
 
 from tests.support.tiny_models import make_tiny_model
 from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, tiny_run, train, train_command
-from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage
 from userrl_megatron.observability import read_metrics
+from userrl_megatron.run.checkpoint_files import EXTRA_FILE, checkpoints_newest_first, find_damage
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -18,8 +18,8 @@ from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, logged_steps, tiny_run, 
 from tests.support.warm_start import warm_start
 from userrl_megatron.config import RootConfig, load_config
 from userrl_megatron.data import load_tasks
-from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE
 from userrl_megatron.observability import read_metrics
+from userrl_megatron.run.checkpoint_files import EXTRA_FILE
 from userrl_megatron.trainer.task_stream import TaskStream
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

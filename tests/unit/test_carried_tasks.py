@@ -14,7 +14,7 @@ import pytest
 
 from userrl_megatron.config import RootConfig, load_config
 from userrl_megatron.errors import RunError
-from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit, write_manifest
+from userrl_megatron.run.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit, write_manifest
 from userrl_megatron.trainer.driver import Trainer
 from userrl_megatron.trainer.task_stream import TaskStream
 from userrl_megatron.types import Episode, EpisodeGroup, Message, Task, Turn

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.tiny_models import tiny_config
 from userrl_megatron.convert.arch import Architecture
-from userrl_megatron.megatron.checkpoint_files import (
+from userrl_megatron.run.checkpoint_files import (
     FORMAT_VERSION,
     HF_METADATA,
     LATEST,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from userrl_megatron.config import ConfigError, load_config
-from userrl_megatron.megatron.checkpoint_files import (
+from userrl_megatron.run.checkpoint_files import (
     EXTRA_FILE,
     FORMAT_VERSION,
     LATEST,
@@ -30,7 +30,7 @@ from userrl_megatron.megatron.checkpoint_files import (
 )
 from userrl_megatron.trainer.preflight import check_before_start, finished_step
 
-LOGGER = "userrl_megatron.megatron.checkpoint_files"
+LOGGER = "userrl_megatron.run.checkpoint_files"
 DATA = "model.distcp"
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from userrl_megatron.config import ConfigError, load_config
-from userrl_megatron.megatron.checkpoint_files import (
+from userrl_megatron.megatron.checkpoint_writer import CheckpointWriter
+from userrl_megatron.run.checkpoint_files import (
     DIGESTS_DIR,
     EXTRA_FILE,
     FORMAT_VERSION,
@@ -27,7 +28,6 @@ from userrl_megatron.megatron.checkpoint_files import (
     prune,
     write_manifest,
 )
-from userrl_megatron.megatron.checkpoint_writer import CheckpointWriter
 from userrl_megatron.trainer.preflight import check_before_start
 
 DATA = "__0_0.distcp"

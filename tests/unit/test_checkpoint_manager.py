@@ -16,7 +16,7 @@ import pytest
 
 from userrl_megatron.config import RootConfig, load_config
 from userrl_megatron.errors import RunError
-from userrl_megatron.megatron.checkpoint_files import (
+from userrl_megatron.run.checkpoint_files import (
     EXTRA_FILE,
     FORMAT_VERSION,
     META_FILE,
@@ -28,7 +28,7 @@ from userrl_megatron.run.checkpoints import CheckpointManager
 from userrl_megatron.run.run_dir import RunDir
 
 DATA = "model.distcp"
-FILES_LOGGER = "userrl_megatron.megatron.checkpoint_files"
+FILES_LOGGER = "userrl_megatron.run.checkpoint_files"
 
 
 class FakeActors:
@@ -233,7 +233,7 @@ def test_importing_the_megatron_package_has_no_side_effect() -> None:
     from userrl_megatron.megatron.cpu import PAGED_STASH_MODULE
 
     code = (
-        "import sys, userrl_megatron.megatron, userrl_megatron.megatron.checkpoint_files\n"
+        "import sys, userrl_megatron.megatron, userrl_megatron.run.checkpoint_files\n"
         f"print({PAGED_STASH_MODULE!r} in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)

@@ -16,8 +16,8 @@ from userrl_megatron.config import ConfigError, RootConfig, load_config
 from userrl_megatron.config.env_names import looks_like_secret
 from userrl_megatron.config.model_fit import model_shape
 from userrl_megatron.config.ranges import CHECKED_ELSEWHERE, RANGES
-from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit
 from userrl_megatron.model_store import EMBEDDED_MODELS, cache_root
+from userrl_megatron.run.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit
 from userrl_megatron.trainer.preflight import check_before_start, finished_step
 from userrl_megatron.trainer.run_lock import RunLock
 

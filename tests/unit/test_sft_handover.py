@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from userrl_megatron.config import load_config
-from userrl_megatron.megatron.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit
+from userrl_megatron.run.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit
 from userrl_megatron.trainer.preflight import finished_step, is_sft_checkpoint
 
 

@@ -23,8 +23,8 @@ def _hf2mcore(args: argparse.Namespace) -> int:
 def _mcore2hf(args: argparse.Namespace) -> int:
     from userrl_megatron.config import ConfigError
     from userrl_megatron.errors import UserError
-    from userrl_megatron.megatron.checkpoint_files import CheckpointError
     from userrl_megatron.megatron.conversion import mcore_to_hf
+    from userrl_megatron.run.checkpoint_files import CheckpointError
 
     try:
         out = mcore_to_hf(args.ckpt, args.out, tp=args.tp, pp=args.pp, dtype=args.dtype, ep=args.ep)

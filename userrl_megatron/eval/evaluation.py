@@ -105,8 +105,8 @@ def policy_model_dir(cfg: RootConfig, out_dir: Path) -> Path:
     """The HF directory that serves `model.path`: the directory or embedded model itself, or, for a Megatron
     checkpoint (a folder with `userrl_checkpoint.json` or a `latest` pointer), its HF conversion under
     `<out>/policy_hf/<fingerprint>/`, converted once (`userrl convert mcore2hf`) and reused by reruns."""
-    from userrl_megatron.megatron import checkpoint_files
     from userrl_megatron.model_store import resolve_model
+    from userrl_megatron.run import checkpoint_files
 
     path = Path(cfg.model.path).expanduser()
     try:

@@ -15,8 +15,7 @@ Megatron's CUDA calls to the CPU. Modules:
   optimizer.py   DDP, distributed AdamW, LR schedule, offload
   actor.py       MegatronActor: compute_logprobs, train_step, export_hf_weights, save/load, offload
   export.py      full HF-named tensors from the sharded model, experts gathered over EP (weight sync, HF export)
-  checkpoint.py  distributed checkpoints (atomic, latest pointer, keep-last-N, resharding on load)
-  checkpoint_files.py  checkpoint directories: metadata, `latest`, pruning (no Megatron import)
+  checkpoint.py  distributed checkpoints (resharding on load); the folders on disk are `run/checkpoint_files.py`'s
   checkpoint_writer.py  runs a save's writes inline or on a thread from host staging buffers
   offload.py     offload/onload of weights, grads and optimizer state; what each operation needs resident
   reference.py   the reference policy's weights in host memory, swapped in for the KL term

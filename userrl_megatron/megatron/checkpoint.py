@@ -50,7 +50,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from userrl_megatron.convert.arch import Architecture, padded_vocab_size
 from userrl_megatron.convert.hf_io import copy_metadata
 from userrl_megatron.convert.rules import INPUT_NORM, MLP_NORM
-from userrl_megatron.megatron.checkpoint_files import (
+from userrl_megatron.megatron.checkpoint_writer import CheckpointWriter
+from userrl_megatron.megatron.parallel import Layout
+from userrl_megatron.run.checkpoint_files import (
     EXTRA_FILE,
     FORMAT_VERSION,
     HF_METADATA,
@@ -63,8 +65,6 @@ from userrl_megatron.megatron.checkpoint_files import (
     resolve,
     write_manifest,
 )
-from userrl_megatron.megatron.checkpoint_writer import CheckpointWriter
-from userrl_megatron.megatron.parallel import Layout
 
 if TYPE_CHECKING:
     from userrl_megatron.megatron.actor import MegatronActor

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from userrl_megatron.megatron.checkpoint_files import record_digests
+from userrl_megatron.run.checkpoint_files import record_digests
 
 Finalize = Callable[[], None]
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ def mcore_to_hf(
     """Convert a Megatron checkpoint (or a folder with a `latest` pointer) into an HF directory `out_dir`.
 
     `dtype` casts the weights (default: the checkpoint's dtype)."""
-    from userrl_megatron.megatron import checkpoint_files
+    from userrl_megatron.run import checkpoint_files
 
     ckpt_dir = checkpoint_files.resolve(ckpt).absolute()
     meta = checkpoint_files.read_metadata(ckpt_dir)
@@ -109,9 +109,10 @@ def _mcore_to_hf_rank(
     cfg = _config(tp, pp, ep)
     layout = parallel.initialize(cfg, rank=rank, world_size=world_size, master_port=port)
     from userrl_megatron.convert.rules import Converter
-    from userrl_megatron.megatron import checkpoint, checkpoint_files
+    from userrl_megatron.megatron import checkpoint
     from userrl_megatron.megatron.export import export_hf_dir
     from userrl_megatron.megatron.model import DTYPES, build_chunks, use_transformer_engine
+    from userrl_megatron.run import checkpoint_files
 
     try:
         meta = checkpoint_files.read_metadata(ckpt)

@@ -1,7 +1,8 @@
 """Checkpoint directories on disk: metadata, the `latest` pointer, atomic commit, pruning (no Megatron import).
 
-Kept apart from `checkpoint.py` so that processes which only locate or inspect checkpoints (the CLI parent
-process, the trainer's driver) never import megatron.core.
+The writer (`megatron/checkpoint.py`) and every reader share it; it lives in `run/`, with the run directory it
+lays out, so that processes which only locate or inspect checkpoints (the CLI parent process, the trainer's
+driver, `userrl train`'s checks before start) import neither megatron.core nor torch.
 
 A run's history is what `latest` names and the checkpoints of lower steps before it: after a resume from an
 older checkpoint (a fallback past a damaged one), checkpoints of higher steps belong to an abandoned history.

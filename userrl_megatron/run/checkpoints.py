@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from userrl_megatron.config.schema import CheckpointConfig
 from userrl_megatron.errors import RunError
-from userrl_megatron.megatron.checkpoint_files import (
+from userrl_megatron.run.checkpoint_files import (
     EXTRA_FILE,
     META_FILE,
     CheckpointError,

@@ -104,7 +104,7 @@ def _checkpoint_step(root: Path) -> int | None:
 
 
 def _resume_problems(cfg: RootConfig) -> list[str]:
-    from userrl_megatron.megatron import checkpoint_files
+    from userrl_megatron.run import checkpoint_files
 
     own = run_directory(cfg) / "checkpoints"
     try:
