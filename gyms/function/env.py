@@ -1,6 +1,7 @@
 """FunctionGym: guess a hidden arithmetic rule over four inputs by probing it, then answer the test case.
 
-Deterministic (no LLM). Rewards: 1.0 for the correct answer (which ends the episode), 0 otherwise (UserRL, arXiv 2509.19736; github.com/SalesforceAIResearch/UserRL, `gyms/FunctionGym`).
+Deterministic (no LLM). Rewards: 1.0 for the correct answer (which ends the episode), 0 otherwise
+(UserRL, arXiv 2509.19736; github.com/SalesforceAIResearch/UserRL, `gyms/FunctionGym`).
 Probe numbers are read as floats, as in UserRL (`For numbers [1.0, 2.0, 3.0, 4.0], the result is 24.0.`), so a
 probe costs a fixed number of float operations whatever the numbers: a result beyond the float range is an
 overflow (the "cannot be calculated" feedback), never a 500-digit integer.
