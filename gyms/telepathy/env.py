@@ -1,4 +1,5 @@
-"""TelepathyGym: the simulator answers yes/no questions about a hidden entity and judges guesses (UserRL, arXiv 2509.19736; github.com/SalesforceAIResearch/UserRL, `gyms/TelepathyGym`).
+"""TelepathyGym: the simulator answers yes/no questions about a hidden entity and judges guesses
+(UserRL, arXiv 2509.19736; github.com/SalesforceAIResearch/UserRL, `gyms/TelepathyGym`).
 
 Reward only on `[answer]`: the improvement of the guess score (1 for a correct guess, else 0) over the best so
 far, so an episode returns at most 1.0; a correct guess ends the episode.
