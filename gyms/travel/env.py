@@ -1,4 +1,5 @@
-"""TravelGym: elicit hidden preferences, search, and recommend one option per travel aspect (UserRL, arXiv 2509.19736; github.com/SalesforceAIResearch/UserRL, `gyms/TravelGym`).
+"""TravelGym: elicit hidden preferences, search, and recommend one option per travel aspect
+(UserRL, arXiv 2509.19736; github.com/SalesforceAIResearch/UserRL, `gyms/TravelGym`).
 
 Rewards (config): a correct first search of an aspect `search_correct_reward`; a question that uncovers a hidden
 preference `preference_correct_reward`; recommending the best option `choice_best_reward`, a correct one
