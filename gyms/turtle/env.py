@@ -1,4 +1,5 @@
-"""TurtleGym: yes/no questions about a hidden story, and stories graded against a weighted rubric (UserRL, arXiv 2509.19736; github.com/SalesforceAIResearch/UserRL, `gyms/TurtleGym`).
+"""TurtleGym: yes/no questions about a hidden story, and stories graded against a weighted rubric
+(UserRL, arXiv 2509.19736; github.com/SalesforceAIResearch/UserRL, `gyms/TurtleGym`).
 
 Score of a story = sum of rubric weight x judgment (0, 0.5 or 1). Reward on `[answer]` is the improvement over the
 best score so far, so the episode return is the best score reached; a story scoring at least
