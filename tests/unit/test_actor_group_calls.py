@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 from ray import cloudpickle
 
+from userrl_megatron.actors.workers import MegatronWorker
 from userrl_megatron.megatron.actor import MegatronActor
-from userrl_megatron.trainer.workers import MegatronWorker
 
 METHODS = ["compute_logprobs", "train_step", "save", "finish_save", "load", "load_weights", "offload", "onload",
            "offloaded", "export_hf_dir"]  # fmt: skip

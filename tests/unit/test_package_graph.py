@@ -1,4 +1,5 @@
-"""The import graph between the project's packages: no cycles, and Megatron stays inside `megatron/`.
+"""The import graph between the project's packages: no cycles, Megatron stays inside `megatron/`, and RL and SFT
+stand on `actors/` (SFT never imports the RL trainer).
 
 A package here is a subpackage of `userrl_megatron` (`userrl_megatron.trainer`, ...), a top-level module of it
 (`userrl_megatron.types`), or `gyms`. Every import counts, also those inside functions: a deferred import is
@@ -126,3 +127,17 @@ def test_only_the_megatron_package_imports_megatron_core_or_transformer_engine()
 def test_the_config_imports_no_gym() -> None:
     # Gyms are plug-ins: they read their settings' types from config/, never the other way round.
     assert "gyms" not in package_graph().get("userrl_megatron.config", {})
+
+
+# `actors/` (the Megatron ranks as Ray actors, their protocol, the run lock) is what RL and SFT both stand on: it
+# imports neither them nor what drives them, and SFT reaches the actor group without the RL trainer.
+ABOVE_ACTORS = ("trainer", "sft", "commands", "plan", "eval", "rollout", "fleet", "server")
+
+
+def test_rl_and_sft_stand_on_the_actors_package() -> None:
+    graph = package_graph()
+    above = {f"userrl_megatron.{name}" for name in ABOVE_ACTORS}
+    assert sorted(above & set(graph.get("userrl_megatron.actors", {}))) == []
+    assert "userrl_megatron.actors" in graph["userrl_megatron.trainer"]
+    assert "userrl_megatron.actors" in graph["userrl_megatron.sft"]
+    assert graph.get("userrl_megatron.sft", {}).get("userrl_megatron.trainer", []) == []

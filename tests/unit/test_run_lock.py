@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from userrl_megatron.actors.run_lock import RunLock
 from userrl_megatron.errors import UserError
-from userrl_megatron.trainer.run_lock import RunLock
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from userrl_megatron.trainer.run_lock import RunLock
+from userrl_megatron.actors.run_lock import RunLock
 with RunLock(Path(sys.argv[1])):
     print("held", flush=True)
     sys.stdin.read()  # hold until the test closes our stdin (or kills us)

@@ -319,7 +319,7 @@ class ActorGroup:
         """Dry: every rank's part in the weight-sync groups connected so far, in rank order."""
         return [role for roles in self._get([w.sync_roles.remote() for w in self.workers]) for role in roles]
 
-    # ---- the collectives (`trainer.seams.Actors`): every rank runs the call, rank 0's answer comes back ----
+    # ---- the collectives (`actors.protocol.Actors`): every rank runs the call, rank 0's answer comes back ----
 
     def compute_logprobs(self, batch: TrainBatch, trained_only: bool = False) -> list[list[float]]:
         return self._each_rank("log-probs", _actor().compute_logprobs, _put(batch), trained_only=trained_only)

@@ -28,7 +28,7 @@ def _train(args: argparse.Namespace) -> int:
         logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         quiet_third_party(level=cfg.logging.level)
         if step is not None:
-            from userrl_megatron.trainer.run_lock import RunLock
+            from userrl_megatron.actors.run_lock import RunLock
 
             with RunLock(run_dir):  # a run still using the directory is not finished: its holder is named
                 logging.getLogger(__name__).info(

@@ -82,7 +82,7 @@ class Restart:
 
 
 class LedgerActors:
-    """The actor group (`trainer.workers.ActorGroup`): rank r on device `devices[r]`, every rank alike.
+    """The actor group (`actors.workers.ActorGroup`): rank r on device `devices[r]`, every rank alike.
 
     `sync_bytes`: the two live buckets of a weight sync; `kept_buckets`: they stay on the device between syncs
     (the broadcast's two flat buffers are reused, so they are never freed); `export_bytes`: the HF export's

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from userrl_megatron.actors.protocol import Actors
+from userrl_megatron.actors.run_lock import RunLock
 from userrl_megatron.config import AlgoConfig, RootConfig, save_config
 from userrl_megatron.cores import core_count
 from userrl_megatron.errors import UserError
@@ -29,8 +31,6 @@ from userrl_megatron.sft.batches import fingerprint, schedule, train_batch
 from userrl_megatron.sft.experts import EXPERT_PREFIX, expert_rows
 from userrl_megatron.sft.rows import Rejection, RowError, read_rows
 from userrl_megatron.sft.tokens import Sample, tokenize_row
-from userrl_megatron.trainer.run_lock import RunLock
-from userrl_megatron.trainer.seams import Actors
 
 log = logging.getLogger(__name__)
 
@@ -251,10 +251,10 @@ def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
     """Run (or resume) the SFT run `cfg` describes; returns its run directory."""
     import ray
 
+    from userrl_megatron.actors.workers import ActorGroup, WorkerSpec
     from userrl_megatron.fleet.gpu_preflight import check_gpu_run
     from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_run_ray
     from userrl_megatron.model_store import resolve_model
-    from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
     run = RunDir.of(cfg)
     run_dir = run.root

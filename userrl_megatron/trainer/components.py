@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from userrl_megatron.actors.protocol import Actors
 from userrl_megatron.config import RootConfig
 from userrl_megatron.cores import core_count
 from userrl_megatron.rollout.admission import GroupGate
 from userrl_megatron.trainer.handoff import MemoryHandoff, check_engines
-from userrl_megatron.trainer.seams import Actors, EnginePool, Runner, Tasks
+from userrl_megatron.trainer.seams import EnginePool, Runner, Tasks
 from userrl_megatron.trainer.weight_sync import WeightSync
 from userrl_megatron.types import EpisodeGroup, Task
 
@@ -92,6 +93,7 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     import ray
 
     from gyms.base import gym_spec
+    from userrl_megatron.actors.workers import ActorGroup, WorkerSpec
     from userrl_megatron.config.checks import check_config
     from userrl_megatron.data import load_tasks
     from userrl_megatron.eval.evaluation import eval_tasks as load_eval_tasks
@@ -109,7 +111,6 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
     from userrl_megatron.trainer.task_stream import TaskStream
-    from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
     train_tasks = load_tasks(cfg.gyms.train, "train", cfg.gyms)
     eval_tasks = load_eval_tasks(cfg) if cfg.eval.every_steps else []

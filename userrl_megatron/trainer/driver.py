@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from userrl_megatron.actors.run_lock import RunLock
 from userrl_megatron.config import RootConfig, save_config
 from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.errors import RunError
@@ -35,7 +36,6 @@ from userrl_megatron.trainer.components import Components, start_components
 from userrl_megatron.trainer.drills import Drills
 from userrl_megatron.trainer.group_stream import GroupStream
 from userrl_megatron.trainer.preflight import is_sft_checkpoint
-from userrl_megatron.trainer.run_lock import RunLock
 from userrl_megatron.types import EpisodeGroup, TrainBatch
 
 log = logging.getLogger(__name__)

@@ -20,13 +20,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from userrl_megatron.actors.workers import RankLaunch, SyncRole
 from userrl_megatron.config.resolve import resolve_config
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.fleet.launch import ProcessLaunch
 from userrl_megatron.fleet.placement import Placement, ip_key, plan_bundles, ray_environment, run_shape
 from userrl_megatron.fleet.pool import EngineProcess
 from userrl_megatron.rollout.admission import GroupGate
-from userrl_megatron.trainer.workers import RankLaunch, SyncRole
 from userrl_megatron.types import EpisodeGroup, SamplingParams, Task
 
 log = logging.getLogger(__name__)
@@ -119,10 +119,10 @@ def bring_up(cfg: RootConfig) -> BringUp:
 
 async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
     """The dry part of `trainer.components.start_components`: actor ranks, engines, weight-sync groups."""
+    from userrl_megatron.actors.workers import ActorGroup, WorkerSpec
     from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.fleet.simulator import policy_engine_rollout
     from userrl_megatron.trainer.components import Components
-    from userrl_megatron.trainer.workers import ActorGroup, WorkerSpec
 
     actors = pool = None
     try:

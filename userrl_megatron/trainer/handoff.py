@@ -24,10 +24,11 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+from userrl_megatron.actors.protocol import Actors
 from userrl_megatron.config.resolve import keeps_weights
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.errors import RunError
-from userrl_megatron.trainer.seams import Actors, EngineClient, EnginePool
+from userrl_megatron.trainer.seams import EngineClient, EnginePool
 
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # what colocated engines release while the actor trains
 FROZEN_MEMORY_TAGS = ("kv_cache", "cuda_graph")  # what the simulator's engines on those GPUs release: no state

@@ -13,10 +13,11 @@ import itertools
 import logging
 from typing import Any
 
+from userrl_megatron.actors.protocol import Actors
 from userrl_megatron.config.schema import RootConfig
 from userrl_megatron.fleet.engine import EngineError
 from userrl_megatron.trainer.handoff import MemoryHandoff, repair_engines
-from userrl_megatron.trainer.seams import Actors, EngineClient, EnginePool
+from userrl_megatron.trainer.seams import EngineClient, EnginePool
 
 log = logging.getLogger(__name__)
 SYNC_GROUP = "userrl_sync"
