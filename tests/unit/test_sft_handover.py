@@ -5,7 +5,10 @@ from pathlib import Path
 
 from userrl_megatron.config import load_config
 from userrl_megatron.run.checkpoint_files import EXTRA_FILE, FORMAT_VERSION, META_FILE, commit
-from userrl_megatron.trainer.preflight import finished_step, is_sft_checkpoint
+from userrl_megatron.run.checkpoints import CheckpointManager
+from userrl_megatron.trainer.preflight import finished_step
+
+is_sft_checkpoint = CheckpointManager.is_sft
 
 
 def write_checkpoint(root: Path, step: int, extra: dict) -> Path:

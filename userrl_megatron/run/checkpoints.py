@@ -29,7 +29,9 @@ from userrl_megatron.run.checkpoint_files import (
     CheckpointError,
     checkpoints_newest_first,
     find_damage,
+    latest_target,
     newest_intact,
+    read_metadata,
     resolve,
 )
 from userrl_megatron.run.run_dir import RunDir
@@ -181,6 +183,67 @@ class CheckpointManager:
                 f"checkpoint {path} was trained on other data or another schedule ({', '.join(differ)} differ: "
                 f"{remedy})"
             )
+
+    # ---- before anything starts (no actor: `trainer/preflight.py`) ----
+
+    @staticmethod
+    def is_sft(path: str | Path) -> bool:
+        """Whether `path` (a checkpoint, or a folder with a `latest` pointer) was written by `userrl sft`."""
+        try:
+            return CheckpointManager.extra_state(path).get("kind") == "sft"
+        except (CheckpointError, OSError, ValueError, AttributeError):
+            return False
+
+    @staticmethod
+    def finished_step(run: RunDir, cfg: CheckpointConfig, total_steps: int) -> int | None:
+        """The step of the run's latest checkpoint when it is at (or past) `total_steps`, logged, and its HF
+        export written (with `cfg.save_hf`); None when there is training (or exporting) left to do."""
+        if cfg.resume != "auto" and not CheckpointManager.is_sft(cfg.resume):
+            return None  # an SFT checkpoint is only the starting point: the run's own checkpoints say where it is
+        try:
+            head = latest_target(run.checkpoints)
+            step = int(_extra_state(head)["step"]) if head is not None else None
+        except (CheckpointError, OSError, ValueError, KeyError, TypeError):
+            return None  # no (readable) checkpoint: the driver decides what to do
+        if step is None or step < total_steps:
+            return None
+        if cfg.save_hf and not run.exported(step):
+            return None
+        if step not in run.logged_steps():
+            return None  # killed between the checkpoint and its log line: the driver re-logs it
+        return step
+
+    @staticmethod
+    def start_problems(run: RunDir, source: str, padded_vocab: int | None, tp: int) -> list[str]:
+        """What would stop the run after start-up: the run's `latest` pointer (every save moves it, whatever the
+        run resumes from) or `source`'s pointing elsewhere, and a checkpoint to resume whose vocabulary is padded
+        to other than `padded_vocab` rows (what the model pads to at TP `tp`; None: unknown)."""
+        try:
+            latest_target(run.checkpoints)
+        except CheckpointError as e:
+            return [str(e)]
+        except OSError:
+            pass
+        if source == "disable":
+            return []
+        path = run.checkpoints if source == "auto" else Path(source)
+        try:
+            latest_target(path)
+        except CheckpointError as e:
+            return [str(e)]  # a pointer outside the run directory
+        except OSError:
+            pass
+        try:
+            meta = read_metadata(path)
+        except (CheckpointError, OSError, ValueError):
+            return []  # nothing to resume, or a damaged checkpoint: the driver reports it
+        if padded_vocab is None or "padded_vocab_size" not in meta or padded_vocab == meta["padded_vocab_size"]:
+            return []
+        return [
+            f"megatron.tensor_model_parallel_size = {tp} pads the vocabulary to {padded_vocab} rows, but the "
+            f"checkpoint the run resumes from ({path}) was saved with {meta['padded_vocab_size']} rows "
+            f"(TP = {meta['layout']['tp']}): use a TP that pads it the same way, or set checkpoint.resume"
+        ]
 
 
 def _first_intact(candidates: list[Path]) -> Path | None:
