@@ -23,6 +23,22 @@ def test_every_gym_has_its_config_section() -> None:
         assert dataclasses.replace(built, max_steps=default_steps) == section
 
 
+def test_every_numeric_gym_setting_has_a_range() -> None:
+    def unranged(settings: object, prefix: str) -> list[str]:
+        found = []
+        for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+            value = getattr(settings, f.name)
+            if dataclasses.is_dataclass(value):
+                found += unranged(value, f"{prefix}{f.name}.")
+            elif f.type in (int, float, "int", "float") and f.name not in getattr(settings, "RANGES", {}):
+                found.append(f"{prefix}{f.name}")
+        return found
+
+    cfg = GymsConfig()
+    sections = {gyms.gym_spec(name).config_field for name in gyms.list_gyms()}
+    assert [key for section in sorted(sections) for key in unranged(getattr(cfg, section), f"{section}.")] == []
+
+
 def test_gym_settings_load_from_overrides() -> None:
     cfg = load_config(
         overrides=[
@@ -59,6 +75,8 @@ def test_gym_settings_load_from_overrides() -> None:
         (["gyms.search.judge=human"], "gyms.search.judge = 'human'; choose from llm, exact"),
         (["user_sim.http_backend=curl"], "user_sim.http_backend = 'curl'; choose from aiohttp, httpx"),
         (["gyms.travel.elicitation_interval=0"], "gyms.travel.elicitation_interval must be >= 1, got 0"),
+        (["gyms.echo.turns=0"], "gyms.echo.turns must be >= 1, got 0"),
+        (["gyms.function.generator.prompt_style=terse"], "gyms.function.generator.prompt_style = 'terse'; choose"),
         (["user_sim.max_concurrency=0"], "user_sim.max_concurrency must be >= 1, got 0"),
         (["gyms.options={}"], "unknown key 'gyms.options'"),
     ],

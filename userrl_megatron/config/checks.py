@@ -4,14 +4,16 @@ import functools
 import re
 
 from userrl_megatron.config.env_names import NO_KEY, env_field_problems
-from userrl_megatron.config.gyms import YAML_ON_OFF, settings_problems
+from userrl_megatron.config.gyms import settings_problems
 from userrl_megatron.config.layout import layout_problems
 from userrl_megatron.config.loader import ConfigError
 from userrl_megatron.config.model_fit import model_fit_problems
 from userrl_megatron.config.ranges import range_problems
+from userrl_megatron.config.rules import choice_problem
 from userrl_megatron.config.schema import RootConfig
 
-# Allowed values of string-valued options, keyed by dotted path.
+# Allowed values of the string-valued options of the core sections, keyed by dotted path (a gym's settings carry
+# their own: `CHOICES` of its settings dataclass).
 CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("auto", "cpu", "cuda"),
     "model.dtype": ("float32", "bfloat16", "float16"),
@@ -37,9 +39,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algo.kl_estimator": ("k1", "k2", "k3"),
     "algo.user_sim_failure": ("drop", "mask", "keep"),
     "algo.routing_replay": ("none", "rollout"),
-    "gyms.persuade.reward_baseline": ("best", "previous"),
-    "gyms.search.judge": ("llm", "exact"),
-    "gyms.search.backend": ("offline", "web"),
     "user_sim.http_backend": ("aiohttp", "httpx"),
     "user_sim.structured": ("auto", "on", "off"),
     "user_sim.engines.backend": ("", "embedded", "sglang"),
@@ -77,14 +76,11 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
 
 
 def _choice_problems(cfg: RootConfig) -> list[str]:
-    problems = []
-    for dotted, allowed in CHOICES.items():
-        value: object = functools.reduce(getattr, dotted.split("."), cfg)
-        if "on" in allowed and isinstance(value, str):  # YAML read a bare on/off as a boolean
-            value = YAML_ON_OFF.get(value, value)
-        if value not in allowed:
-            problems.append(f"{dotted} = {value!r}; choose from {', '.join(allowed)}")
-    return problems
+    found = (
+        choice_problem(dotted, functools.reduce(getattr, dotted.split("."), cfg), allowed)
+        for dotted, allowed in CHOICES.items()
+    )
+    return [problem for problem in found if problem]
 
 
 def _parallel_problems(cfg: RootConfig, on_gpu: bool | None) -> list[str]:
@@ -150,7 +146,7 @@ def _algo_problems(cfg: RootConfig) -> list[str]:
 
 
 def _gym_problems(cfg: RootConfig) -> list[str]:
-    """Each built-in gym's settings, checked by their own `problems` (config/gyms.py)."""
+    """Each gym's settings, checked by their own ranges, choices and `problems` (`config.gyms.settings_problems`)."""
     return settings_problems(cfg.gyms, "gyms")
 
 

@@ -10,18 +10,34 @@ gyms/README.md). `max_steps` is always replaced by the rollout's max turns: a gy
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from userrl_megatron.config.rules import (
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    YAML_ON_OFF,
+    Rule,
+    choice_problem,
+    range_problem,
+)
 
 FUNCTION_OPERATORS = ("+", "-", "*", "/", "**")
-YAML_ON_OFF = {"True": "on", "False": "off"}  # a bare on/off in YAML is a boolean, which a str field reads so
 
 
 def settings_problems(settings: Any, where: str) -> list[str]:
-    """The `problems(where)` of a settings dataclass and of every dataclass among its fields, recursively."""
+    """What a settings dataclass finds wrong with itself, each message naming its key under `where`: its `RANGES`
+    (field -> `config.rules.Rule`), its `CHOICES` (field -> allowed strings), its `problems(where)` (fields checked
+    together), and the same of every dataclass among its fields, recursively."""
     if not dataclasses.is_dataclass(settings) or isinstance(settings, type):
         return []
+    ranges: dict[str, Rule] = getattr(settings, "RANGES", {})
+    choices: dict[str, tuple[str, ...]] = getattr(settings, "CHOICES", {})
+    found = [range_problem(f"{where}.{name}", getattr(settings, name), rule) for name, rule in ranges.items()]
+    found += [choice_problem(f"{where}.{name}", getattr(settings, name), allowed) for name, allowed in choices.items()]
     check = getattr(settings, "problems", None)
-    problems: list[str] = list(check(where)) if callable(check) else []
+    problems = [problem for problem in found if problem] + (list(check(where)) if callable(check) else [])
     for f in dataclasses.fields(settings):
         problems += settings_problems(getattr(settings, f.name), f"{where}.{f.name}")
     return problems
@@ -38,11 +54,17 @@ class FunctionGeneratorConfig:
     prompt_style: str = "userrl"  # "userrl" (UserRL's tool prompt) or "compact" (rule shown, 2 solved examples)
     balanced: bool = False  # task i's rule starts with input i mod 4, inputs distinct: a fixed position scores chance
 
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "seed": NON_NEGATIVE,
+        "tasks_per_split": COUNT,
+        "terms": ("in 1..4 (inputs a, b, c, d)", lambda v: 1 <= v <= 4),
+        "max_input": COUNT,
+    }
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"prompt_style": ("userrl", "compact")}
+
     def problems(self, where: str) -> list[str]:
         """What is wrong with these settings together, each message naming its key under `where`."""
         problems = []
-        if not 1 <= self.terms <= 4:
-            problems.append(f"{where}.terms must be in 1..4 (inputs a, b, c, d), got {self.terms}")
         unknown = [op for op in self.operators if op not in FUNCTION_OPERATORS]
         if unknown:
             problems.append(f"{where}.operators: unknown {unknown}; choose from {' '.join(FUNCTION_OPERATORS)}")
@@ -50,8 +72,6 @@ class FunctionGeneratorConfig:
             problems.append(f"{where}.operators needs one of + - * / when terms > 1")
         if self.balanced and self.max_input < 4:
             problems.append(f"{where}.balanced needs four distinct inputs: max_input >= 4, got {self.max_input}")
-        if self.prompt_style not in ("userrl", "compact"):
-            problems.append(f"{where}.prompt_style = {self.prompt_style!r}; choose from userrl, compact")
         return problems
 
 
@@ -60,6 +80,8 @@ class FunctionGymConfig:
     max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
     generator: FunctionGeneratorConfig = field(default_factory=FunctionGeneratorConfig)  # `function-procedural`
 
+    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT}
+
 
 @dataclass
 class IntentionGymConfig:
@@ -67,11 +89,20 @@ class IntentionGymConfig:
     multi_detail_penalty: float = 0.2  # reward cut per extra detail covered by one question
     history_turns: int = 3  # past exchanges shown to the user simulator and the coverage judge
 
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "max_steps": COUNT,
+        "multi_detail_penalty": PROBABILITY,
+        "history_turns": NON_NEGATIVE,
+    }
+
 
 @dataclass
 class PersuadeGymConfig:
     max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
     reward_baseline: str = "best"  # stance moves are paid from "best" stance so far (fix) or "previous" (UserRL)
+
+    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"reward_baseline": ("best", "previous")}
 
 
 @dataclass
@@ -88,10 +119,22 @@ class SearchGymConfig:
     web_timeout_s: float = 10.0  # timeout of one web search request
     web_retries: int = 2  # retries of a failed web search request
 
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "max_steps": COUNT,
+        "max_search_steps": COUNT,
+        "max_search_results": COUNT,
+        "judge_max_tokens": COUNT,
+        "web_timeout_s": POSITIVE,
+        "web_retries": NON_NEGATIVE,
+    }
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"judge": ("llm", "exact"), "backend": ("offline", "web")}
+
 
 @dataclass
 class TelepathyGymConfig:
     max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
+
+    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT}
 
 
 @dataclass
@@ -105,11 +148,23 @@ class TravelGymConfig:
     elicitation_interval: int = 3  # after k off-preference utterances the user volunteers a preference
     one_choice_per_aspect: bool = True  # a second recommendation for an aspect is refused
 
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "max_steps": COUNT,
+        "search_correct_reward": PROBABILITY,
+        "preference_correct_reward": PROBABILITY,
+        "choice_best_reward": PROBABILITY,
+        "choice_correct_reward": PROBABILITY,
+        "search_failure_interval": NON_NEGATIVE,
+        "elicitation_interval": COUNT,
+    }
+
 
 @dataclass
 class TurtleGymConfig:
     max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
     success_threshold: float = 1.0  # rubric score that solves the story and ends the episode (UserRL default 0.9)
+
+    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT, "success_threshold": PROBABILITY}
 
 
 @dataclass
@@ -118,6 +173,8 @@ class TauGymConfig:
     data_dir: str = ""  # folder holding taubench/ and userrl/; empty = where the task was loaded from
     customer_temperature: float | None = None  # sampling temperature of the customer; None: not sent (tau-bench)
     customer_max_tokens: int | None = None  # completion limit of the customer; None: not sent (tau-bench)
+
+    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT}
 
 
 @dataclass
@@ -130,6 +187,15 @@ class EchoGymConfig:
     tasks_per_split: int = 64  # tasks in each split of `echo-procedural`
     reply_delay_median_s: float = 0.0  # the user's reply delay per step: log-normal with this median (0 = none)
     reply_delay_p99_s: float = 0.0  # ... and this 99th percentile (heavy tail: a slow simulated user; >= median)
+
+    RANGES: ClassVar[dict[str, Rule]] = {
+        "max_steps": COUNT,
+        "turns": COUNT,
+        "seed": NON_NEGATIVE,
+        "tasks_per_split": COUNT,
+        "reply_delay_median_s": NON_NEGATIVE,
+        "reply_delay_p99_s": NON_NEGATIVE,
+    }
 
 
 @dataclass

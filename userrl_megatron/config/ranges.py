@@ -1,23 +1,23 @@
-"""Value ranges of numeric options, over every section: one table, one message format."""
+"""Value ranges of the numeric options of the core sections: one table, one message format (`config/rules.py`).
+A gym's settings carry their own ranges (`RANGES` of its settings dataclass)."""
 
 import operator
-from collections.abc import Callable
 
+from userrl_megatron.config.rules import (
+    AUTO_OR_NON_NEGATIVE,
+    BETA,
+    COUNT,
+    NON_NEGATIVE,
+    OPEN_PROBABILITY,
+    POSITIVE,
+    PROBABILITY,
+    TOP_K,
+    Rule,
+    range_problem,
+)
 from userrl_megatron.config.schema import RootConfig
 
-Rule = tuple[str, Callable[[float], bool]]
-
-COUNT: Rule = (">= 1", lambda v: v >= 1)
-NON_NEGATIVE: Rule = (">= 0", lambda v: v >= 0)
-POSITIVE: Rule = ("> 0", lambda v: v > 0)
-PROBABILITY: Rule = ("in [0, 1]", lambda v: 0 <= v <= 1)
-OPEN_PROBABILITY: Rule = ("in (0, 1]", lambda v: 0 < v <= 1)
-BETA: Rule = ("in [0, 1)", lambda v: 0 <= v < 1)
-TOP_K: Rule = ("-1 (disabled) or >= 1", lambda v: v == -1 or v >= 1)
-AUTO_OR_NON_NEGATIVE: Rule = ("-1 (auto) or >= 0", lambda v: v == -1 or v >= 0)
-
-GYMS_WITH_STEP_LIMITS = ("function", "intention", "persuade", "search", "tau", "telepathy", "travel", "turtle", "echo")
-# Numeric options checked elsewhere (parallel sizes and ports: checks.py and layout.py; generator.terms: 1..4)
+# Numeric options checked elsewhere (parallel sizes and ports: checks.py and layout.py)
 # or free (dual_clip_c <= 1 disables dual clipping; moe_aux_loss_coef < 0 means the HF config's).
 CHECKED_ELSEWHERE = (
     "megatron.tensor_model_parallel_size",
@@ -31,7 +31,6 @@ CHECKED_ELSEWHERE = (
     "rollout.engine_tp",
     "rollout.sglang.base_port",
     "rollout.embedded.base_port",
-    "gyms.function.generator.terms",
     "algo.dual_clip_c",
     "megatron.moe_aux_loss_coef",
 )
@@ -100,29 +99,8 @@ RANGES: dict[str, Rule] = {
     "rollout.sglang.startup_timeout_s": POSITIVE,
     "rollout.sglang.max_total_tokens": NON_NEGATIVE,
     "rollout.sglang.context_length": NON_NEGATIVE,
-    **{f"gyms.{gym}.max_steps": COUNT for gym in GYMS_WITH_STEP_LIMITS},
-    "gyms.function.generator.seed": NON_NEGATIVE,
-    "gyms.echo.seed": NON_NEGATIVE,
-    "gyms.function.generator.tasks_per_split": COUNT,
-    "gyms.function.generator.max_input": COUNT,
-    "gyms.intention.multi_detail_penalty": PROBABILITY,
-    "gyms.intention.history_turns": NON_NEGATIVE,
-    "gyms.search.max_search_steps": COUNT,
-    "gyms.search.max_search_results": COUNT,
-    "gyms.search.judge_max_tokens": COUNT,
-    "gyms.search.web_timeout_s": POSITIVE,
-    "gyms.search.web_retries": NON_NEGATIVE,
-    "gyms.travel.search_correct_reward": PROBABILITY,
-    "gyms.travel.preference_correct_reward": PROBABILITY,
-    "gyms.travel.choice_best_reward": PROBABILITY,
-    "gyms.travel.choice_correct_reward": PROBABILITY,
-    "gyms.travel.search_failure_interval": NON_NEGATIVE,
-    "gyms.travel.elicitation_interval": COUNT,
-    "gyms.turtle.success_threshold": PROBABILITY,
-    "gyms.echo.turns": COUNT,
-    "gyms.echo.tasks_per_split": COUNT,
-    "gyms.echo.reply_delay_median_s": NON_NEGATIVE,
-    "gyms.echo.reply_delay_p99_s": NON_NEGATIVE,
+    "rollout.sglang.constrained_json_max_whitespace_cnt": NON_NEGATIVE,
+    "rollout.embedded.constrained_json_max_whitespace_cnt": NON_NEGATIVE,
     "user_sim.temperature": NON_NEGATIVE,
     "user_sim.max_tokens": COUNT,
     "user_sim.timeout_s": POSITIVE,
@@ -168,9 +146,5 @@ RANGES: dict[str, Rule] = {
 
 def range_problems(cfg: RootConfig) -> list[str]:
     """`key must be <range>, got <value>` for every option of RANGES outside its range."""
-    problems = []
-    for dotted, (text, ok) in RANGES.items():
-        value: float = operator.attrgetter(dotted)(cfg)  # a numeric option
-        if not ok(value):
-            problems.append(f"{dotted} must be {text}, got {value}")
-    return problems
+    found = (range_problem(dotted, operator.attrgetter(dotted)(cfg), rule) for dotted, rule in RANGES.items())
+    return [problem for problem in found if problem]
