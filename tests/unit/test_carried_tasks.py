@@ -1,8 +1,9 @@
 """Groups carried over by over-sampling survive a resume: a checkpoint saves their tasks with the task stream
 (`TaskStream.state(carried)`), and the resumed run draws those first, then the stream's next tasks.
 
-The trainer's own `start_rollout` / `take_rollout` / `save` / `resume` run on a real task stream and real
-checkpoint directories; the groups are played by the test, which decides when each finishes."""
+The trainer's own rollout strategy (`take`, `begin_next`, `close`), `checkpoints.save_step` and `resume` run on a
+real task stream and real checkpoint directories; the groups are played by the test, which decides when each
+finishes."""
 
 import asyncio
 import json
@@ -165,16 +166,16 @@ def test_the_tasks_of_carried_groups_are_saved_and_drawn_first_after_a_resume(tm
     async def first_run() -> None:
         run = trainer(cfg, groups)
         groups.finish(*order[:3])
-        used, _, _ = await run.take_rollout(1)
+        used, _, _ = await run.rollouts.take(1)
         assert ids([g.task for g in used]) == order[:2] and groups.started == order[:4]
         if mode == "one_step_off":
-            run.start_rollout(2)  # as run_step does, before step 1 trains
+            run.rollouts.begin_next(1)  # as run_step does, before step 1 trains
             groups.finish(order[4])
             await settle()
             assert groups.started == order[:6]  # step 2's rollout drew o4 and o5, and finished with o2 and o4
-            assert run.ahead is not None and run.ahead[0].done()
-        run.save(1)
-        await run.drop_ahead()
+            assert run.rollouts.ahead is not None and run.rollouts.ahead[0].done()
+        run.checkpoints.save_step(1)
+        await run.rollouts.close()
 
     asyncio.run(first_run())
     saved = json.loads((tmp_path / "r" / "checkpoints" / "step_1" / EXTRA_FILE).read_text())["tasks"]
@@ -187,11 +188,11 @@ def test_the_tasks_of_carried_groups_are_saved_and_drawn_first_after_a_resume(tm
         run = trainer(cfg, resumed_groups)
         assert run.resume() == 1
         resumed_groups.finish(*order[2:6])
-        used, _, metrics = await run.take_rollout(2)
+        used, _, metrics = await run.rollouts.take(2)
         assert resumed_groups.started == order[2:6]
         assert ids([g.task for g in used]) == order[2:4]  # the carried ones were started first
         assert metrics["rollout/groups_started"] == 4.0
-        await run.drop_ahead()
+        await run.rollouts.close()
 
     asyncio.run(resumed_run())
 
@@ -206,9 +207,9 @@ def test_carried_tasks_stay_saved_when_the_run_ends_with_groups_in_flight(tmp_pa
     async def run_and_stop() -> None:
         run = trainer(cfg, groups)
         groups.finish(*order[:3])
-        await run.take_rollout(1)
-        await run.drop_ahead()  # the end of `fit`: o3 is cancelled
-        run.save(1)  # as `finish` saves
+        await run.rollouts.take(1)
+        await run.rollouts.close()  # the end of `fit`: o3 is cancelled
+        run.checkpoints.save_step(1)  # as `finish` saves
 
     asyncio.run(run_and_stop())
     saved = json.loads((tmp_path / "r" / "checkpoints" / "step_1" / EXTRA_FILE).read_text())["tasks"]

@@ -61,14 +61,41 @@ class StepLog(Protocol):
     def rewind(self, step: int) -> None: ...
 
 
+class Stateful(Protocol):
+    """A part of the trainer's small state the manager saves with each checkpoint under its name and restores on
+    resume (as torchtitan's checkpointer does its `Stateful`s): the task stream, the best score."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
 class CheckpointManager:
-    """Save, commit, resume and export the checkpoints of the run in `run`."""
+    """Save, commit, resume and export the checkpoints of the run in `run`; owns the save interval
+    (`checkpoint.every_steps`) and the trainer's `Stateful`s."""
 
     def __init__(self, run: RunDir, cfg: CheckpointConfig, actors: Actors, steps: StepLog) -> None:
         self.run, self.cfg, self.actors, self.steps = run, cfg, actors, steps
         self.saving: Path | None = None  # a checkpoint being written in the background
+        self.states: dict[str, Stateful] = {}  # saved and restored under their names (`register`)
+
+    def register(self, name: str, state: Stateful) -> None:
+        """Save `state` with every `save_step` under `name`; restore it from there on resume."""
+        self.states[name] = state
+
+    def due(self, step: int) -> bool:
+        """Whether step `step` is checkpointed (`checkpoint.every_steps`; 0: only at the end)."""
+        every = self.cfg.every_steps
+        return bool(every) and step % every == 0
 
     # ---- saving ----
+
+    def save_step(self, step: int, record: dict[str, float] | None = None) -> Path:
+        """Checkpoint the trainer at `step`: the actor, every registered state, and the step's `record` (its
+        metrics so far, logged on resume if the log missed them); in the background with `checkpoint.async_save`
+        (`commit` finishes it)."""
+        state = {"step": step} | {name: s.state_dict() for name, s in self.states.items()} | {"record": record or {}}
+        return self.save(step, state, background=self.cfg.async_save)
 
     def save(self, step: int, state: dict[str, Any], background: bool = False) -> Path:
         """Checkpoint the actor as `checkpoints/step_<step>` with the trainer's `state` (its extra state). In the
@@ -145,13 +172,20 @@ class CheckpointManager:
             raise RunError(str(e) if source == "auto" else f"checkpoint.resume = {source}: {e}") from e
 
     def restore(self, path: Path, with_optimizer: bool = True) -> dict[str, Any]:
-        """Load the checkpoint `path` (model, optimizer, schedule, RNG) on every rank; its extra state. The steps
-        logged after it are forgotten; its own step's record is logged again when the log missed it."""
+        """Load the checkpoint `path` (model, optimizer, schedule, RNG) on every rank, and the registered states
+        it holds; its extra state. The steps logged after it are forgotten; its own step's record is logged again
+        when the log missed it."""
         state = self.actors.load(str(path), with_optimizer)
         step = int(state["step"])
         self.steps.rewind(step)  # steps after an older checkpoint run again: their old lines go
         if state.get("record") and step not in self.run.logged_steps():
             self.steps.log(state["record"], step)  # interrupted between its checkpoint and its log line
+        for name, stateful in self.states.items():
+            if name in state:
+                try:
+                    stateful.load_state_dict(state[name])
+                except ValueError as e:  # e.g. another training mixture than the checkpoint's
+                    raise RunError(f"checkpoint {path}: {e}") from e
         log.info("resumed from %s at step %d", path, step)
         return state
 

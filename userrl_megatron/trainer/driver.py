@@ -12,13 +12,11 @@ written or no checkpoint that can be read.
 """
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from userrl_megatron.actors.run_lock import RunLock
 from userrl_megatron.config import RootConfig, save_config
@@ -34,12 +32,10 @@ from userrl_megatron.run.run_dir import RunDir
 from userrl_megatron.trainer.batch import Prepared, bound_staleness, mini_batches, prepare_batch, trainable_part
 from userrl_megatron.trainer.components import Components, start_components
 from userrl_megatron.trainer.drills import Drills
-from userrl_megatron.trainer.group_stream import GroupStream
-from userrl_megatron.trainer.preflight import is_sft_checkpoint
+from userrl_megatron.trainer.rollout_strategy import rollout_strategy
 from userrl_megatron.types import EpisodeGroup, TrainBatch
 
 log = logging.getLogger(__name__)
-Rollout = tuple[list[EpisodeGroup], list[EpisodeGroup], dict[str, float]]  # groups to train on, finished, metrics
 SUMMARY_KEYS = (
     "rollout/reward_mean",
     "rollout/infra_failed",
@@ -56,6 +52,37 @@ SUMMARY_KEYS = (
 )
 
 
+class BestModel:
+    """The best evaluation score so far (checkpointed as "best") and its HF export, deferred to the next training
+    window (the actor is on the devices and its weights are still those evaluated) or the end of the run."""
+
+    def __init__(self, run: RunDir, checkpoints: CheckpointManager) -> None:
+        self.run, self.checkpoints = run, checkpoints
+        self.score = float("-inf")
+        self.pending: tuple[int, float] | None = None  # (step, score) of a best evaluation not exported yet
+
+    def offer(self, step: int, score: float) -> None:
+        """A new best score is exported later; the initial policy's (step 0) is the model the run started from."""
+        if score > self.score:
+            self.score = score
+            if step > 0:
+                self.pending = (step, score)
+
+    def export(self) -> None:
+        """Write the pending best weights as `hf/best` (and `best.json`)."""
+        if self.pending is not None:
+            step, score = self.pending
+            self.checkpoints.export_hf("best")
+            self.run.best.write_text(json.dumps({"step": step, "eval/reward_mean": score}))
+            self.pending = None
+
+    def state_dict(self) -> float:
+        return self.score
+
+    def load_state_dict(self, state: float) -> None:
+        self.score = state
+
+
 class Trainer:
     """Owns the run's components; `fit()` is the RL loop."""
 
@@ -65,24 +92,14 @@ class Trainer:
         self.run = RunDir(run_dir)
         self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=SUMMARY_KEYS)
         self.checkpoints = CheckpointManager(self.run, cfg.checkpoint, parts.actors, self.tracker)
-        self.best = float("-inf")
-        self.best_pending: tuple[int, float] | None = None  # (step, score) of a best evaluation not exported yet
+        self.rollouts = rollout_strategy(cfg, parts, self.drills, lambda g: trainable_part(g, cfg.algo).has_signal)
+        self.best = BestModel(self.run, self.checkpoints)
+        self.checkpoints.register("tasks", self.rollouts)  # the task stream as of before the rollouts in flight
+        self.checkpoints.register("best", self.best)
         self.progress = StepProgress(cfg.run.total_steps)  # `step N/total  elapsed  ETA` after each step
         self.infra_failed_steps = 0  # steps in a row lost mostly to the infrastructure
         self.started_from: Path | None = None  # the SFT checkpoint whose weights step 0 started from
         self.version = 0  # weight version of the trainer's policy (the step of its last update)
-        # one_step_off: the next step's rollout running in the background, and the tasks' state before its draw
-        self.ahead: tuple[asyncio.Task[Rollout], dict[str, Any]] | None = None
-        self.stream: GroupStream | None = None  # rollout.over_sample_groups: groups in flight across steps
-        if cfg.rollout.over_sample_groups:
-            n = cfg.rollout.n_samples_per_prompt
-            self.stream = GroupStream(
-                lambda task: parts.rollout_group(task, n),
-                parts.tasks.next,
-                cfg.rollout.prompts_per_step,
-                cfg.rollout.over_sample_groups,
-                lambda group: trainable_part(group, cfg.algo).has_signal,
-            )
 
     async def fit(self) -> int:
         """Train until `run.total_steps`; returns the last step."""
@@ -98,58 +115,38 @@ class Trainer:
             while step < cfg.run.total_steps:
                 step = await self.run_step(step + 1)
         finally:
-            await self.drop_ahead()
+            await self.rollouts.close()
         await self.finish(step)
         return step
 
     async def run_step(self, step: int) -> int:
-        """One RL step. With `rollout.mode: one_step_off` the rollout of step + 1 runs on the engines while this
-        step trains; it finishes before the new weights go to the engines (with `rollout.partial` the push comes
-        at once: the turns in flight are aborted and generated again on the new weights), so its turns lag the
-        trainer by at most one version (`rollout/staleness_*`), which the truncated importance weights correct.
-        Groups carried over by `rollout.over_sample_groups` can lag more: `rollout.max_staleness` bounds that."""
-        cfg, parts = self.cfg, self.parts
-        timers, metrics = Timers(), dict[str, float]()
+        """One RL step: rollout, filters, training window (with a due checkpoint), weight push, evaluation, log.
+        `self.rollouts` decides when rollouts run (`trainer/rollout_strategy.py`: in one_step_off, step + 1's
+        runs while this step trains); in sync mode its hooks do nothing."""
+        timers = Timers()
         with timers("step"):
             with timers("rollout_wait"):
-                groups, finished, metrics = await self.take_rollout(step)
+                groups, finished, metrics = await self.rollouts.take(step)
             self.dump_rollouts(step, finished)
             await self.drills.after_rollout(step)
-            if cfg.rollout.mode == "one_step_off" and step < cfg.run.total_steps:
-                self.start_rollout(step + 1)
-            bound = cfg.rollout.max_staleness if cfg.sync.enabled else None  # else the engines keep version 0
-            fresh, stale = bound_staleness(groups, self.version, bound)
+            self.rollouts.begin_next(step)
+            fresh, stale = bound_staleness(groups, self.version, self.staleness_bound())
             metrics |= stale
             prepared = self.prepare(fresh, step, finished)
             if prepared is not None:
-                await parts.handoff.enter_training()
-                self.export_best()  # the weights the last evaluation scored, before this update changes them
-                if self.needs_scoring():
-                    with timers("logprobs"):
-                        await self.score(prepared.batch)
-                with timers("train"):
-                    metrics |= await self.update(prepared.batch, step)
-                self.version = step
-                metrics |= prepared.metrics  # the actor reports the rollout/trainer mismatch/*
-                if self.checkpoint_due(step):  # inside the training window: the engines' weights are pushed next
-                    with timers("checkpoint"):  # (the record: what the step knows so far, its rollout and update)
-                        self.save(step, self.step_record(finished, metrics | timers.read()))
-            if self.ahead is not None and not cfg.rollout.partial:
-                with timers("rollout_wait"):  # the engines finish the next step's episodes before the push
-                    await asyncio.wait([self.ahead[0]])
+                metrics |= await self.train(step, prepared, finished, metrics, timers)
+            with timers("rollout_wait"):
+                await self.rollouts.before_push()  # one_step_off: the engines finish step + 1's episodes first
             if prepared is not None:
-                if cfg.sync.enabled:
-                    with timers("sync"):
-                        metrics |= await self.sync(step)
-                await parts.handoff.enter_rollout()
-            if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
+                metrics |= await self.push(step, timers)
+            if self.cfg.eval.every_steps and step % self.cfg.eval.every_steps == 0:
                 with timers("eval"):
                     metrics |= await self.evaluate(step)
         metrics = self.summarize(finished, metrics | timers.pop())
-        if prepared is None and self.checkpoint_due(step):  # no training window this step
+        if prepared is None and self.checkpoints.due(step):  # no training window this step
             with timers("checkpoint"):
-                async with parts.handoff.actor_on_device():
-                    self.save(step, metrics)
+                async with self.parts.handoff.actor_on_device():
+                    self.checkpoints.save_step(step, metrics)
             metrics |= timers.pop()
         self.checkpoints.commit(wait=False)
         self.drills.before_log(step, self.checkpoints)
@@ -159,50 +156,40 @@ class Trainer:
 
     # ---- the pieces of a step ----
 
-    def start_rollout(self, step: int) -> None:
-        """Start step `step`'s rollout in the background. A checkpoint taken meanwhile saves the tasks' state as
-        it was before this rollout drew its tasks or took carried groups, so a resumed run generates these
-        episodes again."""
-        before = self.tasks_state()
-        self.ahead = (asyncio.create_task(self.rollout_groups(step)), before)
+    def staleness_bound(self) -> int | None:
+        """How many versions a group may lag the trainer (`rollout.max_staleness`); without sync the engines keep
+        version 0, so no bound."""
+        return self.cfg.rollout.max_staleness if self.cfg.sync.enabled else None
 
-    def tasks_state(self) -> dict[str, Any]:
-        """The task stream's state now, with the tasks of the groups carried over by over-sampling (started, not
-        yet trained on): a resumed run draws those first."""
-        return self.parts.tasks.state(self.stream.carried() if self.stream is not None else [])
+    async def train(
+        self, step: int, prepared: Prepared, finished: list[EpisodeGroup], metrics: dict[str, float], timers: Timers
+    ) -> dict[str, float]:
+        """The training window: the actor takes the devices, a pending best export runs (the weights the last
+        evaluation scored, before this update changes them), log-probs, the update. A due checkpoint is taken
+        here, before the engines get the new weights, with the step's record so far (`metrics`, the update's and
+        the timings: what a resume logs if the step's log line is missing)."""
+        await self.parts.handoff.enter_training()
+        self.best.export()
+        if self.needs_scoring():
+            with timers("logprobs"):
+                await self.score(prepared.batch)
+        with timers("train"):
+            out = await self.update(prepared.batch, step)
+        self.version = step
+        out |= prepared.metrics  # the actor reports the rollout/trainer mismatch/*
+        if self.checkpoints.due(step):
+            with timers("checkpoint"):
+                self.checkpoints.save_step(step, self.step_record(finished, metrics | out | timers.read()))
+        return out
 
-    async def take_rollout(self, step: int) -> Rollout:
-        """Step `step`'s rollout (started now in sync mode)."""
-        if self.ahead is None:
-            self.start_rollout(step)
-        assert self.ahead is not None
-        job, self.ahead = self.ahead[0], None
-        return await job
-
-    async def rollout_groups(self, step: int) -> Rollout:
-        """The groups to train on, the groups that finished (for the step's rollout statistics) and metrics:
-        with `rollout.over_sample_groups` the first groups with signal (`GroupStream`), else all of them."""
-        started = time.perf_counter()
-        cfg = self.cfg.rollout
-        if self.stream is None:
-            tasks = self.parts.tasks.next(cfg.prompts_per_step)  # drawn before the first await: see start_rollout
-        await self.drills.during_rollout(step)
-        if self.stream is None:
-            groups = await self.parts.rollout(tasks, cfg.n_samples_per_prompt)
-            used, finished, metrics = groups, groups, dict[str, float]()
-        else:
-            used, finished, metrics = await self.stream.collect()
-        return used, finished, metrics | {"timing/rollout": time.perf_counter() - started}
-
-    async def drop_ahead(self) -> None:
-        """Cancel the rollouts still running (carried groups at the end of the run, or the run stopped)."""
-        if self.ahead is not None:
-            job, self.ahead = self.ahead[0], None
-            job.cancel()
-            with contextlib.suppress(BaseException):
-                await job
-        if self.stream is not None:
-            await self.stream.close()
+    async def push(self, step: int, timers: Timers) -> dict[str, float]:
+        """After an update: the new weights go to the engines (`sync.enabled`), which take the devices back."""
+        out = dict[str, float]()
+        if self.cfg.sync.enabled:
+            with timers("sync"):
+                out = await self.sync(step)
+        await self.parts.handoff.enter_rollout()
+        return out
 
     def prepare(self, groups: list[EpisodeGroup], step: int, finished: list[EpisodeGroup]) -> Prepared | None:
         """The step's batch from `groups`; None when nothing is left to train on, or when most episodes that
@@ -253,18 +240,6 @@ class Trainer:
         """Pause the engines, push the trained weights bucket by bucket, flush their caches, resume."""
         return await self.parts.weights.push(version)
 
-    def checkpoint_due(self, step: int) -> bool:
-        every = self.cfg.checkpoint.every_steps
-        return bool(every) and step % every == 0
-
-    def save(self, step: int, record: dict[str, float] | None = None) -> None:
-        """Checkpoint the actor with the loop's state and the step's metrics (re-logged if the log missed them).
-        With `checkpoint.async_save` the files are written while the run goes on (`CheckpointManager.commit`).
-        A failed write leaves the previous checkpoint and `latest` as they were, and stops the run."""
-        tasks = self.ahead[1] if self.ahead is not None else self.tasks_state()
-        state = {"step": step, "tasks": tasks, "best": self.best, "record": record or {}}
-        self.checkpoints.save(step, state, background=self.cfg.checkpoint.async_save)
-
     async def evaluate(self, step: int) -> dict[str, float]:
         """Episodes on the test tasks at the evaluation temperature; a new best score exports HF weights."""
         cfg = self.cfg.eval
@@ -272,21 +247,8 @@ class Trainer:
         groups = await self.parts.rollout(self.parts.eval_tasks, cfg.n_samples_per_prompt, cfg.temperature)
         metrics = rollout_metrics([e for g in groups for e in g.episodes], prefix="eval/")
         write_step_evaluation(self.cfg, self.run.evaluation(step), step, groups, started)
-        score = metrics.get("eval/reward_mean", float("-inf"))
-        if score > self.best:
-            self.best = score
-            if step > 0:  # the initial policy is the model the run started from: nothing to export
-                self.best_pending = (step, score)
+        self.best.offer(step, metrics.get("eval/reward_mean", float("-inf")))
         return metrics
-
-    def export_best(self) -> None:
-        """Export the weights of a new best evaluation as `hf/best`, in the training window after it (the actor is
-        on the devices and its weights are still those evaluated), or at the end of the run."""
-        if self.best_pending is not None:
-            step, score = self.best_pending
-            self.checkpoints.export_hf("best")
-            self.run.best.write_text(json.dumps({"step": step, "eval/reward_mean": score}))
-            self.best_pending = None
 
     def dump_rollouts(self, step: int, groups: list[EpisodeGroup]) -> None:
         """Write the step's rollout dump (`logging.rollout_dump_every`), before its checkpoint can be taken."""
@@ -312,7 +274,7 @@ class Trainer:
         source = self.cfg.checkpoint.resume
         if source == "disable":
             return 0
-        if source != "auto" and is_sft_checkpoint(source):
+        if source != "auto" and self.checkpoints.is_sft(source):
             if not self.checkpoints.history():
                 return self.start_from(Path(source))
             source = "auto"  # the run has its own checkpoints since it started from the SFT weights
@@ -320,12 +282,7 @@ class Trainer:
         path = self.checkpoints.locate(source)
         if path is None:
             return 0
-        state = self.checkpoints.restore(path, self.cfg.checkpoint.load_optimizer)
-        try:
-            self.parts.tasks.restore(state["tasks"])
-        except ValueError as e:  # another training mixture than the checkpoint's
-            raise RunError(f"checkpoint {path}: {e}") from e
-        self.best = state.get("best", float("-inf"))
+        state = self.checkpoints.restore(path, self.cfg.checkpoint.load_optimizer)  # the task stream, the best
         return int(state["step"])
 
     def start_from(self, path: Path) -> int:
@@ -339,10 +296,9 @@ class Trainer:
     async def finish(self, step: int) -> None:
         """Save the final checkpoint (unless just saved) and export HF weights."""
         await self.parts.handoff.enter_training()  # colocated: the export gathers the actor's weights on the GPUs
-        self.export_best()
-        every = self.cfg.checkpoint.every_steps
-        if step > 0 and not (every and step % every == 0):
-            self.save(step)  # its metrics are already logged
+        self.best.export()
+        if step > 0 and not self.checkpoints.due(step):
+            self.checkpoints.save_step(step)  # its metrics are already logged
         self.checkpoints.commit(wait=True)
         if self.cfg.checkpoint.save_hf and step > 0:
             self.checkpoints.export_hf(f"step_{step}")
