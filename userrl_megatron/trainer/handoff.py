@@ -4,6 +4,11 @@ Colocated, the actor and the engines share every GPU: entering training, the eng
 memory (`MEMORY_TAGS`) and, with `megatron.offload`, the actor's state returns from host memory; entering the
 rollout, the reverse. Each release pairs with exactly one resume. Disaggregated, every hand-off is a no-op.
 
+A weight push (`WeightSync`) runs inside this order: `before_push` (the actor's grads and optimizer state leave),
+`open_for_push` (the engines' weight memory comes back), `close_after_push`; a restarted engine's repair brings the
+actor's parked weights back for it (`actor_weights_for_repair`) and releases what the others have released
+(`match_released`). `WeightSync` holds no memory order of its own.
+
 Released weights come back empty unless the engines keep a host copy (SGLang's `--enable-weights-cpu-backup`,
 forced on when sync is off): a resume maps fresh memory. So weights never come back without a push: the weight
 sync resumes them and pushes, and a hand-off back to the rollout that finds them still released pushes the
@@ -105,6 +110,47 @@ class MemoryHandoff:
             yield
         finally:
             await self.enter_rollout()
+
+    # ---- around a weight push (`WeightSync`) ----
+
+    async def before_push(self) -> None:
+        """Colocated with `megatron.offload`: the actor's grads and optimizer state leave the GPUs before the push,
+        and before a dead engine restarts (it sizes its KV cache from the memory free at its start, for life)."""
+        if self.colocated and self.cfg.megatron.offload:
+            await asyncio.to_thread(self.actors.offload, False)
+
+    async def open_for_push(self) -> None:
+        """The engines stop generating and can take weights. Colocated, the pool is already paused
+        (`enter_training`) and only their weight memory comes back: their KV cache returns in `enter_rollout`,
+        after the actor's weights have moved out too. Disaggregated, the pool pauses."""
+        if self.colocated:
+            await self.resume(["weights"])
+        else:
+            await self.pool.pause()
+
+    async def close_after_push(self) -> None:
+        """Disaggregated: the engines generate again (colocated, they do in `enter_rollout`)."""
+        if not self.colocated:
+            await self.pool.resume()
+
+    @contextlib.asynccontextmanager
+    async def actor_weights_for_repair(self) -> AsyncIterator[None]:
+        """A restarted engine gets the current weights. Restarted during a colocated rollout, the actor is
+        offloaded: its weights alone come back for that push (the plan's rollout phase leaves room), then leave."""
+        parked = "weights" in await asyncio.to_thread(self.actors.offloaded)
+        if parked:
+            await asyncio.to_thread(self.actors.onload, True)
+        try:
+            yield
+        finally:
+            if parked:
+                await asyncio.to_thread(self.actors.offload)
+
+    async def match_released(self, client: EngineClient) -> None:
+        """A restarted engine releases what the other engines have released, so that the hand-off's resume pairs
+        with a release on every engine."""
+        if self.released:
+            await client.release_memory(sorted(self.released))
 
     async def _refill(self) -> None:
         """Push the current weights into the engines' released weight memory (the push resumes it)."""

@@ -55,24 +55,15 @@ class WeightSync:
         self.groups = await asyncio.to_thread(self.actors.connect_engines, engines, prefix, self.method)
 
     async def push(self, version: int) -> dict[str, float]:
-        """Pause the engines, stream the weights to all of them, flush their caches, resume.
-
-        Colocated, the pool is already paused (enter_training): with `megatron.offload` the actor's grads and
-        optimizer state leave first (also before a dead engine restarts: it sizes its KV cache from the memory free
-        at its start, for its whole life), then the engines' weight memory comes back; their KV cache returns in
-        enter_rollout, after the actor's weights have moved out too."""
-        colocated = self.cfg.rollout.colocate
-        if colocated and self.cfg.megatron.offload:
-            await asyncio.to_thread(self.actors.offload, False)
+        """Pause the engines, stream the weights to all of them, flush their caches, resume. The memory order
+        around it (colocated: what leaves the GPUs first, what comes back) is `MemoryHandoff`'s."""
+        await self.handoff.before_push()  # before a dead engine restarts, too: see `MemoryHandoff.before_push`
         await repair_engines(self.cfg, self.pool, "weight sync")  # dead engines come back first
         refused = None
         async with self._pushing:
             if self._stale:
                 await self._reconnect()
-            if not colocated:
-                await self.pool.pause()
-            if colocated:
-                await self.handoff.resume(["weights"])
+            await self.handoff.open_for_push()
             try:
                 metrics = await asyncio.to_thread(self.actors.push_weights, self.groups, version)
             except Exception as e:  # any other failure ends the run with the engines still paused
@@ -82,8 +73,7 @@ class WeightSync:
         if refused:  # outside the lock: the restarts' repair hook pushes too
             metrics = await self._replace_refusing(refused, version)
         await self.pool.flush_cache()
-        if not colocated:
-            await self.pool.resume()
+        await self.handoff.close_after_push()
         self.version = version
         self._synced = True
         if self.cfg.sync.verify or not self._verified:  # the first sync of a run is always checked
@@ -96,28 +86,20 @@ class WeightSync:
         await self.push(self.version)
 
     async def repair(self, index: int, client: EngineClient) -> None:
-        """Restart hook: give a restarted engine the current weights before it serves again, and (colocated)
-        release the memory the other engines have released, so that every release keeps pairing with one resume."""
+        """Restart hook: give a restarted engine the current weights before it serves again (colocated, with the
+        actor's weights brought back for it), and release what the other engines have released (`MemoryHandoff`)."""
         self._stale = True  # the engine is at a new address: rebuild the sync groups before the next sync
         if self.cfg.sync.enabled and self._synced:  # else it already holds the weights the others hold
             engine = [self._endpoint(index, client.base_url)]
-            async with self._pushing:
-                # Restarted during a colocated rollout, the actor is offloaded: its weights alone come back for
-                # the push (the plan's rollout phase leaves room for them), then leave again.
-                parked = "weights" in await asyncio.to_thread(self.actors.offloaded)
-                if parked:
-                    await asyncio.to_thread(self.actors.onload, True)
+            async with self._pushing, self.handoff.actor_weights_for_repair():
                 name = f"{SYNC_GROUP}_repair{index}_{next(self._generation)}"
                 groups = await asyncio.to_thread(self.actors.connect_engines, engine, name, self.method)
                 try:
                     await asyncio.to_thread(self.actors.push_weights, groups, self.version)
                 finally:
                     await asyncio.to_thread(self.actors.disconnect_engines, groups)
-                    if parked:
-                        await asyncio.to_thread(self.actors.offload)
             log.info("engine %d repaired with weight version %d", index, self.version)
-        if self.handoff.released:
-            await client.release_memory(sorted(self.handoff.released))
+        await self.handoff.match_released(client)
 
     async def disconnect(self) -> None:
         await asyncio.to_thread(self.actors.disconnect_engines, self.groups)
