@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.tiny_models import make_tiny_model
-from tests.support.tiny_run import tiny_run, train
+from tests.support.tiny_run import drill_env, tiny_run, train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -35,11 +35,10 @@ def test_colocated_run_syncs_verified_weights(tmp_path: Path) -> None:
         "eval.every_steps=1",
         "eval.n_samples_per_prompt=1",
         "eval.max_tasks=2",
-        # The engine dies as step 3's rollout starts: restarted, it gets weight version 2 from the offloaded
-        # actor (its weights alone come back for the push) before it serves.
-        "run.faults=[kill_engine_in_rollout@3]",
     ]
-    records = train([*tiny_run(model, tmp_path, "colocated", 3), *extra])
+    # The engine dies as step 3's rollout starts: restarted, it gets weight version 2 from the offloaded actor (its
+    # weights alone come back for the push) before it serves.
+    records = train([*tiny_run(model, tmp_path, "colocated", 3), *extra], env=drill_env("kill_engine_in_rollout@3"))
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     before, records = records[0], records[1:]
     assert before["eval/infra_failed"] == 0 and before["eval/generated_tokens"] > 0
@@ -69,16 +68,17 @@ def test_tp2_ranks_hand_the_engine_on_their_device_their_own_copy(tmp_path: Path
         "megatron.devices_per_node=2",
         "rollout.num_engines=2",
         "sync.bucket_mb=1",
-        # Engine 0 dies as step 2's rollout starts; the rollout finishes on engine 1, and entering training waits
-        # for engine 0 to come back (it cannot release memory while it restarts) before both step aside.
-        "run.faults=[kill_engine_in_rollout@2]",
     ]
+    # Engine 0 dies as step 2's rollout starts (a drill); the rollout finishes on engine 1, and entering training
+    # waits for engine 0 to come back (it cannot release memory while it restarts) before both step aside.
     # Its own temporary directory (Ray's stays put): the run's register of shared segments is this test's alone.
     scratch = Path(tempfile.mkdtemp(prefix="seg"))  # short: torch's shared-memory manager puts a socket there
     try:
         records = train(
             [*tiny_run(model, tmp_path, "tp2", 2), *extra],
-            env={**os.environ, "TMPDIR": str(scratch), "RAY_TMPDIR": "/tmp"},
+            env=drill_env(
+                "kill_engine_in_rollout@2", base={**os.environ, "TMPDIR": str(scratch), "RAY_TMPDIR": "/tmp"}
+            ),
         )
         registry = scratch / "userrl_segments"
         # Both ranks' senders registered their segments, and closed them before Ray killed the ranks.

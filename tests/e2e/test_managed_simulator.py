@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from gyms.base import parse_action
-from tests.support.tiny_run import train
+from tests.support.tiny_run import drill_env, train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -35,7 +35,6 @@ def test_a_killed_simulator_engine_is_restarted_and_no_call_is_lost(shared_data:
             f"run.output_dir={tmp_path}",
             "run.name=managed",
             "run.total_steps=2",
-            "run.faults=[kill_user_sim_in_rollout@2]",
             "rollout.prompts_per_step=1",
             "rollout.n_samples_per_prompt=4",
             "rollout.max_turns=1",
@@ -44,7 +43,8 @@ def test_a_killed_simulator_engine_is_restarted_and_no_call_is_lost(shared_data:
             "user_sim.max_tokens=8",
             # user_sim.max_retries stays the config's 1: a call that finds the engine down spends that retry after
             # the restart (it waits for the pool's restart, however long it takes, not for a backoff)
-        ]
+        ],
+        env=drill_env("kill_user_sim_in_rollout@2"),
     )
     assert [r["step"] for r in records] == [1, 2]
     first, second = records

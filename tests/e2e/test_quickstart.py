@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, train_command
+from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, drill_env, train_command
 from userrl_megatron.observability import read_metrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -21,9 +21,9 @@ def test_quickstart_config_survives_a_skipped_update_and_an_engine_restart(tmp_p
     # tasks); the README's scores are measured runs of the whole config.
     overrides += ["eval.max_tasks=16", "rollout.prompts_per_step=4"]
     overrides.append("checkpoint.every_steps=1")  # step 1 (no update) is then checkpointed, as in a longer run
-    overrides.append("run.faults=[skip_update@1,kill_engine@2]")
     command = train_command(["--config", "configs/quickstart.yaml", *overrides])
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=2 * RUN_TIMEOUT_S)
+    env = drill_env("skip_update@1", "kill_engine@2")
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=2 * RUN_TIMEOUT_S, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     run = tmp_path / "quickstart"
     records = {r["step"]: r for r in read_metrics(run / "metrics.jsonl")}

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.support.tiny_models import make_tiny_model
-from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, logged_steps, tiny_run, train_command
+from tests.support.tiny_run import REPO, RUN_TIMEOUT_S, drill_env, logged_steps, tiny_run, train_command
 from tests.support.warm_start import warm_start
 from userrl_megatron.config import RootConfig, load_config
 from userrl_megatron.data import load_tasks
@@ -111,7 +111,7 @@ def test_a_step_checkpointed_but_not_logged_is_logged_from_its_record(tmp_path: 
     overrides = [*_overrides(model, tmp_path / "runs", "one_step_off"), "run.total_steps=3"]
     run = tmp_path / "runs" / "resume"
     stopped = subprocess.run(
-        train_command([*overrides, "run.faults=[stop_after_checkpoint@2]"]),
+        train_command(overrides), env=drill_env("stop_after_checkpoint@2"),
         cwd=REPO, timeout=RUN_TIMEOUT_S, capture_output=True, text=True,
     )  # fmt: skip
     assert stopped.returncode == 1, stopped.stderr[-4000:]

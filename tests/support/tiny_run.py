@@ -1,12 +1,14 @@
 """What the end-to-end tests share: a `userrl train` run of a tiny policy on EchoGym, on CPU, small budgets."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from userrl_megatron.observability import read_metrics
+from userrl_megatron.trainer.drills import DRILLS_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 # A bound on a `userrl train` that never ends (a hang), many times what the slowest of these runs takes on a
@@ -68,6 +70,12 @@ def logged_steps(run_dir: Path) -> list[int]:
         return []
     text = path.read_text()
     return [json.loads(line)["step"] for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+def drill_env(*drills: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment (`base`, else this process's) of a `userrl train` that runs these fault drills
+    (`trainer/drills.py`: `USERRL_DRILLS`)."""
+    return {**(os.environ if base is None else base), DRILLS_ENV: ",".join(drills)}
 
 
 def train_command(overrides: list[str]) -> list[str]:

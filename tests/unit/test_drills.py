@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from userrl_megatron.errors import RunError
-from userrl_megatron.trainer.drills import Drills
+from userrl_megatron.trainer.drills import DRILLS_ENV, Drills, drills_from
 
 
 class KillablePool:
@@ -64,3 +64,10 @@ def test_the_stop_drill_commits_step_ns_checkpoint_then_stops_the_run() -> None:
     with pytest.raises(RunError, match="fault drill: stopped after step 2's checkpoint, before its log line"):
         drills.before_log(2, checkpoints)  # type: ignore[arg-type]
     assert checkpoints.waits == [True]  # the background save is on disk before the run stops
+
+
+def test_drills_come_from_the_environment_only_when_named_there() -> None:
+    assert drills_from({}) == [] and drills_from({DRILLS_ENV: ""}) == []
+    assert drills_from({DRILLS_ENV: "skip_update@1, kill_engine@2"}) == ["skip_update@1", "kill_engine@2"]
+    with pytest.raises(RunError, match=r"\['kill_everything@1', 'skip_update@0'\] are not of the form"):
+        drills_from({DRILLS_ENV: "kill_everything@1,skip_update@0"})

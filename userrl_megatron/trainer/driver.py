@@ -86,9 +86,10 @@ class BestModel:
 class Trainer:
     """Owns the run's components; `fit()` is the RL loop."""
 
-    def __init__(self, cfg: RootConfig, run_dir: Path, parts: Components) -> None:
+    def __init__(self, cfg: RootConfig, run_dir: Path, parts: Components, drills: Drills | None = None) -> None:
         self.cfg, self.run_dir, self.parts = cfg, run_dir, parts
-        self.drills = Drills(cfg.run.faults, parts.pool, parts.sim_pool)  # `run.faults`: none in a normal run
+        # fault drills: a test's, else `USERRL_DRILLS`'s (none in a normal run)
+        self.drills = drills if drills is not None else Drills.from_env(parts.pool, parts.sim_pool)
         self.run = RunDir(run_dir)
         self.tracker = Tracker(cfg.logging, run_dir, cfg.run.name, asdict(cfg), console_keys=SUMMARY_KEYS)
         self.checkpoints = CheckpointManager(self.run, cfg.checkpoint, parts.actors, self.tracker)
