@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from userrl_megatron.config.gyms import forget_gym_settings, register_gym_settings
 from userrl_megatron.types import Task
 
 ACTION_TAGS = ("[action]", "[answer]", "[search]", "[finish]")
@@ -61,20 +62,22 @@ def parse_action(action: str) -> tuple[str | None, str]:
 
 
 GymFactory = Callable[..., Gym]
+ProceduralTasks = Callable[[str, Any], list[Task]]  # (split, the gym's settings) -> the tasks of a split
 
 
 @dataclass(frozen=True)
 class GymSpec:
-    """A registered gym: how to build it, where its config lives, how to get its tasks and smoke episodes."""
+    """A registered gym: how to build it, its settings, where they live, its task sources and smoke episodes."""
 
     name: str
     factory: GymFactory  # (task, config=None, user_sim=None) -> Gym; task: a task id, a record dict or a Task
-    config_field: str  # attribute of GymsConfig holding this gym's typed config (gyms.config_for)
-    config_type: type | None = None  # a gym outside the schema: its settings' dataclass, read from gyms.plugins
+    config_field: str  # its settings' config section, `gyms.<config_field>` (gyms.config_for)
+    config_type: type  # its settings' dataclass (config/gyms.py `settings_problems` checks it)
     needs_user_sim: bool = False  # steps may call the user simulator
     userrl_env: str = ""  # UserRL `env_name` of its parquet rows ("FunctionGym"), for the mixtures
     tasks: Callable[[str, Path], list[Task]] | None = None  # (split, data_dir) -> the public-data tasks of a split
     smoke: Callable[[], list[Any]] | None = None  # scripted episodes for `userrl gym smoke` (gyms.smoke.SmokeEpisode)
+    procedural: dict[str, ProceduralTasks] = field(default_factory=dict)  # sources made from its settings alone
 
 
 _REGISTRY: dict[str, GymSpec] = {}
@@ -83,41 +86,50 @@ _REGISTRY: dict[str, GymSpec] = {}
 def register_gym(
     name: str,
     *,
+    config_type: type,
     config_field: str | None = None,
-    config_type: type | None = None,
     needs_user_sim: bool = False,
     userrl_env: str = "",
     tasks: Callable[[str, Path], list[Task]] | None = None,
     smoke: Callable[[], list[Any]] | None = None,
+    procedural: dict[str, ProceduralTasks] | None = None,
 ) -> Callable[[GymFactory], GymFactory]:
     """Register a gym factory `(task, config=None, user_sim=None) -> Gym` under `name`.
 
-    `config_field` names the GymsConfig attribute with the gym's config (default: `name`); gyms sharing one
-    config section (tau_retail, tau_airline -> tau) pass it explicitly. A gym whose config is not a field of
-    GymsConfig (a plug-in: one folder under `gyms/`) passes `config_type`, its settings' dataclass: its settings
-    are `gyms.plugins.<config_field>.<setting>` in the run config, checked against that dataclass.
+    `config_type` is its settings' dataclass, the config section `gyms.<config_field>` (default: `name`; gyms
+    sharing one section, tau_retail and tau_airline -> tau, pass it explicitly). `procedural` names the task sources
+    generated from the settings alone (`{"echo-procedural": echo_tasks}`, `(split, settings) -> tasks`).
     """
 
     def wrap(factory: GymFactory) -> GymFactory:
         if name in _REGISTRY:
             raise ValueError(f"gym {name!r} is already registered")
+        section = config_field or name
+        register_gym_settings(section, config_type)
         _REGISTRY[name] = GymSpec(
-            name, factory, config_field or name, config_type, needs_user_sim, userrl_env, tasks=tasks, smoke=smoke
+            name, factory, section, config_type, needs_user_sim, userrl_env, tasks, smoke, dict(procedural or {})
         )
         return factory
 
     return wrap
 
 
+def unregister_gym(name: str) -> None:
+    """Forget gym `name`, and its settings section when no other gym shares it (tests that add a gym)."""
+    spec = _REGISTRY.pop(name, None)
+    if spec is not None and all(other.config_field != spec.config_field for other in _REGISTRY.values()):
+        forget_gym_settings(spec.config_field)
+
+
 def list_gyms() -> list[str]:
     """Names of every registered gym."""
-    _import_builtin_gyms()
+    _find_gyms()
     return sorted(_REGISTRY)
 
 
 def gym_spec(name: str) -> GymSpec:
     """The registry entry of gym `name`; KeyError naming the known gyms otherwise."""
-    _import_builtin_gyms()
+    _find_gyms()
     if name not in _REGISTRY:
         raise KeyError(f"unknown gym {name!r}; known gyms: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
@@ -140,7 +152,7 @@ def task_record(task: Any, lookup: Callable[[str], dict[str, Any]]) -> dict[str,
     raise TypeError(f"a task is a task id, a record dict or a Task, got {type(task).__name__}")
 
 
-def _import_builtin_gyms() -> None:
-    from gyms.catalog import import_gym_packages
+def _find_gyms() -> None:
+    from gyms.catalog import find_gyms
 
-    import_gym_packages()
+    find_gyms()

@@ -1,34 +1,20 @@
-"""A gym's typed config for one episode: `config_for(name, gyms_cfg, max_steps)`, from the built-in gyms' typed
-sections (`userrl_megatron/config/gyms.py`) or a plug-in gym's `gyms.plugins` entry, with `max_steps` forced to
-the rollout's max turns, as UserRL's env_manager does."""
+"""A gym's typed config for one episode: `config_for(name, gyms_cfg, max_steps)`, its section of the `gyms` config
+(`gyms.<section>`, typed by the settings dataclass it registered), with `max_steps` forced to the rollout's max
+turns, as UserRL's env_manager does."""
 
 import dataclasses
 from typing import Any
 
-from userrl_megatron.config.gyms import settings_problems
-
 
 def config_for(name: str, gyms_cfg: Any, max_steps: int) -> Any:
-    """Gym `name`'s typed config from the `gyms` section, with `max_steps` forced to the rollout's max turns."""
+    """Gym `name`'s settings from the `gyms` section (their defaults when the section was made before the gym was
+    registered), with `max_steps` (where they have one) forced to the rollout's max turns."""
     from gyms.base import gym_spec
 
     spec = gym_spec(name)
-    if spec.config_type is None:
-        return dataclasses.replace(getattr(gyms_cfg, spec.config_field), max_steps=max_steps)
-    return plugin_config(
-        spec.config_type, f"gyms.plugins.{spec.config_field}", gyms_cfg.plugins.get(spec.config_field, {}), max_steps
-    )
-
-
-def plugin_config(config_type: type, where: str, values: dict[str, Any], max_steps: int) -> Any:
-    """A plug-in gym's typed config from its `gyms.plugins` entry; ValueError naming a setting it does not have, or
-    what its own `problems(where)` finds wrong with the settings together."""
-    fields = {f.name for f in dataclasses.fields(config_type)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ValueError(f"{where}: unknown setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
-    config = config_type(**values)
-    problems = settings_problems(config, where)
-    if problems:
-        raise ValueError("; ".join(problems))
-    return dataclasses.replace(config, max_steps=max_steps) if "max_steps" in fields else config
+    settings: Any = getattr(gyms_cfg, spec.config_field, None)
+    if not isinstance(settings, spec.config_type):
+        settings = spec.config_type()
+    if "max_steps" not in {f.name for f in dataclasses.fields(settings)}:
+        return settings
+    return dataclasses.replace(settings, max_steps=max_steps)

@@ -16,9 +16,9 @@ import random
 from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
+from gyms.echo.settings import EchoGymConfig
 from gyms.smoke import SmokeEpisode
 from gyms.turn_gym import TurnGym
-from userrl_megatron.config.gyms import EchoGymConfig
 from userrl_megatron.types import Message, Task
 
 PROCEDURAL_SOURCE = "echo-procedural"
@@ -102,4 +102,4 @@ def echo_smoke() -> list[SmokeEpisode]:
     ]
 
 
-register_gym("echo", smoke=echo_smoke)(EchoGym)
+register_gym("echo", config_type=EchoGymConfig, smoke=echo_smoke, procedural={PROCEDURAL_SOURCE: echo_tasks})(EchoGym)

@@ -12,9 +12,10 @@ from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
 from gyms.function.rules import Number, Rule
-from gyms.function.tasks import function_record, function_smoke, function_tasks
+from gyms.function.settings import FunctionGymConfig
+from gyms.function.tasks import PROCEDURAL_SOURCE, function_record, function_smoke, function_tasks, procedural_tasks
 from gyms.turn_gym import TurnGym
-from userrl_megatron.config.gyms import FunctionGymConfig
+from userrl_megatron.types import Task
 
 _NUMBER = re.compile(r"-?\d+\.?\d*")
 TOLERANCE = 1e-6
@@ -105,4 +106,16 @@ def _read_answer(payload: str) -> float | None:
         return float(numbers[0]) if len(numbers) == 1 else None
 
 
-register_gym("function", userrl_env="FunctionGym", tasks=function_tasks, smoke=function_smoke)(FunctionGym)
+def function_procedural(split: str, settings: FunctionGymConfig) -> list[Task]:
+    """The `function-procedural` source: rules from the seeded generator (`gyms.function.generator`)."""
+    return procedural_tasks(split, settings.generator)
+
+
+register_gym(
+    "function",
+    config_type=FunctionGymConfig,
+    userrl_env="FunctionGym",
+    tasks=function_tasks,
+    smoke=function_smoke,
+    procedural={PROCEDURAL_SOURCE: function_procedural},
+)(FunctionGym)

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from userrl_megatron.config.gyms import FunctionGeneratorConfig
+from gyms.function.settings import FunctionGeneratorConfig
 
 Number = int | float
 VARIABLES = ("a", "b", "c", "d")

@@ -6,9 +6,9 @@ from typing import Any
 
 from gyms.data import check_split, data_dir, read_json, userrl_rows, userrl_task
 from gyms.function.rules import generate_function
+from gyms.function.settings import FunctionGeneratorConfig
 from gyms.smoke import SmokeEpisode
 from gyms.tools import INTERACT_TOOL
-from userrl_megatron.config.gyms import FunctionGeneratorConfig
 from userrl_megatron.types import Message, Task
 
 FUNCTIONS_JSON = "userrl/gyms/FunctionGym/functiongym/data/functions.json"

@@ -11,9 +11,9 @@ from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
 from gyms.intention import prompts, replies
+from gyms.intention.settings import IntentionGymConfig
 from gyms.intention.tasks import intention_record, intention_smoke, intention_tasks
 from gyms.turn_gym import TurnGym
-from userrl_megatron.config.gyms import IntentionGymConfig
 
 IMPORTANCE_REWARD = {3: 1.0, 2: 0.7, 1: 0.4}
 
@@ -121,6 +121,11 @@ def _hidden(details: list[dict[str, Any]]) -> str:
     return "\n".join(f"- {d['description']} (options you consider: {', '.join(d.get('options', []))})" for d in details)
 
 
-register_gym("intention", needs_user_sim=True, userrl_env="IntentionGym", tasks=intention_tasks, smoke=intention_smoke)(
-    IntentionGym
-)
+register_gym(
+    "intention",
+    config_type=IntentionGymConfig,
+    needs_user_sim=True,
+    userrl_env="IntentionGym",
+    tasks=intention_tasks,
+    smoke=intention_smoke,
+)(IntentionGym)

@@ -11,10 +11,10 @@ from typing import Any
 from gyms.base import StepResult, register_gym, task_record
 from gyms.persuade import prompts
 from gyms.persuade.replies import PERSONA, STANCES
+from gyms.persuade.settings import PersuadeGymConfig
 from gyms.persuade.tasks import persuade_record, persuade_smoke, persuade_tasks
 from gyms.turn_gym import TurnGym
 from gyms.user_sim import UserSimError
-from userrl_megatron.config.gyms import PersuadeGymConfig
 
 _STANCE_INDEX = {s: i for i, s in enumerate(STANCES)}  # spelled exactly so, as in UserRL
 
@@ -70,6 +70,11 @@ class PersuadeGym(TurnGym):
         return StepResult(response, reward, done=new == len(STANCES) - 1, info={"stance": STANCES[new]})
 
 
-register_gym("persuade", needs_user_sim=True, userrl_env="PersuadeGym", tasks=persuade_tasks, smoke=persuade_smoke)(
-    PersuadeGym
-)
+register_gym(
+    "persuade",
+    config_type=PersuadeGymConfig,
+    needs_user_sim=True,
+    userrl_env="PersuadeGym",
+    tasks=persuade_tasks,
+    smoke=persuade_smoke,
+)(PersuadeGym)

@@ -9,10 +9,10 @@ from typing import Any
 from gyms.base import StepResult, register_gym, task_record
 from gyms.search import prompts, replies
 from gyms.search.bm25 import Hit, OfflineSearch
+from gyms.search.settings import SearchGymConfig
 from gyms.search.tasks import search_record, search_smoke, search_tasks
 from gyms.search.web import SearchBackendError, WebSearch
 from gyms.turn_gym import TurnGym
-from userrl_megatron.config.gyms import SearchGymConfig
 
 
 def normalize(text: str) -> str:
@@ -111,4 +111,11 @@ def format_hits(query: str, hits: list[Hit]) -> str:
     return f"Search results for '{query}':\n{block.strip()}"
 
 
-register_gym("search", needs_user_sim=True, userrl_env="SearchGym", tasks=search_tasks, smoke=search_smoke)(SearchGym)
+register_gym(
+    "search",
+    config_type=SearchGymConfig,
+    needs_user_sim=True,
+    userrl_env="SearchGym",
+    tasks=search_tasks,
+    smoke=search_smoke,
+)(SearchGym)

@@ -4,8 +4,8 @@ from pathlib import Path
 from typing import Any
 
 from gyms.data import check_split, data_dir, read_json, userrl_rows, userrl_task
+from gyms.search.settings import SearchGymConfig
 from gyms.smoke import SmokeEpisode, by_prompt
-from userrl_megatron.config.gyms import SearchGymConfig
 from userrl_megatron.types import Task
 
 QUESTIONS_JSON = "userrl/gyms/SearchGym/searchgym/data/questions.json"

@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 from gyms.search.bm25 import Hit
-from userrl_megatron.config.gyms import SearchGymConfig
+from gyms.search.settings import SearchGymConfig
 from userrl_megatron.errors import UserError
 
 REQUEST_RESULTS = 15

@@ -18,12 +18,12 @@ from typing import Any
 from gyms.base import StepResult, register_gym, task_record
 from gyms.data import data_dir
 from gyms.tau.domain import load_domain
+from gyms.tau.settings import TauGymConfig
 from gyms.tau.smoke import domain_smoke, tau_smoke
 from gyms.tau.tasks import DOMAIN_GYMS, domain_tasks, parse_task_id, record_for, tau_tasks, taubench_dir
 from gyms.tau.user import STOP, Customer
 from gyms.tools import RESPOND_TOOL
 from gyms.turn_gym import TurnGym
-from userrl_megatron.config.gyms import TauGymConfig
 
 TOOLS_ALREADY_LISTED = (
     "Tools information is already provided in previous turns in our conversation. Please directly refer to those "
@@ -187,10 +187,13 @@ class TauAirlineGym(TauDomainGym):
     name = "tau_airline"
 
 
-register_gym("tau", needs_user_sim=True, userrl_env="TauGym", tasks=tau_tasks, smoke=tau_smoke)(TauGym)
+register_gym(
+    "tau", config_type=TauGymConfig, needs_user_sim=True, userrl_env="TauGym", tasks=tau_tasks, smoke=tau_smoke
+)(TauGym)
 for _gym in (TauRetailGym, TauAirlineGym):
     register_gym(
         _gym.name,
+        config_type=TauGymConfig,
         config_field="tau",
         needs_user_sim=True,
         tasks=functools.partial(domain_tasks, _gym.name),

@@ -9,9 +9,9 @@ from typing import Any
 
 from gyms.base import StepResult, register_gym, task_record
 from gyms.telepathy import prompts, replies
+from gyms.telepathy.settings import TelepathyGymConfig
 from gyms.telepathy.tasks import telepathy_record, telepathy_smoke, telepathy_tasks
 from gyms.turn_gym import TurnGym
-from userrl_megatron.config.gyms import TelepathyGymConfig
 
 WELCOME = "Welcome to TelepathyGym! I'm thinking of something... Ask me yes/no questions to figure out what it is!"
 
@@ -60,6 +60,11 @@ class TelepathyGym(TurnGym):
         return StepResult(str(data["response"]).strip(), 0.0)
 
 
-register_gym("telepathy", needs_user_sim=True, userrl_env="TelepathyGym", tasks=telepathy_tasks, smoke=telepathy_smoke)(
-    TelepathyGym
-)
+register_gym(
+    "telepathy",
+    config_type=TelepathyGymConfig,
+    needs_user_sim=True,
+    userrl_env="TelepathyGym",
+    tasks=telepathy_tasks,
+    smoke=telepathy_smoke,
+)(TelepathyGym)

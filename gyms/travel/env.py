@@ -19,10 +19,10 @@ from gyms.base import StepResult, register_gym, task_record
 from gyms.travel import prompts, replies
 from gyms.travel.catalog import ASPECT_INITIALS, OPTION_SCHEMAS
 from gyms.travel.generator import generate_scenario
+from gyms.travel.settings import TravelGymConfig
 from gyms.travel.tasks import travel_smoke, travel_tasks
 from gyms.turn_gym import TurnGym
 from gyms.user_sim import UserSimError
-from userrl_megatron.config.gyms import TravelGymConfig
 
 INITIAL_ASPECTS = {initial: aspect for aspect, initial in ASPECT_INITIALS.items()}
 _OPTION_ID = re.compile(r"^[ACFHR]\d+$")
@@ -280,4 +280,11 @@ class TravelGym(TurnGym):
         return "\n".join(f"{role}: {text}" for role, text in self.history) or "(no conversation yet)"
 
 
-register_gym("travel", needs_user_sim=True, userrl_env="TravelGym", tasks=travel_tasks, smoke=travel_smoke)(TravelGym)
+register_gym(
+    "travel",
+    config_type=TravelGymConfig,
+    needs_user_sim=True,
+    userrl_env="TravelGym",
+    tasks=travel_tasks,
+    smoke=travel_smoke,
+)(TravelGym)

@@ -12,9 +12,9 @@ from gyms.base import StepResult, register_gym, task_record
 from gyms.turn_gym import TurnGym
 from gyms.turtle import prompts, replies
 from gyms.turtle.replies import JUDGMENTS
+from gyms.turtle.settings import TurtleGymConfig
 from gyms.turtle.tasks import turtle_record, turtle_smoke, turtle_tasks
 from gyms.user_sim import UserSimError
-from userrl_megatron.config.gyms import TurtleGymConfig
 
 MORE_TWISTS = (
     "There might be more hidden twists that you haven't covered. Try to continue ask related questions and answer "
@@ -96,4 +96,11 @@ def _judgments(scores: Any, expected: int) -> list[float]:
     return out
 
 
-register_gym("turtle", needs_user_sim=True, userrl_env="TurtleGym", tasks=turtle_tasks, smoke=turtle_smoke)(TurtleGym)
+register_gym(
+    "turtle",
+    config_type=TurtleGymConfig,
+    needs_user_sim=True,
+    userrl_env="TurtleGym",
+    tasks=turtle_tasks,
+    smoke=turtle_smoke,
+)(TurtleGym)

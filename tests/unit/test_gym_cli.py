@@ -42,7 +42,7 @@ def test_gym_smoke_rejects_unknown_gyms(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_gym_play_function(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from gyms.function.rules import generate_function
-    from userrl_megatron.config.gyms import FunctionGeneratorConfig
+    from gyms.function.settings import FunctionGeneratorConfig
 
     record = generate_function(FunctionGeneratorConfig(), "test", 0)
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"[search] test\n\n[answer] {record['expected_result']}\nignored\n"))

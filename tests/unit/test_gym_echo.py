@@ -4,8 +4,8 @@ import pytest
 
 from gyms import make_gym
 from gyms.echo.env import echo_record
+from gyms.echo.settings import EchoGymConfig
 from userrl_megatron.config import load_config
-from userrl_megatron.config.gyms import EchoGymConfig
 from userrl_megatron.data import load_tasks
 
 

@@ -7,11 +7,11 @@ import gyms
 from gyms.data import DataMissingError
 from gyms.function.env import FunctionGym
 from gyms.function.rules import Rule, generate_function, random_rule
+from gyms.function.settings import FunctionGeneratorConfig, FunctionGymConfig
 from gyms.function.tasks import function_record
 from gyms.smoke import run_smoke
 from gyms.tools import INTERACT_TOOL
 from tests.support.gym_play import play, play_new
-from userrl_megatron.config.gyms import FunctionGeneratorConfig, FunctionGymConfig
 from userrl_megatron.config.schema import GymsConfig
 from userrl_megatron.data import load_tasks
 from userrl_megatron.errors import UserError

@@ -34,14 +34,15 @@ from hypothesis import strategies as st
 
 import gyms
 from gyms.base import StepResult
+from gyms.search.settings import SearchGymConfig
 from gyms.tau import arithmetic
+from gyms.tau.settings import TauGymConfig
 from gyms.tau.store import EpisodeDB
 from gyms.tau.toolkit import calculate
 from gyms.tau.user import Customer
 from gyms.user_sim import UserSimulator
 from tests.support.gym_play import sim_for
 from tests.support.openai_server import OpenAIServer
-from userrl_megatron.config.gyms import SearchGymConfig, TauGymConfig
 
 SEED = 20261123
 STEPS_PER_GYM = 30

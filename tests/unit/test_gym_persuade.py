@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import gyms
+from gyms.persuade.settings import PersuadeGymConfig
 from tests.support.gym_play import play_new, sim_for
 from tests.support.openai_server import OpenAIServer, sequence, when
-from userrl_megatron.config.gyms import PersuadeGymConfig
 from userrl_megatron.config.schema import GymsConfig
 from userrl_megatron.data import load_tasks
 

@@ -1,48 +1,78 @@
-"""A gym added as one folder: gyms/README.md's CoinGym, run as printed there.
+"""A gym from a package outside `gyms/`: gyms/README.md's CoinGym, installed as printed there.
 
-Its code is read from the README and executed as the module `gyms.coin.env` would be (registering the gym); the
-test then drives it through what the trainer uses: the config (`gyms.plugins.coin`), `load_tasks`, `config_for`,
-`make_gym`, and the episode runner's typed failure field.
+The README's code becomes the package `coin_gym` in a temporary folder on sys.path, beside a `coin_gym-0.1.dist-info`
+whose entry point (group `userrl_megatron.gyms`) names it, as `pip install` of its distribution would leave it. The
+test then uses what a person and the trainer use: `userrl config show --explain`, `userrl config validate`, the
+config loader, `load_tasks` (its procedural source), `config_for` and `make_gym`.
 """
 
 import asyncio
 import re
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gyms import base, config_for, make_gym
+from userrl_megatron.cli import main
 from userrl_megatron.config import load_config
-from userrl_megatron.data import load_tasks
-from userrl_megatron.errors import UserError
+from userrl_megatron.data import list_sources, load_tasks
 
 README = Path(__file__).resolve().parents[2] / "gyms" / "README.md"
 
 
 @pytest.fixture
-def coin() -> Iterator[types.ModuleType]:
+def coin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The README's CoinGym installed from `tmp_path` (the folder); unregistered and forgotten afterwards."""
     section = README.read_text().split("## Adding a gym", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code, "gyms/README.md: the 'Adding a gym' section lost its example"
-    module = types.ModuleType("gyms_readme_coin")
-    sys.modules[module.__name__] = module  # dataclasses look their module up
+    (tmp_path / "coin_gym").mkdir()
+    (tmp_path / "coin_gym" / "__init__.py").write_text(code.group(1))
+    dist = tmp_path / "coin_gym-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: coin-gym\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[userrl_megatron.gyms]\ncoin = coin_gym\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        exec(compile(code.group(1), str(README), "exec"), module.__dict__)
-        yield module
+        yield tmp_path
     finally:
-        base._REGISTRY.pop("coin", None)
-        sys.modules.pop(module.__name__, None)
+        base.unregister_gym("coin")
+        sys.modules.pop("coin_gym", None)
 
 
-def test_the_readme_gym_trains_with_its_own_settings(coin: types.ModuleType) -> None:
-    cfg = load_config(overrides=["gyms.train=[coin]", "gyms.plugins.coin.sides=3", "gyms.plugins.coin.reward=0.5"])
+def test_the_installed_gym_is_explained(coin: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "show", "--explain", "gyms.coin.sides=3"]) == 0
+    shown = capsys.readouterr().out
+    assert "  coin:  # CoinGym, a coin to call" in shown
+    assert "    sides: 3  # how many of heads, tails, edge the coin has" in shown
+    assert "    reward: 1.0  # reward of a right call" in shown
+    assert "coin-procedural" in list_sources()
+
+
+def test_the_installed_gym_is_validated(coin: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good, bad, misspelt = coin / "good.yaml", coin / "bad.yaml", coin / "misspelt.yaml"
+    good.write_text("gyms:\n  train: [coin-procedural]\n  coin:\n    sides: 3\n")
+    bad.write_text("gyms:\n  coin:\n    sides: 5\n    reward: 2.0\n")
+    misspelt.write_text("gyms:\n  coin:\n    side: 3\n")
+    assert main(["config", "validate", str(good), str(bad), str(misspelt)]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"ok   {good}\n"
+    assert err.splitlines() == [
+        f"userrl: error: {bad}: gyms.coin.reward must be in [0, 1], got 2.0",
+        f"userrl: error: {bad}: gyms.coin.sides must be in 2..3, got 5",
+        f"userrl: error: {misspelt}: {misspelt}: unknown key 'gyms.coin.side' (did you mean 'gyms.coin.sides'?)",
+    ]
+
+
+def test_the_installed_gym_plays_with_its_own_settings(coin: Path) -> None:
+    cfg = load_config(overrides=["gyms.train=[coin-procedural]", "gyms.coin.sides=3", "gyms.coin.reward=0.5"])
     tasks = load_tasks(cfg.gyms.train, "train", cfg.gyms)
     assert [t.task_id for t in tasks] == ["coin-train-0", "coin-train-1", "coin-train-2", "coin-train-3"]
     settings = config_for("coin", cfg.gyms, 5)
-    assert settings == coin.CoinGymConfig(sides=3, reward=0.5, max_steps=5)
+    assert (settings.sides, settings.reward, settings.max_steps) == (3, 0.5, 5)
+    assert base.gym_spec("coin").config_type is sys.modules["coin_gym"].CoinGymConfig
 
     async def play() -> list[tuple[str, float, bool]]:
         gym = make_gym("coin", tasks[1], settings)
@@ -55,21 +85,12 @@ def test_the_readme_gym_trains_with_its_own_settings(coin: types.ModuleType) -> 
         ("Wrong.", 0.0, False),
         ("Right!", 0.5, True),
     ]
-    assert base.gym_spec("coin").config_type is coin.CoinGymConfig
 
 
-def test_a_misspelt_setting_fails_when_the_tasks_load(coin: types.ModuleType) -> None:
-    cfg = load_config(overrides=["gyms.train=[coin]", "gyms.plugins.coin.side=3"])
-    with pytest.raises(
-        UserError, match=r"^gyms.plugins.coin: unknown setting\(s\) side; valid: max_steps, reward, sides$"
-    ):
-        load_tasks(cfg.gyms.train, "train", cfg.gyms)
-
-
-def test_settings_that_do_not_fit_together_fail_when_the_tasks_load(coin: types.ModuleType) -> None:
-    cfg = load_config(overrides=["gyms.train=[coin]", "gyms.plugins.coin.sides=5"])
-    with pytest.raises(UserError, match=r"^gyms.plugins.coin.sides must be in 2..3, got 5$"):
-        load_tasks(cfg.gyms.train, "train", cfg.gyms)
+def test_without_the_package_the_section_is_unknown() -> None:
+    assert "coin" not in base.list_gyms()
+    with pytest.raises(Exception, match=r"unknown key 'gyms.coin'"):
+        load_config(overrides=["gyms.coin.sides=3"])
 
 
 def test_built_in_gyms_are_found_without_a_list() -> None:

@@ -11,9 +11,9 @@ from aiohttp import web
 import gyms
 from gyms.search.bm25 import BM25Index, Hit, load_corpus, tokenize
 from gyms.search.env import normalize
+from gyms.search.settings import SearchGymConfig
 from tests.support.gym_play import SIM_TIMEOUT_S, play_new, sim_for
 from tests.support.openai_server import Handler, OpenAIServer, sequence, when
-from userrl_megatron.config.gyms import SearchGymConfig
 from userrl_megatron.config.schema import GymsConfig
 from userrl_megatron.data import load_tasks
 from userrl_megatron.errors import UserError

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import gyms
+from gyms.telepathy.settings import TelepathyGymConfig
 from tests.support.gym_play import play_new, sim_for
 from tests.support.openai_server import OpenAIServer, sequence, when
-from userrl_megatron.config.gyms import TelepathyGymConfig
 from userrl_megatron.config.schema import GymsConfig
 from userrl_megatron.data import load_tasks
 

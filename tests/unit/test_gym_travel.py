@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from gyms.travel.generator import generate_scenario
+from gyms.travel.settings import TravelGymConfig
 from tests.support.gym_play import play_new, sim_for
 from tests.support.openai_server import OpenAIServer, sequence, when
-from userrl_megatron.config.gyms import TravelGymConfig
 
 SCENARIO_ID = "flight:2-5|hotel:3-6"
 SCENARIO = generate_scenario(SCENARIO_ID)

@@ -93,3 +93,16 @@ def test_live_smoke_checks_only_that_nothing_crashes() -> None:
         results = run_smoke(["telepathy"], sim)
     assert [(r.ok, r.total_reward) for r in results] == [(True, 0.0), (True, 0.0)]  # the guess was judged wrong
     assert sim.metrics()["calls"] == 4.0
+
+
+def test_the_typed_section_survives_pickling_copies_and_replace() -> None:
+    import copy
+    import pickle
+
+    from ray import cloudpickle
+
+    cfg = load_config(overrides=["gyms.echo.turns=5", "gyms.train=[echo-procedural]"])
+    for copied in (pickle.loads(pickle.dumps(cfg)), cloudpickle.loads(cloudpickle.dumps(cfg)), copy.deepcopy(cfg)):
+        assert copied == cfg and copied.gyms.echo.turns == 5
+    assert dataclasses.replace(cfg.gyms, data_dir="/d").echo.turns == 5
+    assert isinstance(cfg.gyms, GymsConfig) and GymsConfig(data_dir="/d").function.generator.terms == 1

@@ -11,12 +11,12 @@ from gyms.base import make_gym
 from gyms.smoke import ScriptedUserSim
 from gyms.tau.domain import load_domain
 from gyms.tau.gym import HELP, INVALID_TOOL_CALL, TOOLS_ALREADY_LISTED, parse_tool_call
+from gyms.tau.settings import TauGymConfig
 from gyms.tau.store import db_hash
 from gyms.tau.tasks import format_task_id, parse_task_id
 from gyms.tools import INTERACT_TOOL
 from gyms.turn_gym import EPISODE_OVER
 from tests.support.gym_play import play
-from userrl_megatron.config.gyms import TauGymConfig
 from userrl_megatron.config.schema import GymsConfig
 from userrl_megatron.data import load_tasks
 from userrl_megatron.errors import UserError

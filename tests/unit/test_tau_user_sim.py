@@ -7,13 +7,13 @@ import pytest
 
 from gyms.base import make_gym
 from gyms.tau.domain import load_domain
+from gyms.tau.settings import TauGymConfig
 from gyms.tau.tasks import parse_task_id
 from gyms.tau.user import GREETING, customer_prompt
 from gyms.turn_gym import TurnGym
 from gyms.user_sim import UserSimulator
 from tests.support.gym_play import SIM_TIMEOUT_S
 from tests.support.openai_server import Fault, OpenAIServer, reply
-from userrl_megatron.config.gyms import TauGymConfig
 from userrl_megatron.config.schema import UserSimConfig
 
 

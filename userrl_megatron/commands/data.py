@@ -64,13 +64,13 @@ def _build(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from gyms.base import gym_spec, list_gyms
-    from userrl_megatron.data import PROCEDURAL_SOURCES
+    from userrl_megatron.data import procedural_sources
     from userrl_megatron.data.mixtures import MIXTURES
 
     for name in list_gyms():
         kind = "gym (public data)" if gym_spec(name).tasks is not None else "gym (no task list)"
         print(f"{name:22s} {kind}")
-    for name in PROCEDURAL_SOURCES:
+    for name in procedural_sources():
         print(f"{name:22s} procedural (no data needed)")
     for name, (_, split) in MIXTURES.items():
         print(f"{name:22s} mixture ({split} split)")

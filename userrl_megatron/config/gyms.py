@@ -1,29 +1,108 @@
-"""Typed settings of each built-in gym, one dataclass per gym (fields of `GymsConfig`, config section `gyms`), and
-of the user simulator they share (`UserSimConfig`, config section `user_sim`). The gyms read them; a gym added as
-one folder brings its own dataclass instead (`gyms/README.md`, "Adding a gym"). A settings dataclass checks its
-fields together in `problems(where) -> list[str]` (`settings_problems` finds them, nested ones too).
+"""The `gyms` section, typed from the registered gyms, and the user simulator's settings (`UserSimConfig`, section
+`user_sim`).
 
-Defaults are UserRL's training settings (its env_manager overrides, spec §3), with the UserRL bugs fixed (see
-gyms/README.md). `max_steps` is always replaced by the rollout's max turns: a gym's config comes from
-`gyms.config_for(name, gyms_cfg, max_steps)`. Every field carries a one-line comment (`userrl config show --explain`).
+Every gym is a plug-in: its package (a folder under `gyms/` or an installed package named in the entry-point group
+`userrl_megatron.gyms`) brings its settings dataclass and registers it here when it registers itself
+(`gyms.register_gym`). This package imports no gym: a higher layer adds the finder that imports them
+(`add_gym_finder`, `userrl_megatron/__init__.py`), and `GymsConfig()` is then a dataclass with one typed field per
+registered section (`gyms_config_type`), which the loader checks keys and types against, `config show --explain`
+documents (the settings dataclass's docstring and field comments) and `config validate` checks
+(`settings_problems`: the settings' own `RANGES`, `CHOICES` and `problems(where)`).
 """
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-from userrl_megatron.config.rules import (
-    COUNT,
-    NON_NEGATIVE,
-    POSITIVE,
-    PROBABILITY,
-    YAML_ON_OFF,
-    Rule,
-    choice_problem,
-    range_problem,
-)
+from userrl_megatron.config.rules import YAML_ON_OFF, Rule, choice_problem, range_problem
 
-FUNCTION_OPERATORS = ("+", "-", "*", "/", "**")
+_SETTINGS: dict[str, type] = {}  # section -> settings dataclass, in registration order
+_FINDERS: list[Callable[[], None]] = []
+_TYPED: dict[tuple[tuple[str, type], ...], type] = {}
+_finding = False
+
+
+def add_gym_finder(finder: Callable[[], None]) -> None:
+    """Add `finder`, which registers gyms (importing them); it runs, idempotently, whenever the sections are read."""
+    if finder not in _FINDERS:
+        _FINDERS.append(finder)
+
+
+def register_gym_settings(section: str, settings: type) -> None:
+    """Register `settings`, a dataclass, as the type of config section `gyms.<section>` (gyms sharing a section
+    share the type)."""
+    if not dataclasses.is_dataclass(settings):
+        raise TypeError(f"the settings of gyms.{section} must be a dataclass, got {settings!r}")
+    if section in BASE_FIELDS:
+        raise ValueError(f"gyms.{section} is not a gym section: {', '.join(BASE_FIELDS)} are taken")
+    known = _SETTINGS.setdefault(section, settings)
+    if known is not settings:
+        raise ValueError(f"gyms.{section} is already typed by {known.__qualname__}, not {settings.__qualname__}")
+
+
+def forget_gym_settings(section: str) -> None:
+    """Drop section `gyms.<section>` (its gyms were unregistered)."""
+    _SETTINGS.pop(section, None)
+
+
+def gym_settings() -> dict[str, type]:
+    """Section -> settings dataclass of every registered gym (the finders run first)."""
+    global _finding
+    if not _finding:
+        _finding = True
+        try:
+            for finder in _FINDERS:
+                finder()
+        finally:
+            _finding = False
+    return dict(_SETTINGS)
+
+
+def gyms_config_type() -> type["GymsConfig"]:
+    """`GymsConfig` with one field per registered gym section, each defaulting to its settings' defaults (one class
+    per set of sections)."""
+    sections = tuple(gym_settings().items())
+    if sections not in _TYPED:
+        fields = [
+            (name, settings, field(default_factory=settings, metadata={"doc": section_doc(settings)}))
+            for name, settings in sections
+        ]
+        _TYPED[sections] = dataclasses.make_dataclass(
+            "GymsConfig", fields, bases=(GymsConfig,), namespace={"__module__": __name__}
+        )
+    return _TYPED[sections]
+
+
+def section_doc(settings: type) -> str:
+    """The first line of a settings dataclass's docstring (a dataclass without one: its name)."""
+    doc = settings.__doc__ or ""
+    return settings.__name__ if doc.startswith(f"{settings.__name__}(") else doc.strip().split("\n")[0].rstrip(".")
+
+
+def typed_gyms_config(values: dict[str, Any]) -> "GymsConfig":
+    """A `GymsConfig` of the registered sections holding `values` (how a pickled one is rebuilt)."""
+    return gyms_config_type()(**values)
+
+
+@dataclass
+class GymsConfig:
+    """The `gyms` section: the public data and task sources; `GymsConfig(...)` adds a field per registered gym."""
+
+    data_dir: str = ""  # public data folder (`userrl data fetch`); empty = $USERRL_DATA_DIR or the default cache
+    train: list[str] = field(default_factory=lambda: ["function-procedural"])  # training sources (userrl data list)
+    test: list[str] = field(default_factory=lambda: ["function-procedural"])  # evaluation sources
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "GymsConfig":
+        """`GymsConfig(...)` builds the class typed with every registered gym's section (`gyms_config_type`)."""
+        return super().__new__(gyms_config_type() if cls is GymsConfig else cls)
+
+    def __reduce__(self) -> tuple[Callable[[dict[str, Any]], "GymsConfig"], tuple[dict[str, Any]]]:
+        """Pickled as its values: the typed class is rebuilt from the registry where it is unpickled."""
+        return typed_gyms_config, ({f.name: getattr(self, f.name) for f in dataclasses.fields(self)},)
+
+
+BASE_FIELDS = tuple(f.name for f in dataclasses.fields(GymsConfig))
 
 
 def settings_problems(settings: Any, where: str) -> list[str]:
@@ -41,161 +120,6 @@ def settings_problems(settings: Any, where: str) -> list[str]:
     for f in dataclasses.fields(settings):
         problems += settings_problems(getattr(settings, f.name), f"{where}.{f.name}")
     return problems
-
-
-@dataclass
-class FunctionGeneratorConfig:
-    seed: int = 0  # seed of the procedural stream; train and test draw disjoint tasks from it
-    tasks_per_split: int = 256  # tasks in each split of the `function-procedural` source
-    terms: int = 1  # distinct inputs (of a, b, c, d) the rule combines: 1 (easiest) to 4 (UserRL-like)
-    operators: list[str] = field(default_factory=lambda: ["+", "-"])  # of + - * / and ** (squares a term)
-    max_input: int = 9  # test-case inputs are drawn from 1..max_input
-    reveal_test_case: bool = True  # state the test case in the first user message (no [search] needed)
-    prompt_style: str = "userrl"  # "userrl" (UserRL's tool prompt) or "compact" (rule shown, 2 solved examples)
-    balanced: bool = False  # task i's rule starts with input i mod 4, inputs distinct: a fixed position scores chance
-
-    RANGES: ClassVar[dict[str, Rule]] = {
-        "seed": NON_NEGATIVE,
-        "tasks_per_split": COUNT,
-        "terms": ("in 1..4 (inputs a, b, c, d)", lambda v: 1 <= v <= 4),
-        "max_input": COUNT,
-    }
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"prompt_style": ("userrl", "compact")}
-
-    def problems(self, where: str) -> list[str]:
-        """What is wrong with these settings together, each message naming its key under `where`."""
-        problems = []
-        unknown = [op for op in self.operators if op not in FUNCTION_OPERATORS]
-        if unknown:
-            problems.append(f"{where}.operators: unknown {unknown}; choose from {' '.join(FUNCTION_OPERATORS)}")
-        if self.terms > 1 and not [op for op in self.operators if op != "**"]:
-            problems.append(f"{where}.operators needs one of + - * / when terms > 1")
-        if self.balanced and self.max_input < 4:
-            problems.append(f"{where}.balanced needs four distinct inputs: max_input >= 4, got {self.max_input}")
-        return problems
-
-
-@dataclass
-class FunctionGymConfig:
-    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
-    generator: FunctionGeneratorConfig = field(default_factory=FunctionGeneratorConfig)  # `function-procedural`
-
-    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT}
-
-
-@dataclass
-class IntentionGymConfig:
-    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
-    multi_detail_penalty: float = 0.2  # reward cut per extra detail covered by one question
-    history_turns: int = 3  # past exchanges shown to the user simulator and the coverage judge
-
-    RANGES: ClassVar[dict[str, Rule]] = {
-        "max_steps": COUNT,
-        "multi_detail_penalty": PROBABILITY,
-        "history_turns": NON_NEGATIVE,
-    }
-
-
-@dataclass
-class PersuadeGymConfig:
-    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
-    reward_baseline: str = "best"  # stance moves are paid from "best" stance so far (fix) or "previous" (UserRL)
-
-    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT}
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"reward_baseline": ("best", "previous")}
-
-
-@dataclass
-class SearchGymConfig:
-    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
-    max_search_steps: int = 5  # searches allowed per episode
-    max_search_results: int = 5  # results shown per search
-    judge: str = "llm"  # answers failing the exact match go to the LLM judge ("llm") or are wrong ("exact")
-    judge_max_tokens: int = 512  # completion limit of the answer judge (UserRL's SearchGym value)
-    backend: str = "offline"  # "offline" (BM25 over corpus_path) or "web" (HTTP search API)
-    corpus_path: str = ""  # offline corpus: a .jsonl file of {title, text} or a folder of .txt/.md files
-    web_url: str = "https://google.serper.dev/search"  # web backend endpoint (Serper-compatible JSON API)
-    web_api_key_env: str = "SERPER_API_KEY"  # environment variable holding the web search API key
-    web_timeout_s: float = 10.0  # timeout of one web search request
-    web_retries: int = 2  # retries of a failed web search request
-
-    RANGES: ClassVar[dict[str, Rule]] = {
-        "max_steps": COUNT,
-        "max_search_steps": COUNT,
-        "max_search_results": COUNT,
-        "judge_max_tokens": COUNT,
-        "web_timeout_s": POSITIVE,
-        "web_retries": NON_NEGATIVE,
-    }
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"judge": ("llm", "exact"), "backend": ("offline", "web")}
-
-
-@dataclass
-class TelepathyGymConfig:
-    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
-
-    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT}
-
-
-@dataclass
-class TravelGymConfig:
-    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
-    search_correct_reward: float = 0.0  # reward of a correct first search of an aspect (UserRL eval: 0.2)
-    preference_correct_reward: float = 0.8  # reward of a question that elicits a hidden preference (eval: 0.6)
-    choice_best_reward: float = 1.0  # reward of recommending the best (cheapest correct) option
-    choice_correct_reward: float = 0.8  # reward of recommending a correct but not the best option
-    search_failure_interval: int = 5  # every k-th search fails on purpose (0 disables)
-    elicitation_interval: int = 3  # after k off-preference utterances the user volunteers a preference
-    one_choice_per_aspect: bool = True  # a second recommendation for an aspect is refused
-
-    RANGES: ClassVar[dict[str, Rule]] = {
-        "max_steps": COUNT,
-        "search_correct_reward": PROBABILITY,
-        "preference_correct_reward": PROBABILITY,
-        "choice_best_reward": PROBABILITY,
-        "choice_correct_reward": PROBABILITY,
-        "search_failure_interval": NON_NEGATIVE,
-        "elicitation_interval": COUNT,
-    }
-
-
-@dataclass
-class TurtleGymConfig:
-    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
-    success_threshold: float = 1.0  # rubric score that solves the story and ends the episode (UserRL default 0.9)
-
-    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT, "success_threshold": PROBABILITY}
-
-
-@dataclass
-class TauGymConfig:
-    max_steps: int = 30  # tool calls + messages to the user per episode (replaced by rollout.max_turns in training)
-    data_dir: str = ""  # folder holding taubench/ and userrl/; empty = where the task was loaded from
-    customer_temperature: float | None = None  # sampling temperature of the customer; None: not sent (tau-bench)
-    customer_max_tokens: int | None = None  # completion limit of the customer; None: not sent (tau-bench)
-
-    RANGES: ClassVar[dict[str, Rule]] = {"max_steps": COUNT}
-
-
-@dataclass
-class EchoGymConfig:
-    max_steps: int = 20  # step limit (replaced by rollout.max_turns in training)
-    turns: int = 3  # turns per episode (each asks for one letter)
-    alphabet: str = "ab"  # letters the user may ask for
-    same_letter: bool = True  # ask for the same letter every turn (False: a fresh letter each turn)
-    seed: int = 0  # seed of the `echo-procedural` task stream
-    tasks_per_split: int = 64  # tasks in each split of `echo-procedural`
-    reply_delay_median_s: float = 0.0  # the user's reply delay per step: log-normal with this median (0 = none)
-    reply_delay_p99_s: float = 0.0  # ... and this 99th percentile (heavy tail: a slow simulated user; >= median)
-
-    RANGES: ClassVar[dict[str, Rule]] = {
-        "max_steps": COUNT,
-        "turns": COUNT,
-        "seed": NON_NEGATIVE,
-        "tasks_per_split": COUNT,
-        "reply_delay_median_s": NON_NEGATIVE,
-        "reply_delay_p99_s": NON_NEGATIVE,
-    }
 
 
 @dataclass

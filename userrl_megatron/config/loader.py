@@ -22,6 +22,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from userrl_megatron.config.gyms import GymsConfig, gyms_config_type
 from userrl_megatron.config.schema import RootConfig
 
 
@@ -136,7 +137,7 @@ def _check_keys(raw: Any, schema: type, prefix: str, source: str) -> None:
     """Reject keys the schema does not have, naming the closest valid key."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: {prefix.rstrip('.') or 'config'} must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(schema)
+    hints = _hints(schema)
     for key, value in raw.items():
         dotted = f"{prefix}{key}"
         if key not in hints:
@@ -159,7 +160,7 @@ def _suggestion(key: str, prefix: str, hints: dict[str, Any]) -> str:
 
 def _leaf_paths(schema: type, prefix: str = "") -> list[str]:
     paths = []
-    for name, sub in typing.get_type_hints(schema).items():
+    for name, sub in _hints(schema).items():
         if isinstance(sub, type) and dataclasses.is_dataclass(sub):
             paths += _leaf_paths(sub, f"{prefix}{name}.")
         else:
@@ -170,10 +171,17 @@ def _leaf_paths(schema: type, prefix: str = "") -> list[str]:
 def _field_type(dotted: str) -> Any:
     node: Any = RootConfig
     for part in dotted.split("."):
-        if not dataclasses.is_dataclass(node):
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
             return None
-        node = typing.get_type_hints(node).get(part)
+        node = _hints(node).get(part)
     return node
+
+
+def _hints(schema: type) -> dict[str, Any]:
+    """Field -> type of a config dataclass, the `gyms` section typed with every registered gym's settings."""
+    hints = typing.get_type_hints(schema)
+    typed = {f.name: hints[f.name] for f in dataclasses.fields(schema)}
+    return {name: gyms_config_type() if hint is GymsConfig else hint for name, hint in typed.items()}
 
 
 def _type_name(tp: Any) -> str:

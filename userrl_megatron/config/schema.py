@@ -5,20 +5,8 @@ that no field lacks one. Defaults describe the embedded CPU quickstart; recipes 
 """
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from userrl_megatron.config.gyms import (
-    EchoGymConfig,
-    FunctionGymConfig,
-    IntentionGymConfig,
-    PersuadeGymConfig,
-    SearchGymConfig,
-    TauGymConfig,
-    TelepathyGymConfig,
-    TravelGymConfig,
-    TurtleGymConfig,
-    UserSimConfig,
-)
+from userrl_megatron.config.gyms import GymsConfig, UserSimConfig
 
 
 @dataclass
@@ -158,23 +146,6 @@ class RolloutConfig:
 
 
 @dataclass
-class GymsConfig:
-    data_dir: str = ""  # public data folder (`userrl data fetch`); empty = $USERRL_DATA_DIR or the default cache
-    train: list[str] = field(default_factory=lambda: ["function-procedural"])  # training sources (userrl data list)
-    test: list[str] = field(default_factory=lambda: ["function-procedural"])  # evaluation sources
-    function: FunctionGymConfig = field(default_factory=FunctionGymConfig)  # FunctionGym and its task generator
-    intention: IntentionGymConfig = field(default_factory=IntentionGymConfig)  # IntentionGym
-    persuade: PersuadeGymConfig = field(default_factory=PersuadeGymConfig)  # PersuadeGym
-    search: SearchGymConfig = field(default_factory=SearchGymConfig)  # SearchGym and its search backend
-    tau: TauGymConfig = field(default_factory=TauGymConfig)  # tau, tau_retail and tau_airline (tau-bench)
-    telepathy: TelepathyGymConfig = field(default_factory=TelepathyGymConfig)  # TelepathyGym
-    travel: TravelGymConfig = field(default_factory=TravelGymConfig)  # TravelGym and its scenario generator
-    turtle: TurtleGymConfig = field(default_factory=TurtleGymConfig)  # TurtleGym
-    echo: EchoGymConfig = field(default_factory=EchoGymConfig)  # EchoGym, the toy gym of the learning test
-    plugins: dict[str, Any] = field(default_factory=dict)  # settings of gyms outside this schema: plugins.<gym>.<key>
-
-
-@dataclass
 class AlgoConfig:
     adv_estimator: str = "grpo_multiturn"  # advantage estimator (registry name): grpo, grpo_multiturn
     gamma: float = 0.8  # discount of R2G turn credits and R2G trajectory scores
@@ -295,7 +266,7 @@ class RootConfig:
     model: ModelConfig = field(default_factory=ModelConfig)  # policy model
     megatron: MegatronConfig = field(default_factory=MegatronConfig)  # Megatron actor: parallelism and optimizer
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # rollout engines and episode limits
-    gyms: GymsConfig = field(default_factory=GymsConfig)  # environments and their data
+    gyms: GymsConfig = field(default_factory=GymsConfig)  # task sources, their data, each registered gym's settings
     user_sim: UserSimConfig = field(default_factory=UserSimConfig)  # LLM user simulator / judge endpoint
     algo: AlgoConfig = field(default_factory=AlgoConfig)  # advantages and policy loss
     sync: SyncConfig = field(default_factory=SyncConfig)  # trainer -> engine weight broadcast

@@ -3,12 +3,12 @@
 A source is one of:
   * a gym name (`function`, `travel`, ...): that gym's tasks of the split, from the public data folder;
   * a mixture: `alltrain` or `alltest` (UserRL's data/; the mixture fixes its own split);
-  * a procedural source that needs no data: `function-procedural` (FunctionGym rules from the seeded
-    generator, `gyms.function.generator` settings) or `echo-procedural` (EchoGym, `gyms.echo` settings);
+  * a procedural source that needs no data, which a gym registers with the settings it is made from
+    (`procedural_sources()`: `function-procedural`, FunctionGym rules from `gyms.function.generator`, and
+    `echo-procedural`, from `gyms.echo`);
   * a row file path (.parquet / .jsonl): rows written by `userrl data build`, or UserRL's own parquet rows.
 """
 
-from collections.abc import Callable
 from pathlib import Path
 
 from userrl_megatron.config.schema import GymsConfig
@@ -16,29 +16,9 @@ from userrl_megatron.errors import UserError
 from userrl_megatron.types import Task
 
 
-def _function_procedural(split: str, cfg: GymsConfig) -> list[Task]:
-    from gyms.function.tasks import procedural_tasks
-
-    return procedural_tasks(split, cfg.function.generator)
-
-
-def _echo_procedural(split: str, cfg: GymsConfig) -> list[Task]:
-    from gyms.echo.env import echo_tasks
-
-    return echo_tasks(split, cfg.echo)
-
-
-# Sources generated from the config alone: (split, gyms config) -> tasks.
-PROCEDURAL_SOURCES: dict[str, Callable[[str, GymsConfig], list[Task]]] = {
-    "function-procedural": _function_procedural,
-    "echo-procedural": _echo_procedural,
-}
-
-
 def load_tasks(sources: list[str], split: str, cfg: GymsConfig) -> list[Task]:
-    """The tasks of every source for `split`, concatenated in source order. The settings of every gym they use are
-    checked here, before any work starts (a plug-in gym's `gyms.plugins` entry included)."""
-    from gyms import config_for
+    """The tasks of every source for `split`, concatenated in source order."""
+    from gyms.base import gym_spec
     from gyms.data import data_dir
 
     root = data_dir(cfg.data_dir)
@@ -47,8 +27,8 @@ def load_tasks(sources: list[str], split: str, cfg: GymsConfig) -> list[Task]:
         tasks += _source_tasks(source, split, cfg, root)
     for gym in sorted({t.gym for t in tasks}):
         try:
-            config_for(gym, cfg, 1)
-        except (KeyError, ValueError, TypeError) as e:
+            gym_spec(gym)
+        except KeyError as e:
             raise UserError(str(e).strip("'\"")) from e
     return tasks
 
@@ -58,15 +38,25 @@ def list_sources() -> list[str]:
     from gyms.base import list_gyms
     from userrl_megatron.data.mixtures import MIXTURES
 
-    return [*list_gyms(), *MIXTURES, *PROCEDURAL_SOURCES]
+    return [*list_gyms(), *MIXTURES, *procedural_sources()]
+
+
+def procedural_sources() -> dict[str, str]:
+    """Source -> the gym that generates it from its settings alone (`register_gym(..., procedural=...)`)."""
+    from gyms.base import gym_spec, list_gyms
+
+    return {source: gym for gym in list_gyms() for source in sorted(gym_spec(gym).procedural)}
 
 
 def _source_tasks(source: str, split: str, cfg: GymsConfig, root: Path) -> list[Task]:
+    from gyms import config_for
     from gyms.base import gym_spec, list_gyms
     from userrl_megatron.data.mixtures import MIXTURES, mixture_tasks
 
-    if source in PROCEDURAL_SOURCES:
-        return PROCEDURAL_SOURCES[source](split, cfg)
+    procedural = procedural_sources()
+    if source in procedural:
+        spec = gym_spec(procedural[source])
+        return spec.procedural[source](split, config_for(spec.name, cfg, 1))
     if source in MIXTURES:
         return mixture_tasks(source, root)
     if source in list_gyms():

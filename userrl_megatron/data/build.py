@@ -27,9 +27,9 @@ class Built:
 def default_sources() -> list[str]:
     """Every registered gym with public-data tasks, the procedural sources and the mixtures."""
     from gyms.base import gym_spec, list_gyms
-    from userrl_megatron.data import PROCEDURAL_SOURCES
+    from userrl_megatron.data import procedural_sources
 
-    return [g for g in list_gyms() if gym_spec(g).tasks is not None] + [*PROCEDURAL_SOURCES, *MIXTURES]
+    return [g for g in list_gyms() if gym_spec(g).tasks is not None] + [*procedural_sources(), *MIXTURES]
 
 
 def build_rows(
