@@ -145,3 +145,54 @@ def test_config_refuses_engines_that_do_not_fit_nodes_and_colocation_without_off
     load_config(model, [*colocated, "run.device=cpu"])  # on the CPU (sglang --device cpu): no such pool
     load_config(model, [*colocated, "rollout.sglang.device=cpu"])
     load_config(model, [*colocated, "rollout.backend=embedded"])
+
+
+def test_the_bring_up_tears_down_what_it_started_and_only_that(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reserve_placement`: the checks and the plan learn whether the run is on GPUs; on exit (after an error too) the
+    group is removed and Ray shut down when the block started it; a Ray running before stays."""
+    import ray
+    import ray.util
+
+    from userrl_megatron.config.schema import RunConfig
+    from userrl_megatron.fleet import placement
+
+    events: list[str] = []
+    running = [False]
+
+    def start(run: RunConfig, cpus: int) -> bool:
+        events.append(f"start {cpus}")
+        running[0] = True
+        return True
+
+    def create(plan: BundlePlan, timeout_s: float, beside: str) -> Placement:
+        events.append(f"reserve {len(plan.bundles)} {timeout_s:g} {beside}")
+        return Placement(group="group", plan=plan)
+
+    monkeypatch.setattr(placement, "start_run_ray", start)
+    monkeypatch.setattr(placement, "create_placement", create)
+    monkeypatch.setattr(ray, "is_initialized", lambda: running[0])
+    monkeypatch.setattr(ray, "shutdown", lambda: events.append("shutdown"))
+    monkeypatch.setattr(ray.util, "remove_placement_group", lambda group: events.append(f"remove {group}"))
+    rollout = RolloutConfig(num_engines=2)
+
+    def plan(on_gpu: bool) -> BundlePlan:
+        return plan_bundles(MegatronConfig(), rollout, on_gpu)
+
+    with placement.reserve_placement(RunConfig(), plan, 3, lambda on_gpu: events.append(f"check {on_gpu}"), "x", 9):
+        events.append("body")
+    assert events == ["start 3", "check True", "reserve 3 9 x", "body", "remove group", "shutdown"]
+
+    events.clear()
+    with pytest.raises(PlacementError), placement.reserve_placement(RunConfig(), plan, 3):  # Ray runs: it stays
+        raise PlacementError("boom")
+    assert events == ["start 3", "reserve 3 300 ", "remove group"]
+
+    events.clear()
+    running[0] = False
+
+    def refuse(on_gpu: bool) -> None:
+        raise PlacementError("no")
+
+    with pytest.raises(PlacementError), placement.reserve_placement(RunConfig(), plan, 3, refuse):
+        pass
+    assert events == ["start 3", "shutdown"]  # a failed check reserves nothing and stops the Ray it started

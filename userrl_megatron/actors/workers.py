@@ -429,6 +429,14 @@ class ActorGroup:
         return ray.get(refs)
 
 
+def thread_env(placement: Any) -> dict[str, str]:
+    """The environment of the actor ranks of `placement`: this machine's cores shared among them
+    (`OMP_NUM_THREADS`)."""
+    from userrl_megatron.cores import core_count
+
+    return {"OMP_NUM_THREADS": str(max(1, core_count() // max(1, len(placement.plan.actor_bundles))))}
+
+
 def _actor() -> "type[MegatronActor]":
     """The class whose methods the group runs on its ranks (imported on first use: it imports megatron.core)."""
     from userrl_megatron.megatron.actor import MegatronActor

@@ -15,9 +15,11 @@ engine's Ray actor sits on the bundle of its first GPU, but its server needs all
 hands it the GPU ids of its slots (`engine_parts`), one part per node it spans.
 """
 
+import contextlib
 import ipaddress
 import logging
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,17 +258,18 @@ def ray_environment() -> None:
         os.environ.setdefault(name, value)
 
 
-def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
+def start_ray(run: RunConfig, num_cpus: int | None = None, log_to_driver: bool = True) -> None:
     """Join the cluster `run.ray_address` names ("auto": the one this machine runs), passing no resource
     counts; otherwise start a private Ray instance bound to loopback, whatever else runs on the machine (a
-    SLURM job's head, the files a killed cluster left in /tmp/ray, a `RAY_ADDRESS` in the environment)."""
+    SLURM job's head, the files a killed cluster left in /tmp/ray, a `RAY_ADDRESS` in the environment). A process
+    already connected keeps its Ray."""
     import ray
 
     if ray.is_initialized():
         return
     ray_environment()
     if run.ray_address:
-        ray.init(address=run.ray_address, log_to_driver=True)
+        ray.init(address=run.ray_address, log_to_driver=log_to_driver)
         log.info("connected to Ray at %s: %s", run.ray_address, ray.cluster_resources())
     else:
         ray.init(
@@ -274,8 +277,22 @@ def start_ray(run: RunConfig, num_cpus: int | None = None) -> None:
             num_cpus=num_cpus,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
-            log_to_driver=True,
+            log_to_driver=log_to_driver,
         )
+
+
+@contextlib.contextmanager
+def ray_session() -> Iterator[None]:
+    """Ray's teardown: what the block started (Ray not running at its start, running at its end) is shut down on
+    exit; a Ray this process was connected to before stays."""
+    import ray
+
+    started = not ray.is_initialized()
+    try:
+        yield
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
 
 
 def start_run_ray(run: RunConfig, cpus: int) -> bool:
@@ -290,6 +307,33 @@ def start_run_ray(run: RunConfig, cpus: int) -> bool:
 
     start_ray(run, num_cpus=max(core_count(), cpus))
     return run_on_gpus(run.device, ray.cluster_resources())
+
+
+@contextlib.contextmanager
+def reserve_placement(
+    run: RunConfig,
+    plan: Callable[[bool], BundlePlan],
+    cpus: int = 0,
+    check: Callable[[bool], None] | None = None,
+    beside: str = "",
+    timeout_s: float = 300.0,
+) -> Iterator[Placement]:
+    """The one bring-up of every command that places processes (`userrl train`, `sft`, `rollout`, `eval`, the
+    user simulator's engines, and the dry start of `userrl plan --placement`): Ray started for the block or joined
+    (`start_run_ray`: `run.ray_address`; a private Ray gets at least `cpus` CPUs), `check(on_gpu)` (what needs to
+    know whether the run goes on GPUs), then `plan(on_gpu)`'s bundles reserved (`create_placement`, `beside` and
+    `timeout_s` as there). On exit the group is removed and a Ray the block started is shut down."""
+    from ray.util import remove_placement_group
+
+    with ray_session():
+        on_gpu = start_run_ray(run, cpus)
+        if check is not None:
+            check(on_gpu)
+        placement = create_placement(plan(on_gpu), timeout_s, beside)
+        try:
+            yield placement
+        finally:
+            remove_placement_group(placement.group)
 
 
 def create_placement(plan: BundlePlan, timeout_s: float = 300.0, beside: str = "") -> Placement:

@@ -2,7 +2,8 @@
 and restarted like the policy's engines, and the gyms' simulator client pointed at them.
 
 `user_simulator(cfg, gym_names, log_dir)` yields the `gyms.user_sim.UserSimulator` the gyms call (None when no
-gym of `gym_names` needs one). With `user_sim.engines.model` set, it first starts `user_sim.engines.num_engines`
+gym of `gym_names` needs one); `userrl train` uses the same `SimulatorService`, decided before Ray starts and run
+beside the policy's placement. With `user_sim.engines.model` set, it first starts `user_sim.engines.num_engines`
 engines of that model, each requiring a key made for this run: in a placement group of their own (their own GPUs
 on a cluster), or with `user_sim.engines.placement: policy_engines` on the policy engines' GPUs (`simulator_pool`
 given the policy's placement). The client talks to the engine's OpenAI route (to sglang-router in front of several
@@ -97,24 +98,47 @@ def _counting_the_other(cfg: "RootConfig", rollout: "RolloutConfig") -> "Rollout
     return dataclasses.replace(rollout, sglang=dataclasses.replace(rollout.sglang, mem_fraction_static=fraction))
 
 
+class SimulatorService:
+    """The user simulator of a run whose gyms are `gym_names`: none (no gym needs one), the endpoint of
+    `user_sim.base_url` (its client made here: a missing API key fails before anything starts), or engines the run
+    serves (`user_sim.engines.model`, started by `running`). `client` is what the gyms call, `pool` the served
+    engines."""
+
+    def __init__(self, cfg: "RootConfig", gym_names: Iterable[str]) -> None:
+        from gyms.base import gym_spec
+        from gyms.user_sim import UserSimulator
+
+        self.cfg = cfg
+        needed = any(gym_spec(name).needs_user_sim for name in set(gym_names))
+        self.served = needed and bool(cfg.user_sim.engines.model)
+        self.client: UserSimulator | None = UserSimulator(cfg.user_sim) if needed and not self.served else None
+        self.pool: RolloutPool | None = None
+
+    @property
+    def engines(self) -> int:
+        """How many engines the run serves (0: none)."""
+        return self.cfg.user_sim.engines.num_engines if self.served else 0
+
+    @contextlib.asynccontextmanager
+    async def running(self, log_dir: Path, policy: "Placement | None" = None) -> AsyncIterator["UserSimulator | None"]:
+        """The client, with the served engines started first (`simulator_pool`, given the policy's placement
+        `policy` when there is one); the client and then the engines closed on exit."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self.served:
+                self.pool = await stack.enter_async_context(simulator_pool(self.cfg, log_dir, policy))
+                self.client = managed_client(self.cfg, self.pool)
+            if self.client is not None:
+                stack.push_async_callback(self.client.close)
+            yield self.client
+
+
 @contextlib.asynccontextmanager
 async def user_simulator(
     cfg: "RootConfig", gym_names: Iterable[str], log_dir: Path
 ) -> AsyncIterator["UserSimulator | None"]:
     """The simulator the gyms of `gym_names` call (None: none needs one), with its engines when the run serves it
     (`user_sim.engines.model`); everything closed on exit."""
-    from gyms.base import gym_spec
-    from gyms.user_sim import UserSimulator
-
-    if not any(gym_spec(name).needs_user_sim for name in set(gym_names)):
-        yield None
-        return
-    async with contextlib.AsyncExitStack() as stack:
-        if cfg.user_sim.engines.model:
-            sim = managed_client(cfg, await stack.enter_async_context(simulator_pool(cfg, log_dir)))
-        else:
-            sim = UserSimulator(cfg.user_sim)  # a missing API key fails here, before anything starts
-        stack.push_async_callback(sim.close)
+    async with SimulatorService(cfg, gym_names).running(log_dir) as sim:
         yield sim
 
 
@@ -122,44 +146,45 @@ async def user_simulator(
 async def simulator_pool(
     cfg: "RootConfig", log_dir: Path, policy: "Placement | None" = None
 ) -> AsyncIterator["RolloutPool"]:
-    """The simulator engines of `cfg.user_sim.engines`, started in a placement group of their own, or with
-    `placement: policy_engines` on the bundles of the policy engines of `policy` (the policy's placement; without it,
-    as in `userrl rollout` and `userrl eval`, on GPUs of their own)."""
+    """The simulator engines of `cfg.user_sim.engines`, started in a placement group of their own
+    (`placement.reserve_placement`), or with `placement: policy_engines` on the bundles of the policy engines of
+    `policy` (the policy's placement; without it, as in `userrl rollout` and `userrl eval`, on GPUs of their own)."""
     from userrl_megatron.fleet.gpu_preflight import check_gpu_run
-    from userrl_megatron.fleet.placement import create_placement, plan_bundles, shared_placement, start_run_ray
+    from userrl_megatron.fleet.placement import plan_bundles, reserve_placement, shared_placement
     from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.model_store import resolve_model
 
     rollout = simulator_rollout(cfg)
-    # Started here when the simulator comes first (`userrl rollout`, `userrl eval`): room for the policy's engines.
-    bundles = rollout.num_engines * rollout.engine_tp + cfg.rollout.num_engines * cfg.rollout.engine_tp
-    use_gpu = start_run_ray(cfg.run, bundles)  # GPUs from the cluster's resources, not this process's CUDA
-    if use_gpu and policy is None:  # `userrl train` checked the whole run before placing it
-        check_gpu_run(cfg, actors=False)
     shared = cfg.user_sim.engines.shares_policy_engines and policy is not None
     if cfg.user_sim.engines.shares_policy_engines and policy is None:
         log.warning(
             "user_sim.engines.placement = policy_engines: this command places no policy engines of its own (`userrl "
             "train` does), so the simulator's engines take GPUs of their own"
         )
-    if policy is not None and shared:
-        placement = shared_placement(policy, rollout.num_engines)
-    else:
-        engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
-        placement = create_placement(plan_bundles(engines_only, rollout, use_gpu))
-    model_dir = str(resolve_model(cfg.user_sim.engines.model))
-    dtype = cfg.user_sim.engines.dtype or cfg.model.dtype
-    os.environ.pop(KEY_ENV, None)  # a key made for this run by the pool, never one left in the environment
-    try:
+    engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
+    # Ray is started here when the simulator comes first (`userrl rollout`, `userrl eval`): room for the policy's.
+    bundles = rollout.num_engines * rollout.engine_tp + cfg.rollout.num_engines * cfg.rollout.engine_tp
+
+    def check(on_gpu: bool) -> None:
+        if on_gpu and policy is None:  # `userrl train` checked the whole run before placing it
+            check_gpu_run(cfg, actors=False)
+
+    with contextlib.ExitStack() as stack:
+        if policy is not None and shared:  # the policy's group: reserved and removed with the policy's
+            placement = shared_placement(policy, rollout.num_engines)
+        else:
+            placement = stack.enter_context(
+                reserve_placement(
+                    cfg.run, lambda on_gpu: plan_bundles(engines_only, rollout, on_gpu), cpus=bundles, check=check
+                )
+            )
+        model_dir = str(resolve_model(cfg.user_sim.engines.model))
+        dtype = cfg.user_sim.engines.dtype or cfg.model.dtype
+        os.environ.pop(KEY_ENV, None)  # a key made for this run by the pool, never one left in the environment
         restart = simulator_restart_rollout(cfg) if shared else None
         async with RolloutPool(rollout, model_dir, dtype, placement, log_dir / "user_sim", restart_cfg=restart) as pool:
             log.info("user simulator: %d engine(s) of %s at %s", len(pool.urls), model_dir, _openai_url(pool))
             yield pool
-    finally:
-        if not shared:  # a shared placement group is the policy's to remove
-            from ray.util import remove_placement_group
-
-            remove_placement_group(placement.group)
 
 
 def managed_client(cfg: "RootConfig", pool: "RolloutPool") -> "UserSimulator":

@@ -1,7 +1,7 @@
 """A rollout pool on its own, without actors: for the commands that only generate (`userrl rollout`, `userrl eval`).
 
-`standalone_pool(cfg, model_dir, log_dir)` starts Ray (or joins `run.ray_address`), places `rollout.num_engines`
-engines, yields the started `RolloutPool` and removes the placement group afterwards. The user simulator of these
+`standalone_pool(cfg, model_dir, log_dir)` places `rollout.num_engines` engines (`placement.reserve_placement`: Ray
+started or joined, the group removed afterwards) and yields the started `RolloutPool`. The user simulator of these
 commands comes from `fleet/simulator.py`.
 """
 
@@ -24,20 +24,22 @@ async def standalone_pool(
     process placed the user simulator's engines first (`fleet.simulator.simulator_pool`), so a cluster without room
     for both fails at once rather than after `create_placement`'s wait."""
     from userrl_megatron.fleet.gpu_preflight import check_gpu_run
-    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_run_ray
+    from userrl_megatron.fleet.placement import plan_bundles, reserve_placement
     from userrl_megatron.fleet.pool import RolloutPool
 
     engines_only = dataclasses.replace(cfg.megatron, nnodes=1, devices_per_node=0)  # no actor ranks here
     bundles = max(len(plan_bundles(engines_only, cfg.rollout, gpu).bundles) for gpu in (False, True))
-    use_gpu = start_run_ray(cfg.run, bundles)  # GPUs from the cluster's resources, not this process's CUDA
-    if use_gpu:
-        check_gpu_run(cfg, actors=False)  # the engines' interpreter, the driver, compute modes
-    plan = plan_bundles(engines_only, cfg.rollout, use_gpu)
-    placement = create_placement(plan, beside="the user simulator's engines" if beside_simulator else "")
-    try:
+
+    def check(on_gpu: bool) -> None:
+        if on_gpu:
+            check_gpu_run(cfg, actors=False)  # the engines' interpreter, the driver, compute modes
+
+    with reserve_placement(
+        cfg.run,
+        lambda on_gpu: plan_bundles(engines_only, cfg.rollout, on_gpu),
+        cpus=bundles,
+        check=check,
+        beside="the user simulator's engines" if beside_simulator else "",
+    ) as placement:
         async with RolloutPool(cfg.rollout, model_dir, cfg.model.dtype, placement, log_dir) as pool:
             yield pool
-    finally:
-        from ray.util import remove_placement_group
-
-        remove_placement_group(placement.group)

@@ -14,13 +14,13 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from userrl_megatron.actors.protocol import Actors
 from userrl_megatron.actors.run_lock import RunLock
 from userrl_megatron.config import AlgoConfig, RootConfig, save_config
-from userrl_megatron.cores import core_count
 from userrl_megatron.errors import UserError
 from userrl_megatron.observability import Timers, Tracker
 from userrl_megatron.observability.progress import StepProgress
@@ -249,11 +249,9 @@ class SFTTrainer:
 
 def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
     """Run (or resume) the SFT run `cfg` describes; returns its run directory."""
-    import ray
-
-    from userrl_megatron.actors.workers import ActorGroup, WorkerSpec
+    from userrl_megatron.actors.workers import ActorGroup, WorkerSpec, thread_env
     from userrl_megatron.fleet.gpu_preflight import check_gpu_run
-    from userrl_megatron.fleet.placement import create_placement, plan_bundles, start_run_ray
+    from userrl_megatron.fleet.placement import plan_bundles, reserve_placement
     from userrl_megatron.model_store import resolve_model
 
     run = RunDir.of(cfg)
@@ -284,24 +282,17 @@ def run_sft(cfg: RootConfig, stop_after: int | None = None) -> Path:
         )
         total = len(schedule([len(s) for s in train.samples], cfg.sft.batch_tokens, cfg.run.seed, cfg.sft.epochs))
         actors_only = replace(cfg.rollout, num_engines=0, colocate=False)
-        started_ray = not ray.is_initialized()
-        use_gpu = start_run_ray(cfg.run, len(plan_bundles(cfg.megatron, actors_only, False).bundles))
-        if use_gpu:
-            check_gpu_run(cfg, engines=False)  # the trainer's torch and the driver (fleet/gpu_preflight.py)
-        plan = plan_bundles(cfg.megatron, actors_only, use_gpu)
-        placement = create_placement(plan)
-        actors = None
-        try:
-            spec = WorkerSpec(cfg.model, sft_megatron(cfg, total), SFT_ALGO, cfg.sync, cfg.run.seed)
-            env = {"OMP_NUM_THREADS": str(max(1, core_count() // max(1, len(plan.actor_bundles))))}
-            actors = ActorGroup(placement, spec, env)
-            SFTTrainer(cfg, run_dir, actors, train, val).fit(stop_after)
-        finally:
-            if actors is not None:
-                actors.shutdown()
-            from ray.util import remove_placement_group
 
-            remove_placement_group(placement.group)
-            if started_ray:
-                ray.shutdown()
+        def check(on_gpu: bool) -> None:
+            if on_gpu:
+                check_gpu_run(cfg, engines=False)  # the trainer's torch and the driver (fleet/gpu_preflight.py)
+
+        plan = partial(plan_bundles, cfg.megatron, actors_only)
+        with reserve_placement(cfg.run, plan, len(plan(False).bundles), check) as placement:
+            spec = WorkerSpec(cfg.model, sft_megatron(cfg, total), SFT_ALGO, cfg.sync, cfg.run.seed)
+            actors = ActorGroup(placement, spec, thread_env(placement))
+            try:
+                SFTTrainer(cfg, run_dir, actors, train, val).fit(stop_after)
+            finally:
+                actors.shutdown()
     return run_dir

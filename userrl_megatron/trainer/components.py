@@ -1,27 +1,31 @@
 """The parts of a training run and their start-up and teardown (`start_components`).
 
-Start-up: Ray (local unless `run.ray_address`), one placement group (actor ranks + engines), the user simulator
-when a gym needs one (its engines in a group of their own, or on the policy engines' bundles), the Megatron
-workers (HF weights loaded on every rank), the engine pool, and the
-weight-sync groups (one per pipeline stage, each with every engine). The colocated memory hand-offs live in
-`trainer/handoff.py`, weight sync and engine repairs in `trainer/weight_sync.py`. No engine left stops the run.
+Start-up: Ray and one placement group for the actor ranks and the engines (`fleet.placement.reserve_placement`, as
+every command that places processes), the user simulator when a gym needs one (`fleet.simulator.SimulatorService`:
+its engines in a group of their own, or on the policy engines' bundles), the Megatron workers (HF weights loaded on
+every rank), the engine pool, and the weight-sync groups (one per pipeline stage, each with every engine). The
+colocated memory hand-offs live in `trainer/handoff.py`, weight sync and engine repairs in `trainer/weight_sync.py`.
+No engine left stops the run.
 """
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from userrl_megatron.actors.protocol import Actors
 from userrl_megatron.config import RootConfig
-from userrl_megatron.cores import core_count
 from userrl_megatron.rollout.admission import GroupGate
 from userrl_megatron.trainer.handoff import MemoryHandoff, check_engines
 from userrl_megatron.trainer.seams import EnginePool, Runner, Tasks
 from userrl_megatron.trainer.weight_sync import WeightSync
 from userrl_megatron.types import EpisodeGroup, Task
+
+if TYPE_CHECKING:
+    from userrl_megatron.actors.workers import WorkerSpec
 
 
 @dataclass
@@ -89,24 +93,13 @@ async def bring_up(parts: Components) -> None:
 @contextlib.asynccontextmanager
 async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Components]:
     """Start every part of the run `cfg` (resolved: `config.resolve.resolve_config`); tear everything down on exit
-    (also after an error)."""
-    import ray
-
-    from gyms.base import gym_spec
-    from userrl_megatron.actors.workers import ActorGroup, WorkerSpec
-    from userrl_megatron.config.checks import check_config
+    (also after an error), the actor first: its weight senders leave their groups while the engines still answer."""
+    from userrl_megatron.actors.workers import ActorGroup, thread_env
     from userrl_megatron.data import load_tasks
     from userrl_megatron.eval.evaluation import eval_tasks as load_eval_tasks
-    from userrl_megatron.fleet.gpu_preflight import check_gpu_run
-    from userrl_megatron.fleet.placement import (
-        check_run_gpus,
-        create_placement,
-        plan_bundles,
-        run_shape,
-        start_run_ray,
-    )
+    from userrl_megatron.fleet.placement import plan_bundles, reserve_placement
     from userrl_megatron.fleet.pool import RolloutPool
-    from userrl_megatron.fleet.simulator import managed_client, policy_engine_rollout, simulator_pool
+    from userrl_megatron.fleet.simulator import SimulatorService, policy_engine_rollout
     from userrl_megatron.model_store import resolve_model
     from userrl_megatron.rollout.chat import ChatTemplate
     from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
@@ -118,55 +111,45 @@ async def start_components(cfg: RootConfig, run_dir: Path) -> AsyncIterator[Comp
     chat = ChatTemplate.from_pretrained(model_dir, cfg.model.tool_format)
     for task in train_tasks[:1] + eval_tasks[:1]:
         chat.present(task.prompt, task.tools)  # a tool format the template cannot show fails here, not mid-run
-
-    user_sim = None
-    needs_sim = any(gym_spec(t.gym).needs_user_sim for t in train_tasks + eval_tasks)
-    managed_sim = needs_sim and bool(cfg.user_sim.engines.model)  # the run serves the simulator itself
-    if needs_sim and not managed_sim:
-        from gyms.user_sim import UserSimulator
-
-        user_sim = UserSimulator(cfg.user_sim)  # a missing API key fails here, before anything starts
-
-    started_ray = not ray.is_initialized()
+    sim = SimulatorService(cfg, (t.gym for t in train_tasks + eval_tasks))  # before Ray: a missing key fails here
     bundles = max(len(plan_bundles(cfg.megatron, cfg.rollout, gpu).bundles) for gpu in (False, True))
-    use_gpu = start_run_ray(cfg.run, bundles + (cfg.user_sim.engines.num_engines if managed_sim else 0))
-    plan = plan_bundles(cfg.megatron, cfg.rollout, use_gpu)
-    check_config(cfg, on_gpu=use_gpu)  # what `userrl train` could not tell before Ray said where the run goes
-    if use_gpu:
-        check_gpu_run(cfg)  # interpreters, NCCL, driver, compute mode (fleet/gpu_preflight.py)
-    if use_gpu and managed_sim:  # the simulator's GPUs come on top of the policy's, in a group reserved after it
-        check_run_gpus(run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines))
-    placement = create_placement(plan)
-    actors = pool = parts = None
-    stack = contextlib.AsyncExitStack()
-    try:
-        sim_pool = None
-        if managed_sim:
-            # Before the actor and the policy's engines: on their GPUs (placement: policy_engines) the simulator's
-            # engines size their KV pool first, and the policy's engines count their share (policy_engine_rollout).
-            sim_pool = await stack.enter_async_context(simulator_pool(cfg, run_dir / "engines", placement))
-            user_sim = managed_client(cfg, sim_pool)
-        spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed)
-        env = {"OMP_NUM_THREADS": str(max(1, core_count() // max(1, len(plan.actor_bundles))))}
-        actors = await asyncio.to_thread(ActorGroup, placement, spec, env)
-        runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
-        runner.routing_replay = cfg.algo.routing_replay == "rollout"
-        pool = RolloutPool(policy_engine_rollout(cfg), str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
-        tasks = TaskStream(train_tasks, cfg.run.seed)
-        parts = Components(cfg, actors, pool, runner, tasks, eval_tasks, user_sim, sim_pool)
-        pool.add_restart_hook(parts.weights.repair)
-        await bring_up(parts)
-        yield parts
-    finally:
-        if actors is not None:  # first: its weight senders leave their groups while the engines still answer
-            await asyncio.to_thread(actors.shutdown)
-        if pool is not None:
-            await pool.close()
-        if user_sim is not None:
-            await user_sim.close()
-        await stack.aclose()  # the simulator's engines
-        from ray.util import remove_placement_group
+    plan = functools.partial(plan_bundles, cfg.megatron, cfg.rollout)
+    check = functools.partial(check_placed_run, cfg, sim.served)
+    with reserve_placement(cfg.run, plan, bundles + sim.engines, check) as placement:
+        # The simulator's engines start first: on the policy engines' GPUs (user_sim.engines.placement) they size
+        # their KV pool first, and the policy's engines count their share (`policy_engine_rollout`).
+        async with sim.running(run_dir / "engines", placement) as user_sim, contextlib.AsyncExitStack() as stack:
+            engines = policy_engine_rollout(cfg)
+            pool = RolloutPool(engines, str(model_dir), cfg.model.dtype, placement, run_dir / "engines")
+            stack.push_async_callback(pool.close)
+            actors = await asyncio.to_thread(ActorGroup, placement, worker_spec(cfg), thread_env(placement))
+            stack.push_async_callback(asyncio.to_thread, actors.shutdown)
+            runner = EpisodeRunner(cfg.rollout, chat, gym_factory(cfg.gyms, cfg.rollout.max_turns, user_sim))
+            runner.routing_replay = cfg.algo.routing_replay == "rollout"
+            tasks = TaskStream(train_tasks, cfg.run.seed)
+            parts = Components(cfg, actors, pool, runner, tasks, eval_tasks, user_sim, sim.pool)
+            pool.add_restart_hook(parts.weights.repair)
+            await bring_up(parts)
+            yield parts
 
-        remove_placement_group(placement.group)
-        if started_ray:
-            ray.shutdown()
+
+def check_placed_run(cfg: RootConfig, served_simulator: bool, on_gpu: bool) -> None:
+    """What `userrl train` could not tell before Ray said where the run goes: the config for GPUs or CPUs, the GPU
+    run's interpreters, NCCL, driver and compute modes (`fleet/gpu_preflight.py`), and a cluster with room for the
+    simulator's own GPUs, which come on top of the policy's in a group reserved after it."""
+    from userrl_megatron.config.checks import check_config
+    from userrl_megatron.fleet.gpu_preflight import check_gpu_run
+    from userrl_megatron.fleet.placement import check_run_gpus, run_shape
+
+    check_config(cfg, on_gpu=on_gpu)
+    if on_gpu:
+        check_gpu_run(cfg)
+    if on_gpu and served_simulator:
+        check_run_gpus(run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines))
+
+
+def worker_spec(cfg: RootConfig, dry: bool = False) -> "WorkerSpec":
+    """What every actor rank of the run `cfg` builds (`dry`: records, as `trainer/dry_run.py`)."""
+    from userrl_megatron.actors.workers import WorkerSpec
+
+    return WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed, dry=dry)

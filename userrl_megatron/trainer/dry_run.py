@@ -2,11 +2,12 @@
 simulated-cluster tests.
 
 `bring_up(cfg)` runs the trainer's own start-up on the Ray cluster this process is connected to, up to the point
-where every process is placed: the placement group (`placement.create_placement`), one `MegatronWorker` per
-actor rank (`workers.ActorGroup`), the engines' `EngineServer`s (`fleet.pool.RolloutPool`, followers of
-multi-node engines and the router included) and the weight-sync groups (`weight_sync.WeightSync.connect`). The
-workers and engine servers run dry (`WorkerSpec.dry`, `EngineLaunch.dry`): the same code until they would
-initialise torch.distributed and CUDA or launch a server, where they record what they would run instead.
+where every process is placed: the placement group (`placement.reserve_placement`, the bring-up of every command),
+one `MegatronWorker` per actor rank (`actors.workers.ActorGroup`), the engines' `EngineServer`s
+(`fleet.pool.RolloutPool`, followers of multi-node engines and the router included) and the weight-sync groups
+(`weight_sync.WeightSync.connect`). The workers and engine servers run dry (`WorkerSpec.dry`, `EngineLaunch.dry`):
+the same code until they would initialise torch.distributed and CUDA or launch a server, where they record what
+they would run instead.
 
 `simulated_cluster(nodes, gpus_per_node)` is Ray's multi-node test cluster on this machine: one raylet per node,
 each declaring its GPUs (none exist; nothing touches CUDA). Node 0, the head, has this machine's address and
@@ -16,15 +17,25 @@ runs the driver; node k listens on 127.0.0.(k + 1), so every node has an address
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from userrl_megatron.actors.workers import RankLaunch, SyncRole
 from userrl_megatron.config.resolve import resolve_config
-from userrl_megatron.config.schema import RootConfig
+from userrl_megatron.config.schema import MegatronConfig, RolloutConfig, RootConfig, RunConfig
 from userrl_megatron.fleet.launch import ProcessLaunch
-from userrl_megatron.fleet.placement import Placement, ip_key, plan_bundles, ray_environment, run_shape
+from userrl_megatron.fleet.placement import (
+    BundlePlan,
+    Placement,
+    ip_key,
+    plan_bundles,
+    ray_environment,
+    ray_session,
+    reserve_placement,
+    run_shape,
+    start_ray,
+)
 from userrl_megatron.fleet.pool import EngineProcess
 from userrl_megatron.rollout.admission import GroupGate
 from userrl_megatron.types import EpisodeGroup, SamplingParams, Task
@@ -58,7 +69,6 @@ def cluster_shape(cfg: RootConfig) -> tuple[int, int]:
 def simulated_cluster(nodes: int, gpus_per_node: int) -> Iterator[list[str]]:
     """Ray's multi-node test cluster with `nodes` nodes of `gpus_per_node` GPUs each, this process connected as
     its driver; yields the nodes' IPs (head first) and takes everything down on exit."""
-    import ray
     from ray.cluster_utils import Cluster
 
     ray_environment()
@@ -74,11 +84,9 @@ def simulated_cluster(nodes: int, gpus_per_node: int) -> Iterator[list[str]]:
         others = [f"127.0.0.{k}" for k in range(2, 256) if f"127.0.0.{k}" != head][: nodes - 1]
         for ip in others:
             cluster.add_node(**node_args, node_ip_address=ip)
-        ray.init(address=cluster.address, log_to_driver=False)
-        try:
+        with ray_session():
+            start_ray(RunConfig(ray_address=cluster.address), log_to_driver=False)
             yield [head, *others]
-        finally:
-            ray.shutdown()
     finally:
         cluster.shutdown()
 
@@ -105,28 +113,30 @@ class NoRollouts:
 def bring_up(cfg: RootConfig) -> BringUp:
     """Place every process of `cfg` on the connected Ray cluster, dry (see the module docstring); everything
     placed is removed again before this returns. A layout that cannot be placed raises a UserError (one line)."""
-    from ray.util import remove_placement_group
+    from userrl_megatron.fleet.placement import check_run_gpus
 
-    from userrl_megatron.fleet.placement import check_run_gpus, create_placement
-
-    check_run_gpus(run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines))
-    placement = create_placement(plan_bundles(cfg.megatron, cfg.rollout, use_gpu=True), RESERVE_TIMEOUT_S)
-    try:
+    shape = run_shape(cfg.megatron, cfg.rollout, cfg.user_sim.engines)
+    with reserve_placement(
+        cfg.run, on_gpus(cfg.megatron, cfg.rollout), check=lambda _: check_run_gpus(shape), timeout_s=RESERVE_TIMEOUT_S
+    ) as placement:
         return asyncio.run(_place(resolve_config(cfg), placement))
-    finally:
-        remove_placement_group(placement.group)
+
+
+def on_gpus(megatron: MegatronConfig, rollout: RolloutConfig) -> Callable[[bool], BundlePlan]:
+    """The bundles of a dry start: on GPUs, whatever `run.device` says (the simulated cluster's nodes have them)."""
+    return lambda _: plan_bundles(megatron, rollout, use_gpu=True)
 
 
 async def _place(cfg: RootConfig, placement: Placement) -> BringUp:
     """The dry part of `trainer.components.start_components`: actor ranks, engines, weight-sync groups."""
-    from userrl_megatron.actors.workers import ActorGroup, WorkerSpec
+    from userrl_megatron.actors.workers import ActorGroup
     from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.fleet.simulator import policy_engine_rollout
-    from userrl_megatron.trainer.components import Components
+    from userrl_megatron.trainer.components import Components, worker_spec
 
     actors = pool = None
     try:
-        spec = WorkerSpec(cfg.model, cfg.megatron, cfg.algo, cfg.sync, cfg.run.seed, dry=True)
+        spec = worker_spec(cfg, dry=True)
         pool = RolloutPool(policy_engine_rollout(cfg), cfg.model.path, cfg.model.dtype, placement, dry=True)
         pool.check_placement()  # an engine that cannot be placed fails before anything starts
         actors = await asyncio.to_thread(ActorGroup, placement, spec)
@@ -161,30 +171,26 @@ async def _place_simulator(cfg: RootConfig, policy: Placement) -> tuple[list[Eng
     """The user simulator's engines, dry, in a placement group of their own or on the bundles of the policy's
     engines (`user_sim.engines.placement`, as `fleet.simulator.simulator_pool`), and their router (several
     engines)."""
-    from ray.util import remove_placement_group
-
-    from userrl_megatron.fleet.placement import create_placement, shared_placement
+    from userrl_megatron.fleet.placement import shared_placement
     from userrl_megatron.fleet.pool import RolloutPool
     from userrl_megatron.fleet.simulator import simulator_rollout
 
     rollout = simulator_rollout(cfg)
-    shared = cfg.user_sim.engines.shares_policy_engines
-    if shared:
-        placement = shared_placement(policy, rollout.num_engines)
-    else:
-        engines_only = replace(cfg.megatron, nnodes=1, devices_per_node=0)
-        placement = create_placement(plan_bundles(engines_only, rollout, use_gpu=True), RESERVE_TIMEOUT_S)
-    pool = RolloutPool(
-        rollout, cfg.user_sim.engines.model, cfg.user_sim.engines.dtype or cfg.model.dtype, placement, dry=True
-    )
-    try:
-        pool.check_placement()
-        await pool.start()
-        return await pool.launch_records(), pool.router_launch
-    finally:
-        await pool.close()
-        if not shared:  # the policy's group is removed with the policy's
-            remove_placement_group(placement.group)
+    with contextlib.ExitStack() as stack:
+        if cfg.user_sim.engines.shares_policy_engines:  # the policy's group: removed with the policy's
+            placement = shared_placement(policy, rollout.num_engines)
+        else:
+            engines_only = replace(cfg.megatron, nnodes=1, devices_per_node=0)
+            plan = on_gpus(engines_only, rollout)
+            placement = stack.enter_context(reserve_placement(cfg.run, plan, timeout_s=RESERVE_TIMEOUT_S))
+        dtype = cfg.user_sim.engines.dtype or cfg.model.dtype
+        pool = RolloutPool(rollout, cfg.user_sim.engines.model, dtype, placement, dry=True)
+        try:
+            pool.check_placement()
+            await pool.start()
+            return await pool.launch_records(), pool.router_launch
+        finally:
+            await pool.close()
 
 
 def simulate(cfg: RootConfig) -> BringUp:
