@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class Actors(Protocol):
-    """What the manager calls on the actor group (`trainer.workers.ActorGroup`); each runs on every rank."""
+    """What the manager calls on the actor group (`actors.workers.ActorGroup`); each runs on every rank."""
 
     def save(self, path: str, extra_state: dict[str, Any], ckpt: CheckpointConfig, background: bool) -> None: ...
 
