@@ -63,14 +63,6 @@ def check_config(cfg: RootConfig, on_gpu: bool | None = None) -> None:
     bad_backends = [b for b in cfg.logging.backends if b not in LOGGING_BACKENDS]
     if bad_backends:
         problems.append(f"logging.backends: unknown {bad_backends}; choose from {', '.join(LOGGING_BACKENDS)}")
-    drills = "(skip_update|kill_engine|kill_engine_in_rollout|kill_user_sim_in_rollout|stop_after_checkpoint)"
-    drills += "@[1-9][0-9]*"
-    bad_faults = [f for f in cfg.run.faults if not re.fullmatch(drills, f)]
-    if bad_faults:
-        problems.append(
-            f"run.faults: {bad_faults} are not of the form skip_update@STEP, kill_engine@STEP, "
-            "kill_engine_in_rollout@STEP, kill_user_sim_in_rollout@STEP or stop_after_checkpoint@STEP"
-        )
     if problems:
         raise ConfigError(problems)
 

@@ -17,7 +17,6 @@ class RunConfig:
     total_steps: int = 4  # RL steps to train (one step = rollout + update + weight sync)
     device: str = "auto"  # "auto" (cuda when available), "cpu" or "cuda"
     ray_address: str = ""  # join this Ray cluster ("auto": the one on this machine); empty: a private local one
-    faults: list[str] = field(default_factory=list)  # drills: "skip_update@N", "kill_engine@N"... (docs/trainer.md)
 
 
 @dataclass

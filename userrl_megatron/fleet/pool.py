@@ -402,7 +402,7 @@ class RolloutPool:
             await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
 
     async def kill_engine_server(self, index: int) -> int:
-        """SIGKILL engine `index`'s server process, as a crash would, for fault drills (`run.faults`) and tests;
+        """SIGKILL engine `index`'s server process, as a crash would, for fault drills (`trainer/drills.py`) and tests;
         returns its pid (-1 when none ran). The pool finds the engine dead and restarts it like any other."""
         return await self.engines[index].actor.kill_server.remote()
 

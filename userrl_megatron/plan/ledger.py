@@ -338,7 +338,7 @@ class LedgerPool:
         return None
 
     async def kill_engine_server(self, index: int) -> int:
-        """A drill's kill (`run.faults`): a plan runs no engine process, so there is none to kill."""
+        """A drill's kill (`trainer/drills.py`): a plan runs no engine process, so there is none to kill."""
         return -1
 
 
