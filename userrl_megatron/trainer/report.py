@@ -8,6 +8,8 @@ from rich.table import Table
 
 from userrl_megatron.observability import read_metrics
 
+ANSWERED_SHARE = "user_sim/answered_share"  # derived: (calls - failures) / calls, none without calls
+
 COLUMNS = (
     ("reward", "rollout/reward_mean", "{:.3f}"),
     ("infra fail", "rollout/infra_failed", "{:.0f}"),
@@ -21,6 +23,10 @@ COLUMNS = (
     # fail" above counts the episodes left out of the step because of them.
     ("engine err", "rollout/finish/engine_error", "{:.0%}"),
     ("sim err", "rollout/finish/user_sim_error", "{:.0%}"),
+    # The user simulator's calls in the step and the share of them it answered with a usable reply (not failed
+    # after its retries: `bad_json`, a timeout, ...); "-" for a run without a simulator.
+    ("sim calls", "user_sim/calls", "{:.0f}"),
+    ("sim ok", ANSWERED_SHARE, "{:.0%}"),
     ("rollout s", "timing/rollout", "{:.1f}"),
     ("logprob s", "timing/logprobs", "{:.1f}"),
     ("train s", "timing/train", "{:.1f}"),
@@ -59,7 +65,15 @@ def print_report(run_dir: Path, console: Console | None = None) -> None:
 
 
 def _cell(record: dict, key: str, fmt: str) -> str:
-    value = record.get(key)
+    value = _answered_share(record) if key == ANSWERED_SHARE else record.get(key)
     if value is None and key in ZERO_WHEN_ABSENT and "rollout/episodes" in record:
         value = 0
     return fmt.format(value) if isinstance(value, int | float) else "-"
+
+
+def _answered_share(record: dict) -> float | None:
+    """The share of the step's simulator calls that did not fail (cache hits count as answered)."""
+    calls = record.get("user_sim/calls")
+    if not calls:
+        return None
+    return (calls - record.get("user_sim/failures", 0.0)) / calls
