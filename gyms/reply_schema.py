@@ -36,9 +36,24 @@ class ReplySchema:
             "additionalProperties": False,
         }
 
-    def response_format(self) -> JsonSchema:
-        """The OpenAI `response_format` that constrains a reply to `schema()`."""
-        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema(), "strict": True}}
+    def response_format(self, max_text_chars: int = 0) -> JsonSchema:
+        """The OpenAI `response_format` that constrains a reply to `schema()`; with `max_text_chars`, each free-text
+        string (a `text()` anywhere in it) holds at most that many characters (`user_sim.structured_text_chars`)."""
+        schema = capped(self.schema(), max_text_chars) if max_text_chars > 0 else self.schema()
+        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": schema, "strict": True}}
+
+
+def capped(schema: JsonSchema, max_chars: int) -> JsonSchema:
+    """`schema` with `maxLength: max_chars` on each string without an enum (in objects and arrays too): a small
+    simulator's thoughts end within its token budget instead of being cut, which no parser reads."""
+    out = dict(schema)
+    if out.get("type") == "string" and "enum" not in out:
+        out["maxLength"] = min(max_chars, out.get("maxLength", max_chars))
+    if "properties" in out:
+        out["properties"] = {k: capped(v, max_chars) for k, v in out["properties"].items()}
+    if isinstance(out.get("items"), dict):
+        out["items"] = capped(out["items"], max_chars)
+    return out
 
 
 def text() -> JsonSchema:

@@ -174,7 +174,9 @@ class UserSimulator:
             return cached
         start = time.perf_counter()
         attempt = 0
-        response_format = schema.response_format() if schema is not None and self.structured else None
+        response_format = None
+        if schema is not None and self.structured:
+            response_format = schema.response_format(self.cfg.structured_text_chars)
         refusal = ""
         while True:
             attempt += 1

@@ -197,6 +197,17 @@ def test_turtle_story_schema_has_one_entry_per_rubric_statement() -> None:
     assert schema.schema()["properties"]["scores"]["maxItems"] == statements
 
 
+def test_a_text_cap_reaches_every_free_text_string() -> None:
+    schema = schema_of("turtle", "[answer] She was hanged.", "turtle_story").response_format(80)["json_schema"]
+    story = schema["schema"]["properties"]
+    entry = story["scores"]["items"]["properties"]
+    assert story["feedback"]["maxLength"] == entry["statement"]["maxLength"] == entry["thought"]["maxLength"] == 80
+    assert "maxLength" not in entry["score"]
+    assert schema_of("turtle", "[answer] She was hanged.", "turtle_story").response_format() == (
+        schema_of("turtle", "[answer] She was hanged.", "turtle_story").response_format(0)
+    )  # 0: no cap
+
+
 def test_response_format_is_openais_strict_json_schema() -> None:
     reply = ReplySchema("a_call", {"thought": text(), "grade": one_of((0.0, 1.0))}, needs=("grade",))
     assert reply.response_format() == {

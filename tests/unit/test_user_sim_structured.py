@@ -69,6 +69,15 @@ def test_the_call_asks_for_its_schema(server: OpenAIServer, mode: str) -> None:
     assert (metrics["structured"], metrics["structured_fallback"]) == (1.0, 0.0)
 
 
+def test_free_text_fields_are_capped_when_asked(server: OpenAIServer) -> None:
+    sim = make_sim(server, "on")
+    sim.cfg.structured_text_chars = 120
+    calls(sim)
+    properties = server.requests[0]["response_format"]["json_schema"]["schema"]["properties"]
+    assert properties["thought"] == properties["response"] == {"type": "string", "maxLength": 120}
+    assert "maxLength" not in properties["stance"]  # an enum is short already
+
+
 def test_off_asks_for_free_text(server: OpenAIServer) -> None:
     sim = make_sim(server, "off")
     [out] = calls(sim)

@@ -156,6 +156,7 @@ class UserSimConfig:
     http_backend: str = "aiohttp"  # HTTP transport of the openai client: "aiohttp" (fast when busy) or "httpx"
     max_reply_chars: int = 100_000  # longer replies (thinking included) are a failed call, not episode text
     structured: str = "auto"  # ask for JSON-schema replies: on, off, auto (on until the endpoint first refuses them)
+    structured_text_chars: int = 0  # a structured reply's free-text fields hold at most this many chars (0: no cap)
     engines: UserSimEnginesConfig = field(default_factory=UserSimEnginesConfig)  # simulator engines the run starts
 
     @property

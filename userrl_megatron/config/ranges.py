@@ -109,6 +109,7 @@ RANGES: dict[str, Rule] = {
     "user_sim.backoff_max_s": NON_NEGATIVE,
     "user_sim.max_concurrency": COUNT,
     "user_sim.max_reply_chars": COUNT,
+    "user_sim.structured_text_chars": NON_NEGATIVE,
     "algo.gamma": PROBABILITY,
     "algo.eps": POSITIVE,
     "algo.clip_low": POSITIVE,
