@@ -141,3 +141,30 @@ def test_rl_and_sft_stand_on_the_actors_package() -> None:
     assert "userrl_megatron.actors" in graph["userrl_megatron.trainer"]
     assert "userrl_megatron.actors" in graph["userrl_megatron.sft"]
     assert graph.get("userrl_megatron.sft", {}).get("userrl_megatron.trainer", []) == []
+
+
+# Ray's start and teardown and the placement group's reservation and removal: one place (`fleet/placement.py`:
+# `start_ray`, `ray_session`, `create_placement`, `reserve_placement`), whatever command brings processes up.
+BRING_UP_CALLS = {"init", "shutdown", "placement_group", "remove_placement_group"}
+
+
+def test_ray_and_the_placement_group_are_brought_up_in_one_place() -> None:
+    placement = REPO / "userrl_megatron" / "fleet" / "placement.py"
+    elsewhere = []
+    for path in _source_files():
+        if path == placement:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "ray":
+                name = func.attr if func.attr in ("init", "shutdown") else ""
+            elif isinstance(func, ast.Name | ast.Attribute):
+                name = func.id if isinstance(func, ast.Name) else func.attr
+                name = name if name in ("placement_group", "remove_placement_group") else ""
+            else:
+                name = ""
+            if name in BRING_UP_CALLS:
+                elsewhere.append(f"{path.relative_to(REPO)}:{node.lineno} calls {name}")
+    assert elsewhere == []
