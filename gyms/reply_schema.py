@@ -73,9 +73,11 @@ def boolean() -> JsonSchema:
     return {"type": "boolean"}
 
 
-def integers() -> JsonSchema:
-    """A list of integers."""
-    return {"type": "array", "items": {"type": "integer"}}
+def integers(maximum: int) -> JsonSchema:
+    """A list of at most `maximum` integers, each from 1 to `maximum` (numbers in a list of that many: a small
+    simulator, unbounded, counts on until its token limit cuts the reply)."""
+    bound = max(1, maximum)
+    return {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": bound}, "maxItems": bound}
 
 
 def objects(properties: Mapping[str, JsonSchema], count: int) -> JsonSchema:

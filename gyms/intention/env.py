@@ -60,7 +60,7 @@ class IntentionGym(TurnGym):
             self.ask(
                 prompts.JUDGE_SYSTEM,
                 prompts.JUDGE_USER.format(**fields, details=_numbered(self.remaining), question=payload),
-                reply=replies.JUDGE,
+                reply=replies.judge(len(self.remaining)),
             ),
             return_exceptions=True,  # both calls finish before the step returns, failed or not
         )

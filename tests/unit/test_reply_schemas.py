@@ -197,6 +197,13 @@ def test_turtle_story_schema_has_one_entry_per_rubric_statement() -> None:
     assert schema.schema()["properties"]["scores"]["maxItems"] == statements
 
 
+def test_intention_judge_names_at_most_the_details_left() -> None:
+    numbers = schema_of("intention", "[action] Which city?", "intention_judge").schema()["properties"]
+    details = len(task("intention")["missing_details"])
+    assert numbers["covered_detail_numbers"]["maxItems"] == details  # not counting on until the token limit
+    assert numbers["covered_detail_numbers"]["items"] == {"type": "integer", "minimum": 1, "maximum": details}
+
+
 def test_a_text_cap_reaches_every_free_text_string() -> None:
     schema = schema_of("turtle", "[answer] She was hanged.", "turtle_story").response_format(80)["json_schema"]
     story = schema["schema"]["properties"]
