@@ -167,6 +167,7 @@ def test_a_simulated_user_gym_with_the_simulator_configured_apart(
     results = results_of(out)
     assert results["simulator"] == {
         "base_url": server.base_url, "model": "sim", "temperature": 0.0, "max_tokens": 2048, "disable_thinking": False,
+        "structured": "auto",
     }  # fmt: skip
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert [(e["task_id"], e["turn_rewards"], e["finish_reason"]) for e in episodes] == [

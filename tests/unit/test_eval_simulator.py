@@ -16,11 +16,12 @@ def test_a_managed_simulator_is_named_by_the_model_it_serves_not_by_the_unused_e
     identity = simulator_identity(eval_config([], managed))
     assert identity == {
         "engines": {"model": "smollm2-135m-instruct", "dtype": eval_config([], []).model.dtype},
-        "temperature": 0.0, "max_tokens": 2048, "disable_thinking": False,
+        "temperature": 0.0, "max_tokens": 2048, "disable_thinking": False, "structured": "auto",
     }  # fmt: skip
     # Another simulator model is another identity (no cached episode of one is served for the other); the endpoint
     # the managed client does not call is no part of it.
     assert simulator_identity(eval_config([], [*managed, "user_sim.engines.model=qwen3-0.6b"])) != identity
+    assert simulator_identity(eval_config([], [*managed, "user_sim.structured=off"])) != identity  # free-text replies
     assert simulator_identity(eval_config([], [*managed, "user_sim.base_url=http://elsewhere/v1"])) == identity
     assert simulator_identity(eval_config([], [*managed, "user_sim.engines.dtype=float32"]))["engines"] == {
         "model": "smollm2-135m-instruct",
