@@ -57,12 +57,19 @@ def _clone(value: Any) -> Any:
 
 
 class RenderedTable:
-    """A base table rendered for hashing: the bytes, and where each record's fragment lies in them."""
+    """A base table rendered for hashing: the bytes, and where each record's fragment lies in them.
+
+    `fragment` and `join` are tau-bench's rendering; a subclass may render otherwise (gyms.tau2: JSON), as long as
+    the table opens with one byte and separates fragments with two.
+    """
+
+    fragment = staticmethod(_fragment)
+    join = staticmethod(_tuple_bytes)
 
     def __init__(self, records: dict[str, Record]) -> None:
         self.keys = sorted(records)
-        fragments = [_fragment(k, records[k]) for k in self.keys]
-        self.data = _tuple_bytes(fragments)
+        fragments = [self.fragment(k, records[k]) for k in self.keys]
+        self.data = self.join(fragments)
         self.spans: dict[str, tuple[int, int]] = {}
         offset = 1  # after "("
         for key, fragment in zip(self.keys, fragments, strict=True):
@@ -77,18 +84,18 @@ class RenderedTable:
             view, cursor = memoryview(self.data), 0
             for start, end, key in sorted((*self.spans[k], k) for k in changed):
                 h.update(view[cursor:start])
-                h.update(_fragment(key, changed[key]))
+                h.update(self.fragment(key, changed[key]))
                 cursor = end
             h.update(view[cursor:])
         else:  # inserted records move the others: render the key order afresh
             parts = []
             for key in sorted([*self.keys, *(k for k in changed if k not in self.spans)]):
                 if key in changed:
-                    parts.append(_fragment(key, changed[key]))
+                    parts.append(self.fragment(key, changed[key]))
                 else:
                     start, end = self.spans[key]
                     parts.append(self.data[start:end])
-            h.update(_tuple_bytes(parts))
+            h.update(self.join(parts))
 
 
 class BaseTables:
@@ -96,6 +103,8 @@ class BaseTables:
 
     Nothing may mutate these records; episodes read them through `Table` and copy before writing.
     """
+
+    rendered_type: type[RenderedTable] = RenderedTable
 
     def __init__(self, tables: dict[str, dict[str, Record]]) -> None:
         self.tables = tables
@@ -114,7 +123,7 @@ class BaseTables:
     def rendered(self, table: str) -> RenderedTable:
         """The hash rendering of a base table (built once)."""
         if table not in self._rendered:
-            self._rendered[table] = RenderedTable(self.tables[table])
+            self._rendered[table] = self.rendered_type(self.tables[table])
         return self._rendered[table]
 
     def hash(self) -> str:

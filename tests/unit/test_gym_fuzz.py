@@ -40,6 +40,8 @@ from gyms.tau.settings import TauGymConfig
 from gyms.tau.store import EpisodeDB
 from gyms.tau.toolkit import calculate
 from gyms.tau.user import Customer
+from gyms.tau2.domain import Env
+from gyms.tau2.settings import Tau2GymConfig
 from gyms.user_sim import UserSimulator
 from tests.support.gym_play import sim_for
 from tests.support.openai_server import OpenAIServer
@@ -201,14 +203,16 @@ def records(shared_data: Path, corpus: Path) -> dict[str, tuple[Any, Any]]:
         "tau": ("retail-016", tau),
         "tau_retail": ("retail-000", tau),
         "tau_airline": ("airline-003", tau),
+        "tau2_mock": ("update_task_with_user_tools", Tau2GymConfig(data_dir=str(shared_data))),
     }
 
 
 SKIPPED_STATE = {"user_sim", "config", "record", "rule", "domain", "task", "backend", "scenario", "rubric", "steps"}
 SKIPPED_STATE |= {"ended", "max_steps", "expected", "test_case", "targets", "opening", "needs_user_sim"}
 # SearchGym counts every search action, empty or over the limit (as UserRL); TravelGym records a failed exchange in
-# its dialogue history and counts a search whose judge failed (as UserRL)
-COUNTERS = {"search": {"searches"}}
+# its dialogue history and counts a search whose judge failed (as UserRL); tau2_mock keeps every tool call in its
+# trajectory, failed ones too, since tau2's ACTION check matches gold actions against all of them (SPEC.md §9.2)
+COUNTERS = {"search": {"searches"}, "tau2_mock": {"calls"}}
 SIM_ERROR_STATE = {"travel": {"history", "searches"}}
 ERROR_FEEDBACK = (
     "Invalid",
@@ -245,14 +249,20 @@ def safety_net(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _deep_hash(db: EpisodeDB) -> str:
-    """The database hash, with room for the 900-deep values the fuzz stores (the gym itself scores those 0)."""
+@contextlib.contextmanager
+def deep_values() -> Iterator[None]:
+    """Room for the 900-deep values the fuzz sends (a tau database stores them; the gym itself scores those 0)."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 5000))
     try:
-        return db.hash()
+        yield
     finally:
         sys.setrecursionlimit(limit)
+
+
+def _deep_hash(db: EpisodeDB) -> str:
+    with deep_values():
+        return db.hash()
 
 
 def fingerprint(gym: Any) -> dict[str, Any]:
@@ -265,10 +275,13 @@ def fingerprint(gym: Any) -> dict[str, Any]:
             value = value.getstate()
         elif isinstance(value, EpisodeDB):
             value = _deep_hash(value)
+        elif isinstance(value, Env):
+            value = [_deep_hash(db) for db in (value.db, value.user_db) if db is not None]
         elif isinstance(value, Customer):
             value = copy.deepcopy(value.history)
         else:
-            value = copy.deepcopy(value)
+            with deep_values():  # tau2_mock's trajectory keeps the arguments of every call
+                value = copy.deepcopy(value)
         out[key] = value
     return out
 
