@@ -2,12 +2,12 @@
 the simulator's engine killed in the middle of a rollout (`tests/distributed/test_simulator_engines.py` kills one
 between calls of the client alone, deterministically).
 
-The policy (SmolLM2-135M) plays TelepathyGym; the run starts a frozen SmolLM2-135M engine as the simulated user,
+The policy (SmolLM2-135M) plays IntentionGym; the run starts a frozen SmolLM2-135M engine as the simulated user,
 with no endpoint and no network. The kill must cost time, not episodes: the pool restarts the engine, the
 simulator client follows it to its new address, and every call that found the engine down waits for that restart
-and is retried there (none fails for a connection reason, however slow the restart). A 135M judge rarely writes
-the JSON the gym asks for, so most calls fail as `bad_json`: that is the judge's quality, counted apart from the
-engine's death.
+and is retried there (none fails for a connection reason, however slow the restart). Each question is two calls
+(the user's answer and the coverage judge's verdict). The tests cut the simulator's replies at 8 tokens to stay
+fast, so its calls fail as `bad_json`: counted apart from the engine's death.
 
 The second test puts the simulator's engine on the policy engine's devices (`user_sim.engines.placement:
 policy_engines`) in a colocated run: both pools release their memory while the actor trains and take it back
@@ -40,6 +40,7 @@ def test_a_killed_simulator_engine_is_restarted_and_no_call_is_lost(shared_data:
             "rollout.max_turns=1",
             "rollout.max_new_tokens_per_turn=64",
             "algo.kl_coef=0",  # no reference pass: the test is about the simulator
+            "eval.before_training=false",
             "user_sim.max_tokens=8",
             # user_sim.max_retries stays the config's 1: a call that finds the engine down spends that retry after
             # the restart (it waits for the pool's restart, however long it takes, not for a backoff)
@@ -53,7 +54,7 @@ def test_a_killed_simulator_engine_is_restarted_and_no_call_is_lost(shared_data:
     # The simulator's counters are each step's own (sync mode, no evaluation: the calls of its rollout). How many
     # questions reach the simulator depends on sampling (a reply cut at the token limit asks nothing, so a step may
     # ask none; the client alone against a killed engine is tested deterministically in test_simulator_engines.py);
-    # that each question is one call, and that every call ends answered or failed (none still in flight, none
+    # that each question is two calls, and that every call ends answered or failed (none still in flight, none
     # dropped), does not.
     assert [r["user_sim/calls"] for r in records] == [sum(map(_asks, episodes[step])) for step in (1, 2)]
     for record in records:
@@ -89,6 +90,7 @@ def test_simulator_engines_on_the_policy_engines_devices_step_aside_while_the_ac
             "rollout.max_turns=1",
             "rollout.max_new_tokens_per_turn=64",
             "algo.kl_coef=0",  # no reference pass: the test is about the hand-offs
+            "eval.before_training=false",
             "user_sim.max_tokens=8",
         ]
     )
@@ -109,9 +111,9 @@ def test_simulator_engines_on_the_policy_engines_devices_step_aside_while_the_ac
     assert (sim_log.count("memory released: "), sim_log.count("memory resumed: ")) == (4, 3)
     assert sim_log.count("memory released: kv_cache, cuda_graph\n") == 4
     assert sim_log.count("memory resumed: kv_cache, cuda_graph\n") == 3
-    # Resumed, it answered in both rollouts, the second after an update: every question asked was one call, and
-    # every call got the engine's reply, which a 135M judge rarely writes as the JSON the gym wants (`bad_json`,
-    # or `empty`). A held engine would have let the calls time out; a call failing on the engine would show as
+    # Resumed, it answered in both rollouts, the second after an update: every question asked was two calls, and
+    # every call got the engine's reply, which cut at 8 tokens is no JSON the gym can read (`bad_json`, or
+    # `empty`). A held engine would have let the calls time out; a call failing on the engine would show as
     # another kind. How many questions a step asks depends on sampling (a reply cut at the token limit asks
     # nothing); at least one per step does.
     calls = [sum(map(_asks, episodes[step])) for step in (1, 2)]
@@ -133,12 +135,13 @@ def _episodes(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.open()]
 
 
-def _asks(episode: dict[str, Any]) -> bool:
-    """Whether the episode's one turn put a question or a guess to the simulator (TelepathyGym.act): a reply cut
-    at the token limit has no action, `[finish]` and an empty question are answered without a call."""
+def _asks(episode: dict[str, Any]) -> int:
+    """The simulator calls of the episode's one turn (IntentionGym.act): a question is two (the user's answer and
+    the coverage judge's verdict); a reply cut at the token limit has no action, `[finish]` and an empty question
+    are answered without a call."""
     actions = [turn["action"] for turn in episode["turns"] if turn["action"] is not None]
     if not actions:
-        return False
+        return 0
     [action] = actions  # rollout.max_turns=1, and the tags format has one action per reply
     tag, payload = parse_action(action)
-    return tag != "finish" and bool(payload)
+    return 2 if tag != "finish" and payload else 0
