@@ -94,6 +94,10 @@ def engines(result: BringUp, ips: list[str]) -> list[tuple]:
     return [(e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, command_of(e)) for e in result.engines]
 
 
+# The user simulator's engines write JSON without free whitespace (`user_sim.engines`: its replies are schema-bound).
+TIGHT_JSON = ["--constrained-json-disable-any-whitespace"]
+
+
 def sglang(model: str, port: int, tp: int, mem: float, host: str = "127.0.0.1", colocated: bool = True) -> list[str]:
     """The SGLang command line of one engine process on GPUs, as SGLang's server arguments want it."""
     command = [
@@ -314,7 +318,14 @@ def test_qwen3_32b_with_the_user_simulator_on_the_policy_engines_gpus(cluster: l
     def simulator(e: int) -> list[str]:
         command = sglang("/models/Qwen3-32B", 31000 + e, 4, 0.3, host="0.0.0.0", colocated=False)
         command[2] = "USERRL_USER_SIM_ENGINE_KEY"
-        return [*command, "--context-length", "32768", "--enable-memory-saver", "--disable-prefill-cuda-graph"]
+        return [
+            *command,
+            "--context-length",
+            "32768",
+            "--enable-memory-saver",
+            "--disable-prefill-cuda-graph",
+            *TIGHT_JSON,
+        ]
 
     holders = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
     assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(16)), holders)]
@@ -383,6 +394,7 @@ def test_the_user_simulators_engines_on_gpus_of_their_own(cluster: list[str]) ->
     assert [e.engine for e in result.engines] == list(range(8))  # the policy's engines as without a simulator
     command = sglang("/models/Qwen3-32B", 31000, 2, 0.5, host="0.0.0.0", colocated=False)
     command[2] = "USERRL_USER_SIM_ENGINE_KEY"
+    command += TIGHT_JSON
     assert [(e.engine, e.launch.env, command_of(e)) for e in result.simulator] == [
         (0, {"CUDA_VISIBLE_DEVICES": "0,1"}, command)
     ]
@@ -483,7 +495,7 @@ def test_qwen3_32b_with_the_user_simulator_on_a_third_node(cluster: list[str]) -
     def simulator(e: int) -> list[str]:  # frozen, on GPUs of its own: no memory saver
         command = sglang("/models/Qwen3-32B", 31000 + e, 2, 0.85, host="0.0.0.0", colocated=False)
         command[2] = "USERRL_USER_SIM_ENGINE_KEY"
-        return [*command, "--context-length", "32768"]
+        return [*command, "--context-length", "32768", *TIGHT_JSON]
 
     assert all(e.launch.watch for e in result.simulator)
     assert [
