@@ -22,6 +22,13 @@ def test_table_rows_and_the_before_after_line(tmp_path: Path) -> None:
             if line.startswith("│") and line.split("│")[1].strip().isdigit()}  # fmt: skip
     assert rows == {"0": ["-", "-", "0.250"], "1": ["0.500", "2", "-"], "2": ["0.750", "0", "0.625"]}
     assert "test-split score (greedy, same tasks): 0.250 before training -> 0.625 after step 2" in text
+    (tmp_path / "config.yaml").write_text("eval:\n  temperature: 1.0\n")  # the run's config, as the trainer saves it
+    console = Console(record=True, width=250)
+    print_report(tmp_path, console)
+    text = console.export_text()
+    assert (
+        "test-split score (sampled at temperature 1, same tasks): 0.250 before training -> 0.625 after step 2" in text
+    )
 
 
 def test_simulator_calls_and_the_share_answered(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 import shutil
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -54,7 +55,8 @@ def print_report(run_dir: Path, console: Console | None = None) -> None:
     if len(scores) > 1 and scores[0][0] == 0:
         (_, before), (last, after) = scores[0], scores[-1]
         console.print(
-            f"test-split score (greedy, same tasks): {before:.3f} before training -> {after:.3f} after step {last}"
+            f"test-split score ({_decoding(run_dir)}, same tasks): {before:.3f} before training -> {after:.3f} after"
+            f" step {last}"
         )
     latest = run_dir / "checkpoints" / "latest"
     if latest.is_file():
@@ -69,6 +71,15 @@ def _cell(record: dict, key: str, fmt: str) -> str:
     if value is None and key in ZERO_WHEN_ABSENT and "rollout/episodes" in record:
         value = 0
     return fmt.format(value) if isinstance(value, int | float) else "-"
+
+
+def _decoding(run_dir: Path) -> str:
+    """How the run's evaluation decodes (its saved config's `eval.temperature`): "greedy", or the temperature."""
+    config = run_dir / "config.yaml"
+    temperature = 0.0
+    if config.is_file():
+        temperature = float((yaml.safe_load(config.read_text()) or {}).get("eval", {}).get("temperature") or 0.0)
+    return "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}"
 
 
 def _answered_share(record: dict) -> float | None:
