@@ -105,7 +105,7 @@ def bench_ours(
 def _raw_rank(rank: int, world_size: int, port: int, nbytes: int, repeats: int) -> list[float]:
     import torch
 
-    from userrl_megatron.sync.group import init_custom_process_group
+    from userrl_megatron.wire.group import init_custom_process_group
 
     group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", world_size, rank, "raw_bench")
     buffer = torch.ones(nbytes, dtype=torch.uint8) if rank == 0 else torch.empty(nbytes, dtype=torch.uint8)

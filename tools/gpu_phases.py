@@ -522,9 +522,9 @@ def phase_release_resume(smoke: Smoke, r: Record) -> None:
     engine holds no weights and must refuse to generate."""
     import asyncio
 
-    from userrl_megatron.fleet.engine import EngineError
     from userrl_megatron.trainer.handoff import MEMORY_TAGS
     from userrl_megatron.types import SamplingParams
+    from userrl_megatron.wire.generation import EngineError
 
     prompt = smoke.random_prompts(1, smoke.sizes.prompt_len, seed=51)[0]
     greedy = SamplingParams(max_new_tokens=smoke.sizes.new_tokens, temperature=0.0)

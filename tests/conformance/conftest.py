@@ -24,13 +24,14 @@ from tests.support.servers import push_weights
 from tests.support.sglang_weights import checkpoint_state, differing, hf_tensor, sglang_names
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
-from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, launch_sglang
 from userrl_megatron.model_store import resolve_model
 from userrl_megatron.ports import free_port
 from userrl_megatron.sync.sender import DIRECT_MIN_BYTES, EngineEndpoint
 from userrl_megatron.sync.served import served_names
+from userrl_megatron.wire.generation import EngineError
 
 # Start-up took 60-110 s on 2 cores at load 12-16 (docs/benchmarks.md): the bound is for a hung server only.
 STARTUP_S = 1200.0

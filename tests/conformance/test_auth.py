@@ -20,7 +20,7 @@ from tests.conformance.conftest import SGLANG_CPU, STARTUP_S
 from tests.support.servers import http_call
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, launch_sglang
 from userrl_megatron.model_store import resolve_model
@@ -28,6 +28,7 @@ from userrl_megatron.ports import free_port
 from userrl_megatron.server.core import EngineCore
 from userrl_megatron.server.http import build_app
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError
 
 WATCHED = ("model.norm.weight", "model.layers.0.self_attn.q_proj.weight")
 UNAUTHORIZED = (401, {"error": "Unauthorized"})

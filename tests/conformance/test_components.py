@@ -153,7 +153,8 @@ def test_memory_tag_errors(engine: Engine) -> None:
     `test_colocated_sequence` runs the trainer's sequence against SGLang without killing it)."""
     if engine.backend == "sglang":
         pytest.skip("SGLang 0.5.23 dies on resuming a held tag (KeyError); the sequence above never does it")
-    from userrl_megatron.fleet.engine import EngineError, SGLangClient
+    from userrl_megatron.fleet.engine import SGLangClient
+    from userrl_megatron.wire.generation import EngineError
 
     async def go() -> None:
         async with SGLangClient(engine.url) as client:

@@ -22,13 +22,14 @@ from tests.conformance.test_generate import chat_ids
 from tests.conformance.test_weight_sync import changes
 from tests.support.engine_ref import hf_greedy
 from userrl_megatron.config.schema import SyncConfig
-from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON
 from userrl_megatron.ports import free_port
-from userrl_megatron.sync.receive import decode_payload
 from userrl_megatron.sync.sender import UnknownWeightNameError
 from userrl_megatron.sync.tensor_sender import TensorSender
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError
+from userrl_megatron.wire.receive import decode_payload
 
 
 def our_segments() -> set[str]:

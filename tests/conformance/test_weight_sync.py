@@ -16,10 +16,11 @@ from tests.support.engine_ref import hf_greedy
 from tests.support.servers import http_call, push_weights
 from tests.support.sglang_weights import engine_checksums, sglang_params
 from userrl_megatron.config.schema import SyncConfig
-from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.ports import free_port
 from userrl_megatron.sync.sender import UnknownWeightNameError, WeightSender, WeightUpdateRefusedError
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError
 
 
 async def weight_version(url: str) -> str:

@@ -157,7 +157,7 @@ def test_health_tells_slow_from_wedged_and_dead(placement: object, chatty: Path,
     """Slow (alive, progress within the stall timeout) is left alone; wedged (answers, no progress, the
     generation probe does not pass) and dead (process gone) are restarted; with no engine left the pool is
     exhausted and fails at once."""
-    from userrl_megatron.fleet.engine import EngineError
+    from userrl_megatron.wire.generation import EngineError
 
     cfg = pool_config(engine_stall_timeout_s=600.0, engine_max_restarts=1)
     chat = ChatTemplate.from_pretrained(chatty, "tags")

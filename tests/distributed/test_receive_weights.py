@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 from userrl_megatron.ports import free_port
 from userrl_megatron.server.weights import receive_weights
-from userrl_megatron.sync.bucket import FlatBuffer
-from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
+from userrl_megatron.wire.bucket import FlatBuffer
+from userrl_megatron.wire.group import destroy_custom_process_group, init_custom_process_group
 
 pytestmark = pytest.mark.distributed
 

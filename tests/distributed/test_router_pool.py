@@ -10,11 +10,12 @@ import pytest
 
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig
-from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.pool import RolloutPool
 from userrl_megatron.fleet.router import list_workers
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError
 
 pytestmark = pytest.mark.distributed
 

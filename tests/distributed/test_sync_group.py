@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from userrl_megatron.sync.bucket import pack_bucket
-from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
+from userrl_megatron.wire.bucket import pack_bucket
+from userrl_megatron.wire.group import destroy_custom_process_group, init_custom_process_group
 
 pytestmark = pytest.mark.distributed
 

@@ -31,7 +31,7 @@ from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.launch import ServerProcess, embedded_server_command, launch_server
 from userrl_megatron.ports import free_port
-from userrl_megatron.sync.sglang_payload import serialize
+from userrl_megatron.wire.sglang_payload import serialize
 
 pytestmark = pytest.mark.distributed
 

@@ -24,12 +24,13 @@ from tests.support.payloads import plain_pickle
 from tests.support.servers import http_call, push_weights
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.fleet.engine import EngineError, SGLangClient
+from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.ports import free_port
-from userrl_megatron.sync.embedded_payload import write_payload
-from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.embedded_payload import write_payload
+from userrl_megatron.wire.generation import EngineError
+from userrl_megatron.wire.group import destroy_custom_process_group, init_custom_process_group
 
 pytestmark = pytest.mark.distributed
 

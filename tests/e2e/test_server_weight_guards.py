@@ -23,7 +23,7 @@ from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.ports import free_port
 from userrl_megatron.server.core import EngineCore
-from userrl_megatron.sync.embedded_payload import MAGIC
+from userrl_megatron.wire.embedded_payload import MAGIC
 
 pytestmark = pytest.mark.distributed
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gyms.base import StepResult
-from userrl_megatron.fleet.engine import Generation
 from userrl_megatron.rollout.chat import ChatTemplate
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import Generation
 
 # What a scripted engine turn may be: reply text (tokenised, then ended by the stop token), a full Generation,
 # or an exception to raise.

@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.ports import free_port
-from userrl_megatron.sync.bucket import dtype_name, pack_bucket
-from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
+from userrl_megatron.wire.bucket import dtype_name, pack_bucket
+from userrl_megatron.wire.group import destroy_custom_process_group, init_custom_process_group
 
 CALL_S = 300.0  # one raw call: a bound for a hung server only
 

@@ -8,11 +8,11 @@ import asyncio
 import pytest
 
 from userrl_megatron.config.schema import RolloutConfig
-from userrl_megatron.fleet.engine import Generation
 from userrl_megatron.observability.progress import HEARTBEAT_S
 from userrl_megatron.rollout.admission import Admission, GroupGate
 from userrl_megatron.rollout.episode import EpisodeRunner, TurnEngine
 from userrl_megatron.types import Episode, Message, SamplingParams, Task
+from userrl_megatron.wire.generation import Generation
 
 
 async def settle() -> None:

@@ -1,4 +1,4 @@
-"""The embedded engine's payload format (`sync/embedded_payload.py`): a JSON header and raw bytes. Every bound is
+"""The embedded engine's payload format (`wire/embedded_payload.py`): a JSON header and raw bytes. Every bound is
 checked before anything is mapped: the header's size, depth and counts, each field's type, each tensor inside its
 buffer, the buffers and tensors within the engine's bound, the inline bytes, a shared-memory file's name, owner
 and real size (never grown). The CUDA branch runs on the CPU here: torch's IPC calls are replaced by fakes, and
@@ -20,11 +20,11 @@ import torch.multiprocessing.reductions as reductions
 from tests.support.fake_cuda import FakeCuda
 from tests.support.payloads import packed
 from userrl_megatron.config.schema import SyncConfig
-from userrl_megatron.sync import embedded_payload, handles
-from userrl_megatron.sync.embedded_payload import MAGIC, PayloadError, parse_header, read_payload, write_payload
-from userrl_megatron.sync.receive import decode_payload
 from userrl_megatron.sync.sender import EngineEndpoint
 from userrl_megatron.sync.tensor_sender import TensorSender
+from userrl_megatron.wire import embedded_payload, handles
+from userrl_megatron.wire.embedded_payload import MAGIC, PayloadError, parse_header, read_payload, write_payload
+from userrl_megatron.wire.receive import decode_payload
 
 LIMIT = 1 << 20
 

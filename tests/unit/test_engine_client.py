@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from userrl_megatron.fleet.engine import EngineError, RolloutEngine, SGLangClient
+from userrl_megatron.fleet.engine import RolloutEngine, SGLangClient
 from userrl_megatron.server.protocol import contract_error
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError
 
 REPLY = {
     "output_ids": [4, 5],

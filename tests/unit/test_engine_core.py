@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from tests.support.engine_ref import hf_greedy, hf_logprobs
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.fleet.engine import EngineError, RolloutEngine
+from userrl_megatron.fleet.engine import RolloutEngine
 from userrl_megatron.server import scheduler as scheduler_module
 from userrl_megatron.server.local import LocalEngine
 from userrl_megatron.server.model import EngineModel
@@ -22,6 +22,7 @@ from userrl_megatron.server.prefill import PrefillRow
 from userrl_megatron.server.sampling import SamplingSpec, parse_sampling_params
 from userrl_megatron.server.scheduler import Request
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 

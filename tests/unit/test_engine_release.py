@@ -19,10 +19,10 @@ from transformers import AutoModelForCausalLM
 from tests.support.engine_ref import hf_greedy
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.fleet.engine import EngineError
 from userrl_megatron.server.local import LocalEngine
 from userrl_megatron.server.scheduler import Request
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 PROMPT = [5, 6, 7, 8]

@@ -17,13 +17,13 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.tiny_models import MOE_FAMILY, make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.fleet.engine import EngineError
 from userrl_megatron.fleet.launch import launch_embedded
 from userrl_megatron.ports import free_port
 from userrl_megatron.server.core import EngineCore
 from userrl_megatron.server.model import EngineModel
 from userrl_megatron.server.protocol import generate_response, parse_generate
 from userrl_megatron.server.scheduler import Request
+from userrl_megatron.wire.generation import EngineError
 
 LAYERS, TOP_K = 4, 2
 

@@ -12,10 +12,10 @@ from gyms.tools import INTERACT_TOOL
 from tests.support.chat_templates import interact_call, qwen3_chat, smollm2_chat
 from tests.support.scripted import BarrierEngine, ScriptedEngine, ScriptedGym, step
 from userrl_megatron.config.schema import RolloutConfig
-from userrl_megatron.fleet.engine import Generation
 from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 from userrl_megatron.rollout.episode import EpisodeRunner
 from userrl_megatron.types import Episode, Message, SamplingParams, Task
+from userrl_megatron.wire.generation import Generation
 
 IM_END = 151645
 

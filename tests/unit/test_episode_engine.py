@@ -16,12 +16,12 @@ from gyms.function.rules import generate_function
 from gyms.function.tasks import procedural_task
 from tests.support.chatty import check_logprobs, function_task, make_chatty_model
 from userrl_megatron.config.schema import EmbeddedServerConfig, GymsConfig, RolloutConfig
-from userrl_megatron.fleet.engine import Generation
 from userrl_megatron.model_store import resolve_model
 from userrl_megatron.rollout.chat import ChatTemplate
 from userrl_megatron.rollout.episode import EpisodeRunner, gym_factory
 from userrl_megatron.server.local import LocalEngine
 from userrl_megatron.types import Episode, Message, SamplingParams, Task
+from userrl_megatron.wire.generation import Generation
 
 CONTINUING = {"max_turns", "truncated", "max_tokens", "done", "no_tool_call"}
 

@@ -17,7 +17,6 @@ import pytest
 from userrl_megatron.config.schema import EmbeddedServerConfig, SGLangConfig
 from userrl_megatron.cores import core_count, cpu_list, usable_cores
 from userrl_megatron.fleet import sglang
-from userrl_megatron.fleet.engine import EngineError
 from userrl_megatron.fleet.launch import (
     ProcessLaunch,
     embedded_launch,
@@ -36,6 +35,7 @@ from userrl_megatron.fleet.sglang import (
     sglang_launch,
     sglang_python,
 )
+from userrl_megatron.wire.generation import EngineError
 
 
 def test_sglang_command_defaults() -> None:

@@ -7,6 +7,7 @@ still a dependency, only a later one.
 """
 
 import ast
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -168,3 +169,32 @@ def test_ray_and_the_placement_group_are_brought_up_in_one_place() -> None:
             if name in BRING_UP_CALLS:
                 elsewhere.append(f"{path.relative_to(REPO)}:{node.lineno} calls {name}")
     assert elsewhere == []
+
+
+# `wire/` holds what both sides of an engine call read: the bucket layout, the tensor-handle codec and payload formats,
+# the process-group helpers, the bearer-token check, `Generation`. It is low: the standard library, torch, numpy and
+# other low packages only. `server/` (the embedded engine), `sync/` (the trainer's sender) and `fleet/` (the engines'
+# client and launch) stand beside each other on it: the embedded server imports neither `sync/` nor `fleet/`.
+WIRE = "userrl_megatron.wire"
+WIRE_MAY_IMPORT = {"userrl_megatron.types", "userrl_megatron.errors"}
+
+
+def test_the_wire_package_stands_below_server_sync_and_fleet() -> None:
+    graph = package_graph()
+    assert sorted(set(graph.get(WIRE, {})) - WIRE_MAY_IMPORT) == []
+    wire_files = sorted((REPO / "userrl_megatron" / "wire").rglob("*.py"))
+    assert wire_files
+    outside = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in wire_files
+        for module, line in _imports(path)
+        if module.split(".")[0] not in sys.stdlib_module_names | {"torch", "numpy", "userrl_megatron"}
+    ]
+    assert outside == []
+    for side in ("server", "sync", "fleet"):
+        assert WIRE in graph[f"userrl_megatron.{side}"], side
+
+
+def test_the_embedded_server_imports_neither_fleet_nor_sync() -> None:
+    server = package_graph()["userrl_megatron.server"]
+    assert {t: server[t] for t in ("userrl_megatron.fleet", "userrl_megatron.sync") if t in server} == {}

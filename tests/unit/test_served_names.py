@@ -34,7 +34,7 @@ class _Qwen3OnSGLang:
         self.loaded += 1
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
-        from userrl_megatron.fleet.engine import EngineError
+        from userrl_megatron.wire.generation import EngineError
 
         self.asked.append(name)
         raise EngineError("/get_weights_by_name: Get parameter by name failed (HTTP 400)")

@@ -1,4 +1,4 @@
-"""The bounded reader of SGLang's pickle format (`sync/sglang_payload.py`), which the embedded engine uses only
+"""The bounded reader of SGLang's pickle format (`wire/sglang_payload.py`), which the embedded engine uses only
 when started with --accept-pickle-payloads: it reads what torch's and SGLang's reductions write (the senders'
 buckets, tensors by value), and refuses, before the harm, what issue 57 found a pickle could do: BUILD a tensor
 over memory it does not own (N1), a dict key nested so deep or so shared that hashing it crashed the engine or
@@ -21,9 +21,9 @@ import torch
 import torch.multiprocessing.reductions as reductions
 
 from tests.support.payloads import packed, plain_pickle
-from userrl_megatron.sync import handles, sglang_payload
-from userrl_megatron.sync.sglang_payload import MAX_DEPTH, flattened_bucket, read_pickle, serialize
 from userrl_megatron.sync.tensor_sender import bucket_entries
+from userrl_megatron.wire import handles, sglang_payload
+from userrl_megatron.wire.sglang_payload import MAX_DEPTH, flattened_bucket, read_pickle, serialize
 
 
 class Reduce:

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from userrl_megatron.convert.assembly import TensorPlan
-from userrl_megatron.sync.bucket import bucket_layout, dtype_from_name, dtype_name, pack_bucket, unpack_bucket
 from userrl_megatron.sync.sender import DIRECT_MIN_BYTES, direct_tensor
+from userrl_megatron.wire.bucket import bucket_layout, dtype_from_name, dtype_name, pack_bucket, unpack_bucket
 
 
 def test_layout_is_back_to_back_in_names_order() -> None:

@@ -1,4 +1,4 @@
-"""Tensor handles for `update_weights_from_tensor` (`sync/handles.py`), in both payload formats: a packed bucket
+"""Tensor handles for `update_weights_from_tensor` (`wire/handles.py`), in both payload formats: a packed bucket
 named by a shared-memory handle is read bit-exact by another, unrelated process; its memory file disappears once
 both sides let go; an engine keeps a held segment mapped across pushes (the embedded engine's format); the receiver
 reads only its own rank's entry and, for SGLang's pickle format (read only when asked), resolves only the globals
@@ -23,17 +23,17 @@ import torch.multiprocessing.reductions as reductions
 
 from tests.support.payloads import packed, plain_pickle
 from userrl_megatron.config.schema import SyncConfig
-from userrl_megatron.sync import handles
-from userrl_megatron.sync.embedded_payload import write_payload
-from userrl_megatron.sync.receive import decode_payload
 from userrl_megatron.sync.sender import EngineEndpoint, _Packer
-from userrl_megatron.sync.sglang_payload import serialize
 from userrl_megatron.sync.tensor_sender import SharedBuffer, TensorSender
+from userrl_megatron.wire import handles
+from userrl_megatron.wire.embedded_payload import write_payload
+from userrl_megatron.wire.receive import decode_payload
+from userrl_megatron.wire.sglang_payload import serialize
 
 RECEIVER = textwrap.dedent(
     """
     import sys, torch
-    from userrl_megatron.sync.receive import decode_payload
+    from userrl_megatron.wire.receive import decode_payload
 
     def main():  # the mapped tensors are let go when it returns, as in a server's request handler
         load_format = sys.argv[2] if len(sys.argv) > 2 else None
@@ -146,8 +146,8 @@ def test_bucket_sizes_follow_sync_config() -> None:
 ENGINE = textwrap.dedent(
     """
     import sys, torch
-    from userrl_megatron.sync import handles
-    from userrl_megatron.sync.receive import decode_payload
+    from userrl_megatron.wire import handles
+    from userrl_megatron.wire.receive import decode_payload
 
     segments = handles.Segments()
     mapped = []  # the files mapped (a kept mapping maps nothing)

@@ -8,8 +8,8 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.tiny_models import FAMILIES, MOE_FAMILY, randomize_norms_and_biases, tiny_config
 from userrl_megatron.convert import Architecture, Converter, Split, TensorPlan, padded_vocab_size, shard, unshard
-from userrl_megatron.sync.bucket import FlatBuffer, bucket_layout, unpack_bucket
 from userrl_megatron.sync.sender import _Packer
+from userrl_megatron.wire.bucket import FlatBuffer, bucket_layout, unpack_bucket
 
 VOCAB = 250  # padded to 256: padding rows at TP 1 and 2
 

@@ -94,9 +94,9 @@ def _serve_sglang(args: argparse.Namespace) -> int:
     from userrl_megatron.config.schema import SGLangConfig
     from userrl_megatron.errors import UserError
     from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV
-    from userrl_megatron.fleet.engine import EngineError
     from userrl_megatron.fleet.sglang import launch_sglang
     from userrl_megatron.model_store import resolve_model
+    from userrl_megatron.wire.generation import EngineError
 
     cfg = SGLangConfig()
     overrides = {"host": args.host, "python": args.sglang_python, "max_total_tokens": args.max_total_tokens}

@@ -138,7 +138,8 @@ async def policy_identity(cfg: RootConfig, model_dir: Path | None) -> dict[str, 
         return api_identity(cfg.eval)
     tokenizer = {"tokenizer": cfg.model.path, "tool_format": cfg.model.tool_format}
     if cfg.eval.engine_url:
-        from userrl_megatron.fleet.engine import EngineError, SGLangClient
+        from userrl_megatron.fleet.engine import SGLangClient
+        from userrl_megatron.wire.generation import EngineError
 
         async with SGLangClient(cfg.eval.engine_url, timeout_s=30.0, api_key=engine_url_key(cfg)) as client:
             try:

@@ -3,7 +3,8 @@
 A run takes its key from the environment variable `rollout.api_key_env` names (default `USERRL_ENGINE_API_KEY`),
 or, when that variable is unset, makes a random one. The key travels only in process environments and in
 memory (Ray task arguments to the engine actors and the weight senders), never in a config, on a command line
-or in a log. Requests carry it as SGLang's clients do: `Authorization: Bearer <key>`.
+or in a log. Requests carry it as SGLang's clients do: `Authorization: Bearer <key>`; servers check it with
+`wire/bearer.py`.
 """
 
 import logging
@@ -14,8 +15,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_KEY_ENV = "USERRL_ENGINE_API_KEY"
 KEY_BYTES = 32  # entropy of a generated key
-# Paths anyone may call on a server with a key, as SGLang 0.5.23 (`sglang/srt/utils/auth.py`): prefixes.
-PUBLIC_PREFIXES = ("/health", "/ready", "/metrics")
 
 
 def run_api_key(env_name: str) -> str:
@@ -32,16 +31,3 @@ def key_handover(api_key: str, env_name: str) -> tuple[str, dict[str, str]]:
     """How a server process gets `api_key`: the variable it reads it from ("" = no key) and the environment entry
     that holds it (`ProcessLaunch.secrets`)."""
     return (env_name, {env_name: api_key}) if api_key else ("", {})
-
-
-def is_public(method: str, path: str) -> bool:
-    """Whether a request needs no key (SGLang's rule: OPTIONS, health, readiness and metrics)."""
-    return method == "OPTIONS" or path.startswith(PUBLIC_PREFIXES)
-
-
-def bearer_matches(header: str | None, key: str) -> bool:
-    """Whether an `Authorization` header is `Bearer <key>` (scheme case-insensitive, constant-time compare)."""
-    if not header:
-        return False
-    scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode())

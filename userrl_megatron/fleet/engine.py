@@ -10,12 +10,12 @@ import base64
 import json
 import random
 import time
-from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import numpy as np
 
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError, Generation
 
 # How long one start-up health probe may wait: longer than a server's own health timeout (20 s, SGLang's and the
 # embedded server's default), so a server whose forward is slow on a busy machine still answers in time.
@@ -23,25 +23,6 @@ HEALTH_PROBE_S = 60.0
 # One attempt at reading an engine's weights: a live engine answers, a busy one late (its scheduler first finishes the
 # step it is in, on a shared CPU at its share of a core); only a hang waits this long.
 READ_TIMEOUT_S = 600.0
-
-
-class EngineError(RuntimeError):
-    """An engine refused or failed a call (SGLang `success: false`, a 4xx/5xx, or no answer after retries)."""
-
-
-@dataclass
-class Generation:
-    """The result of one generate call."""
-
-    output_ids: list[int]
-    output_logprobs: list[float]  # log-prob of each output token under the engine's weights
-    finish_reason: str  # "stop" (EOS or a stop token), "length" (max_new_tokens) or "abort"
-    weight_version: str = "default"
-    prompt_tokens: int = 0
-    latency_s: float = 0.0
-    # MoE routing replay: the expert ids the engine routed each position to, int32 [positions, layers x top_k],
-    # for positions routed_experts_start_len … prompt + output - 2 (SGLang's rows); None unless asked for
-    routed_experts: np.ndarray | None = None
 
 
 @runtime_checkable
@@ -356,7 +337,7 @@ class SGLangClient:
         flush_cache: bool = True,
         weight_version: str | None = None,
     ) -> None:
-        """Answers once every TP rank mapped its payload's tensors and loaded them (`sync/handles.py` format)."""
+        """Answers once every TP rank mapped its payload's tensors and loaded them (`wire/handles.py` format)."""
         payload: dict[str, Any] = {
             "serialized_named_tensors": list(serialized_named_tensors),
             "flush_cache": flush_cache,

@@ -21,8 +21,9 @@ from typing import BinaryIO
 
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, key_handover
-from userrl_megatron.fleet.engine import HEALTH_PROBE_S, EngineError
+from userrl_megatron.fleet.engine import HEALTH_PROBE_S
 from userrl_megatron.fleet.engine_env import engine_environment
+from userrl_megatron.wire.generation import EngineError
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,13 @@ from ray.exceptions import NodeDiedError, OutOfMemoryError, RayActorError, Worke
 from userrl_megatron.config.schema import EmbeddedServerConfig, RolloutConfig, SGLangConfig
 from userrl_megatron.cores import core_count
 from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, run_api_key
-from userrl_megatron.fleet.engine import EngineError, Generation, SGLangClient
+from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.engine_ports import BOOK, PortBlock
 from userrl_megatron.fleet.launch import ProcessLaunch
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
 from userrl_megatron.ports import free_port
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError, Generation
 
 log = logging.getLogger(__name__)
 # What a call to an engine's actor raises once its process is gone: dead, killed by Ray's out-of-memory monitor (the

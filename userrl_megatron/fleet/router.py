@@ -19,9 +19,9 @@ from pathlib import Path
 
 from userrl_megatron.config.schema import SGLangConfig
 from userrl_megatron.fleet.auth import DEFAULT_KEY_ENV, key_handover
-from userrl_megatron.fleet.engine import EngineError
 from userrl_megatron.fleet.launch import ProcessLaunch, ServerProcess, run_launch
 from userrl_megatron.fleet.sglang import KEY_ENTRY, sglang_python
+from userrl_megatron.wire.generation import EngineError
 
 ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")
 

@@ -17,11 +17,11 @@ from typing import Any, Protocol, TypeVar
 from gyms.base import Gym
 from gyms.tools import ToolCallError, text_to_action
 from userrl_megatron.config.schema import GymsConfig, RolloutConfig
-from userrl_megatron.fleet.engine import Generation
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
 from userrl_megatron.rollout.admission import Admission, GroupGate
 from userrl_megatron.rollout.chat import ChatTemplate, ChatTemplateError
 from userrl_megatron.types import Episode, EpisodeGroup, FinishReason, Message, Role, SamplingParams, Task, Turn
+from userrl_megatron.wire.generation import Generation
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from userrl_megatron.server.scheduler import PAUSE_MODES, Request, Scheduler, en
 from userrl_megatron.server.threads import DaemonPool, start_daemon, wait_bounded
 from userrl_megatron.server.weights import Destination, receive_weights
 from userrl_megatron.server.weights_dir import OutsideError, check_path_text, read_safetensors_dir
-from userrl_megatron.sync.bucket import FlatBuffer
-from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
-from userrl_megatron.sync.handles import Segments
-from userrl_megatron.sync.receive import decode_payload
+from userrl_megatron.wire.bucket import FlatBuffer
+from userrl_megatron.wire.group import destroy_custom_process_group, init_custom_process_group
+from userrl_megatron.wire.handles import Segments
+from userrl_megatron.wire.receive import decode_payload
 
 log = logging.getLogger(__name__)
 
@@ -487,7 +487,7 @@ class EngineCore:
         weight_version: str | None = None,
     ) -> tuple[bool, str]:
         """SGLang's colocated path: this engine's payload (entry 0; it is TP rank 0) names tensors in memory the
-        sender shares (`sync/handles.py`), in this engine's own format (`sync/embedded_payload.py`), or in
+        sender shares (`wire/handles.py`), in this engine's own format (`wire/embedded_payload.py`), or in
         SGLang's pickle format only with `accept_pickle_payloads`; they are mapped and copied into the weights
         before the answer, and the mapping of a sender's persistent shared-memory file is kept for its next pushes
         (`Segments`). Where SGLang 0.5.23's server dies (a payload it cannot read, an unknown load format, a wrong

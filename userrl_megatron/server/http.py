@@ -15,7 +15,6 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from userrl_megatron.fleet.auth import bearer_matches, is_public
 from userrl_megatron.server.bodies import BadRequestError, closing, parse_json, read_body
 from userrl_megatron.server.connections import (
     ConnectionGuard,
@@ -37,7 +36,8 @@ from userrl_megatron.server.protocol import (
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import PAUSE_MODES, Request
 from userrl_megatron.server.threads import DaemonPool
-from userrl_megatron.sync.handles import is_base64
+from userrl_megatron.wire.bearer import bearer_matches, is_public
+from userrl_megatron.wire.handles import is_base64
 
 log = logging.getLogger(__name__)
 
@@ -405,7 +405,7 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
 
 
 async def update_weights_from_tensor(request: web.Request) -> web.Response:
-    """SGLang's colocated path: one payload per engine TP rank (`sync/handles.py`); the embedded engine is TP
+    """SGLang's colocated path: one payload per engine TP rank (`wire/handles.py`); the embedded engine is TP
     rank 0 and reads entry 0. Payloads must be base64 strings (SGLang's request validation)."""
     body = fields(
         await read_json(request),

@@ -5,11 +5,11 @@ from typing import Any
 import numpy as np
 
 from userrl_megatron.config.schema import EmbeddedServerConfig
-from userrl_megatron.fleet.engine import EngineError, Generation
 from userrl_megatron.server.core import EngineCore
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import Request
 from userrl_megatron.types import SamplingParams
+from userrl_megatron.wire.generation import EngineError, Generation
 
 
 class LocalEngine:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from userrl_megatron.sync.bucket import FlatBuffer, bucket_layout, unpack_bucket
+from userrl_megatron.wire.bucket import FlatBuffer, bucket_layout, unpack_bucket
 
 LOAD_FORMATS = (None, "flattened_bucket")
 RECEIVE_ALIGN = 64  # byte alignment of each tensor of a per-tensor update in the receive buffer

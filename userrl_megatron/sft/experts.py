@@ -14,10 +14,10 @@ import json
 from typing import Any
 
 from userrl_megatron.config.schema import GymsConfig, RolloutConfig
-from userrl_megatron.fleet.engine import Generation
 from userrl_megatron.rollout.chat import ChatTemplate
 from userrl_megatron.sft.rows import SFTRow
 from userrl_megatron.types import Episode, SamplingParams, Task
+from userrl_megatron.wire.generation import Generation
 
 EXPERT_PREFIX = "expert:"
 EXPERT_SOURCES = ("function-procedural", "function")

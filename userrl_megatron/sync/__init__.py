@@ -1,2 +1,2 @@
-"""Trainer -> engine weight sync: the process group both sides join, the flat bucket layout they share, and the
-trainer-side sender that streams HF-named tensors to every engine bucket by bucket."""
+"""Trainer -> engine weight sync, trainer side: the senders that stream HF-named tensors to every engine bucket by
+bucket (broadcast or tensor handles). The wire format both sides read is in `userrl_megatron/wire/`."""

@@ -38,11 +38,11 @@ import torch.distributed as dist
 
 from userrl_megatron.config.schema import SyncConfig
 from userrl_megatron.convert.assembly import TensorPlan
-from userrl_megatron.sync.bucket import FlatBuffer, dtype_name
-from userrl_megatron.sync.group import destroy_custom_process_group, init_custom_process_group
 from userrl_megatron.sync.roles import EngineEndpoint, engine_offsets, group_world_size
 from userrl_megatron.sync.served import served_names
-from userrl_megatron.sync.sglang_payload import withdraw
+from userrl_megatron.wire.bucket import FlatBuffer, dtype_name
+from userrl_megatron.wire.group import destroy_custom_process_group, init_custom_process_group
+from userrl_megatron.wire.sglang_payload import withdraw
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -42,9 +42,6 @@ import torch
 import torch.distributed as dist
 
 from userrl_megatron.config.schema import SyncConfig
-from userrl_megatron.sync.bucket import BucketEntry
-from userrl_megatron.sync.embedded_payload import write_payload
-from userrl_megatron.sync.handles import hold, retire, sweep_segments, through_shm_manager
 from userrl_megatron.sync.roles import payload_holders
 from userrl_megatron.sync.sender import (
     REFUSAL_GRACE_S,
@@ -57,7 +54,10 @@ from userrl_megatron.sync.sender import (
     _InFlight,
     _Packer,
 )
-from userrl_megatron.sync.sglang_payload import flattened_bucket, serialize
+from userrl_megatron.wire.bucket import BucketEntry
+from userrl_megatron.wire.embedded_payload import write_payload
+from userrl_megatron.wire.handles import hold, retire, sweep_segments, through_shm_manager
+from userrl_megatron.wire.sglang_payload import flattened_bucket, serialize
 
 log = logging.getLogger(__name__)
 OWN_FORMAT_BACKENDS = ("embedded",)  # engines that read `embedded_payload.py`; the others get SGLang's pickle

@@ -15,9 +15,9 @@ from typing import Any
 
 from userrl_megatron.actors.protocol import Actors
 from userrl_megatron.config.schema import RootConfig
-from userrl_megatron.fleet.engine import EngineError
 from userrl_megatron.trainer.handoff import MemoryHandoff, repair_engines
 from userrl_megatron.trainer.seams import EngineClient, EnginePool
+from userrl_megatron.wire.generation import EngineError
 
 log = logging.getLogger(__name__)
 SYNC_GROUP = "userrl_sync"

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
-from userrl_megatron.sync.embedded_payload import MAGIC, read_payload
-from userrl_megatron.sync.handles import Segments
-from userrl_megatron.sync.sglang_payload import DEFAULT_MAX_BYTES, read_pickle
+from userrl_megatron.wire.embedded_payload import MAGIC, read_payload
+from userrl_megatron.wire.handles import Segments
+from userrl_megatron.wire.sglang_payload import DEFAULT_MAX_BYTES, read_pickle
 
 LOAD_FORMATS = (None, "direct", "flattened_bucket")
 PICKLES_OFF = (

@@ -49,8 +49,8 @@ from typing import Any
 import torch
 import torch.multiprocessing.reductions as reductions
 
-from userrl_megatron.sync.bucket import BucketEntry
-from userrl_megatron.sync.handles import (
+from userrl_megatron.wire.bucket import BucketEntry
+from userrl_megatron.wire.handles import (
     SHM_HANDLE,
     check_ref_counter,
     check_shm,

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.multiprocessing.reductions as reductions
 
-from userrl_megatron.sync.handles import (
+from userrl_megatron.wire.handles import (
     CUDA_IPC_REF_COUNTERS,
     SHM_HANDLE,
     Segments,
