@@ -93,5 +93,8 @@ class TurnGym:
         data = answer.data or {}
         missing = [k for k in needed if k not in data]
         if missing:
+            note = getattr(self.user_sim, "unusable_reply", None)  # stand-ins in tests may not count
+            if note is not None:
+                note()
             raise UserSimError(f"simulator reply lacks {', '.join(missing)}: {answer.text[:200]!r}", "bad_json", 1)
         return data

@@ -130,7 +130,17 @@ class UserSimulator:
             weakref.WeakKeyDictionary()
         )
         self._cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None
-        counters = ("calls", "answered", "failures", "retries", "requests", "cache_hits", "structured_fallback")
+        # `unusable`: answered, but the caller could not use the reply (`unusable_reply`)
+        counters = (
+            "calls",
+            "answered",
+            "failures",
+            "retries",
+            "requests",
+            "cache_hits",
+            "structured_fallback",
+            "unusable",
+        )
         self._counts = dict.fromkeys((*counters, "prompt_tokens", "completion_tokens"), 0)
         self._latency_total = 0.0
         self._latency_max = 0.0
@@ -226,6 +236,11 @@ class UserSimulator:
             self.cfg.base_url,
             refusal[:300],
         )
+
+    def unusable_reply(self) -> None:
+        """Count a reply that came back but that its caller could not use (a gym's needed key missing, as when a
+        cut reply's inner object is all that parses): `unusable` in the metrics, apart from `failures`."""
+        self._counts["unusable"] += 1
 
     def _count(self, what: str, kind: str) -> None:
         """One failure or retry, also counted by its kind (`failures/connection`, `retries/bad_json`, ...)."""

@@ -33,7 +33,13 @@ def test_table_rows_and_the_before_after_line(tmp_path: Path) -> None:
 
 def test_simulator_calls_and_the_share_answered(tmp_path: Path) -> None:
     records = [
-        {"step": 1, "rollout/reward_mean": 0.5, "user_sim/calls": 20.0, "user_sim/failures": 1.0},
+        {
+            "step": 1,
+            "rollout/reward_mean": 0.5,
+            "user_sim/calls": 20.0,
+            "user_sim/failures": 1.0,
+            "user_sim/unusable": 1.0,
+        },
         {"step": 2, "rollout/reward_mean": 0.25, "user_sim/calls": 0.0, "user_sim/failures": 0.0},
         {"step": 3, "rollout/reward_mean": 0.0},  # no simulator in the run
     ]
@@ -45,4 +51,4 @@ def test_simulator_calls_and_the_share_answered(tmp_path: Path) -> None:
     calls, share = header.index("sim calls"), header.index("sim ok")
     rows = {cells[1].strip(): (cells[calls].strip(), cells[share].strip()) for line in lines
             if line.startswith("│") and (cells := line.split("│"))[1].strip().isdigit()}  # fmt: skip
-    assert rows == {"1": ("20", "95%"), "2": ("0", "-"), "3": ("-", "-")}
+    assert rows == {"1": ("20", "90%"), "2": ("0", "-"), "3": ("-", "-")}

@@ -78,6 +78,24 @@ def test_free_text_fields_are_capped_when_asked(server: OpenAIServer) -> None:
     assert "maxLength" not in properties["stance"]  # an enum is short already
 
 
+def test_a_reply_the_gym_cannot_use_is_counted_unusable() -> None:
+    from gyms.turn_gym import TurnGym
+
+    with OpenAIServer(reply('{"thought": "hm"}')) as server:  # parses, but lacks what the gym reads
+        sim = make_sim(server, "on")
+
+        async def ask() -> None:
+            try:
+                await TurnGym(1, sim).ask("You are persuaded.", "Consider this.", reply=PERSONA)
+            finally:
+                await sim.close()
+
+        with pytest.raises(UserSimError, match="lacks response, stance"):
+            asyncio.run(ask())
+    metrics = sim.metrics()
+    assert (metrics["calls"], metrics["answered"], metrics["failures"], metrics["unusable"]) == (1, 1, 0, 1)
+
+
 def test_off_asks_for_free_text(server: OpenAIServer) -> None:
     sim = make_sim(server, "off")
     [out] = calls(sim)
@@ -153,3 +171,10 @@ def test_config_takes_auto_on_off_even_unquoted_in_yaml(tmp_path: Any) -> None:
         assert load_config([], [f"user_sim.structured={written}"]).user_sim.structured_mode == mode
     with pytest.raises(ConfigError, match=r"user_sim\.structured = 'sometimes'; choose from auto, on, off"):
         load_config([], ["user_sim.structured=sometimes"])
+
+
+def test_the_eval_report_line_names_unusable_replies() -> None:
+    from userrl_megatron.eval.results import simulator_calls
+
+    counters = {"calls": 3.0, "answered": 3.0, "failures": 0.0, "retries": 0.0, "unusable": 1.0}
+    assert simulator_calls(counters) == "3 (3 answered, 0 from the cache, 0 failed, 1 answered but unusable; 0 retries)"

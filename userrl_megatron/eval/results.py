@@ -142,6 +142,8 @@ def simulator_calls(counters: dict[str, float]) -> str:
     """The simulator's calls in a line: how many, how they ended (failures by kind), retries."""
     failures = {k.removeprefix("failures/"): int(v) for k, v in counters.items() if k.startswith("failures/")}
     kinds = "".join(f", {n} {kind}" for kind, n in sorted(failures.items()))
+    if counters.get("unusable"):  # answered, but the gym could not use the reply (a needed key missing)
+        kinds += f", {int(counters['unusable'])} answered but unusable"
     return (
         f"{int(counters.get('calls', 0))} ({int(counters.get('answered', 0))} answered, "
         f"{int(counters.get('cache_hits', 0))} from the cache, {int(counters.get('failures', 0))} failed{kinds}; "

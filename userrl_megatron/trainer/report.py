@@ -9,7 +9,7 @@ from rich.table import Table
 
 from userrl_megatron.observability import read_metrics
 
-ANSWERED_SHARE = "user_sim/answered_share"  # derived: (calls - failures) / calls, none without calls
+ANSWERED_SHARE = "user_sim/answered_share"  # derived: (calls - failures - unusable) / calls, none without calls
 
 COLUMNS = (
     ("reward", "rollout/reward_mean", "{:.3f}"),
@@ -25,7 +25,7 @@ COLUMNS = (
     ("engine err", "rollout/finish/engine_error", "{:.0%}"),
     ("sim err", "rollout/finish/user_sim_error", "{:.0%}"),
     # The user simulator's calls in the step and the share of them it answered with a usable reply (not failed
-    # after its retries: `bad_json`, a timeout, ...); "-" for a run without a simulator.
+    # after its retries: `bad_json`, a timeout, ...; nor unusable to the gym); "-" for a run without a simulator.
     ("sim calls", "user_sim/calls", "{:.0f}"),
     ("sim ok", ANSWERED_SHARE, "{:.0%}"),
     ("rollout s", "timing/rollout", "{:.1f}"),
@@ -83,8 +83,8 @@ def _decoding(run_dir: Path) -> str:
 
 
 def _answered_share(record: dict) -> float | None:
-    """The share of the step's simulator calls that did not fail (cache hits count as answered)."""
+    """The share of the step's simulator calls that did not fail and that the gym could use (cache hits count)."""
     calls = record.get("user_sim/calls")
     if not calls:
         return None
-    return (calls - record.get("user_sim/failures", 0.0)) / calls
+    return (calls - record.get("user_sim/failures", 0.0) - record.get("user_sim/unusable", 0.0)) / calls
