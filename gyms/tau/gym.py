@@ -1,7 +1,8 @@
 """The tau gyms: one tau-bench episode behind the gym action grammar.
 
-- `tau` is UserRL's TauGym (spec §3.5): `[search] tools` / `[search] help`, `[action] <message to the customer>`,
-  `[answer] {"name": ..., "arguments": {...}}` (or `name: {json}`) for a tool call, `[finish]`.
+- `tau` is UserRL's TauGym (`gyms/TauGym` of github.com/SalesforceAIResearch/UserRL): `[search] tools` /
+  `[search] help`, `[action] <message to the customer>`, `[answer] {"name": ..., "arguments": {...}}` (or
+  `name: {json}`) for a tool call, `[finish]`.
 - `tau_retail` and `tau_airline` are the MUA-RL setting: the policy calls the domain tools natively (the rollout
   turns each call into the same `[answer]` JSON) and a plain reply reaches the gym as `[action] <text>`.
 

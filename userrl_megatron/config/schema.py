@@ -200,7 +200,7 @@ class LoggingConfig:
     rollout_dump_count: int = 16  # episodes written per dump
 
 
-# UserRL's evaluation-time gym settings (eval/eval.py build_env; spec §8), applied by `userrl eval`.
+# UserRL's evaluation-time gym settings (UserRL's eval/eval.py, build_env), applied by `userrl eval`.
 EVAL_GYMS = (
     "travel.search_correct_reward=0.2",
     "travel.preference_correct_reward=0.6",

@@ -6,7 +6,7 @@ driver) needs `import megatron.core` to work, because that import replaces torch
 living in `megatron.core.safe_globals`; megatron-core 0.19 cannot be imported without triton (one MoE kernel
 module imports it at top level), so such a process calls `stub_missing_kernels()` first: it stubs that module.
 
-What it does, and why each part is needed (see shared/docs/megatron_cpu.md for the measurements):
+What it does, and why each part is needed:
   * stubs `megatron.core.transformer.moe.ops.paged_stash` when triton is missing (MoE paged-stash kernels);
   * `torch.cuda.current_device/set_device/synchronize`, streams and events become no-ops (DDP, the
     optimizer, the pipeline schedules and rope call them);
