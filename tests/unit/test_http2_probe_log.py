@@ -8,14 +8,20 @@ import pytest
 from aiohttp import web
 
 from userrl_megatron.server.http import HTTP2_PROBE_FILTER
+from userrl_megatron.server.log_redaction import PARSER_ERROR_FILTER
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 MALFORMED = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n"
 
 
 async def _send_raw(payloads: list[bytes]) -> None:
-    """Send each payload on its own connection to a bare aiohttp server whose error log has the filter."""
-    logging.getLogger("aiohttp.server").addFilter(HTTP2_PROBE_FILTER)
+    """Send each payload on its own connection to a bare aiohttp server whose error log has the probe filter only
+    (an engine server started earlier in this process leaves its parser-error filter on the logger: it would
+    rewrite, and rate-limit, the malformed request's record)."""
+    log = logging.getLogger("aiohttp.server")
+    parser_filter = PARSER_ERROR_FILTER in log.filters
+    log.removeFilter(PARSER_ERROR_FILTER)
+    log.addFilter(HTTP2_PROBE_FILTER)
     runner = web.AppRunner(web.Application())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -31,7 +37,9 @@ async def _send_raw(payloads: list[bytes]) -> None:
             await writer.wait_closed()
     finally:
         await runner.cleanup()
-        logging.getLogger("aiohttp.server").removeFilter(HTTP2_PROBE_FILTER)
+        log.removeFilter(HTTP2_PROBE_FILTER)
+        if parser_filter:
+            log.addFilter(PARSER_ERROR_FILTER)
 
 
 def test_an_http2_preface_is_not_logged_as_an_error(caplog: pytest.LogCaptureFixture) -> None:

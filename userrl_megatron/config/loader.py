@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from userrl_megatron.config.gyms import GymsConfig, gyms_config_type
 from userrl_megatron.config.schema import RootConfig
@@ -45,6 +43,8 @@ def load_config(
 
     `command` names the run when `run.name` is left empty: `<command>-<model directory name>`, so runs of other
     models or other commands never share (and resume from) one run directory."""
+    from omegaconf import OmegaConf  # here, not at import: `userrl --help` loads the config package, not OmegaConf
+
     merged = OmegaConf.structured(RootConfig)
     stacks = [_with_bases(Path(path)) for path in files]
     bases = {source: raw for stack in stacks for source, raw in stack[:-1]}  # each base once, first place kept
@@ -68,6 +68,8 @@ def load_config(
 
 def to_yaml(cfg: RootConfig) -> str:
     """The resolved configuration as YAML (what `config show` prints and the run directory keeps)."""
+    from omegaconf import OmegaConf
+
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
@@ -116,10 +118,15 @@ def _parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
     bad = [o for o in overrides if "=" not in o or o.startswith("=")]
     if bad:
         raise ConfigError(f"overrides must look like section.key=value, got: {' '.join(bad)}")
+    from omegaconf import OmegaConf
+
     return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)))  # type: ignore[return-value]
 
 
 def _merge(base: Any, raw: dict[str, Any], source: str) -> Any:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         return OmegaConf.merge(base, raw)
     except OmegaConfBaseException as e:
