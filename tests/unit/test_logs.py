@@ -119,9 +119,9 @@ def test_run_log_holds_what_the_console_showed(tmp_path: Path, capsys: pytest.Ca
 
 def test_step_table_shows_infrastructure_failures(tmp_path: Path) -> None:
     rows = [
-        {"step": 1, "rollout/episodes": 16.0, "rollout/reward_mean": 0.5},
+        {"step": 1, "rollout/episodes": 16.0, "rollout/reward_mean": 0.5, "user_sim/calls": 9.0},
         {"step": 2, "rollout/episodes": 16.0, "rollout/infra_failed": 3.0, "rollout/finish/engine_error": 0.1875},
-        {"step": 3, "rollout/episodes": 16.0, "rollout/finish/user_sim_error": 0.5},
+        {"step": 3, "rollout/episodes": 16.0, "rollout/finish/user_sim_error": 0.5, "user_sim/calls": 4.0},
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = io.StringIO()
@@ -132,7 +132,7 @@ def test_step_table_shows_infrastructure_failures(tmp_path: Path) -> None:
     infra, engine, sim = header.index("infra fail"), header.index("engine err"), header.index("sim err")
     assert [(r[infra], r[engine], r[sim]) for r in cells] == [
         ("-", "0%", "0%"),
-        ("3", "19%", "0%"),
+        ("3", "19%", "-"),  # a run without a simulator has no simulator errors to show
         ("-", "0%", "50%"),
     ]
 

@@ -35,8 +35,9 @@ COLUMNS = (
     ("ckpt s", "timing/checkpoint", "{:.1f}"),
     ("step s", "timing/step", "{:.1f}"),
 )
-# Metrics logged only when non-zero (finish-reason shares exist only for reasons that occurred).
-ZERO_WHEN_ABSENT = ("rollout/finish/engine_error", "rollout/finish/user_sim_error")
+# Metrics logged only when non-zero (finish-reason shares exist only for reasons that occurred): 0 when the record
+# holds the key that says the metric applies (a rollout ran; the run has a user simulator), "-" otherwise.
+ZERO_WHEN_ABSENT = {"rollout/finish/engine_error": "rollout/episodes", "rollout/finish/user_sim_error": "user_sim/calls"}
 
 
 def print_report(run_dir: Path, console: Console | None = None) -> None:
@@ -68,7 +69,7 @@ def print_report(run_dir: Path, console: Console | None = None) -> None:
 
 def _cell(record: dict, key: str, fmt: str) -> str:
     value = _answered_share(record) if key == ANSWERED_SHARE else record.get(key)
-    if value is None and key in ZERO_WHEN_ABSENT and "rollout/episodes" in record:
+    if value is None and ZERO_WHEN_ABSENT.get(key, "") in record:
         value = 0
     return fmt.format(value) if isinstance(value, int | float) else "-"
 
