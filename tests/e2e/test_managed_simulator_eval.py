@@ -6,9 +6,10 @@ run, is the simulated user of every gym that needs one, UserRL's seven and tau-b
 The policy is scripted (a local OpenAI-compatible server of ours, `eval.endpoint`), so that every episode puts
 something to the simulator: the config's SmolLM2-135M policy, greedy and with a cheap token limit, has its replies
 cut at the limit, and a cut reply is never an action (measured: not one call reached the simulator;
-docs/benchmarks.md). A 135M judge rarely writes the JSON the gyms ask for, so many of its calls fail as `bad_json`
-and their episodes are lost to the simulator (`infra_failed`, unscored): the judge's quality, not the machinery's.
-What must hold whatever it writes: the command succeeds, results.json has an entry for exactly the gyms asked for,
+docs/results.md). The simulator's replies are schema-constrained (`user_sim.structured`), but this test caps them
+at 48 tokens to stay cheap, so a long reply (Turtle's grades) may be cut and its episode lost to the simulator
+(`infra_failed`, unscored); docs/results.md measures the parse rates at the config's own cap. What must hold
+whatever it writes: the command succeeds, results.json has an entry for exactly the gyms asked for,
 the simulator answered every call one way or the other (its counters in results.json, a call for each episode at
 least), and none failed for not reaching it.
 """
