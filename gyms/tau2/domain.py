@@ -5,22 +5,28 @@ databases over the shared base). The reward is tau2's (SPEC.md §9.2): the produ
 `reward_basis` names, among DB (agent and user hashes equal the gold replay's), ENV_ASSERTION, ACTION and
 COMMUNICATE. NL_ASSERTION needs an LLM judge and is not scored here: a basis naming it reports it in
 `Score.unscored` and the reward covers the other components only.
+
+A domain module may declare, besides its tools and tables: `DB_FILE`/`USER_DB_FILE` (JSON or TOML), `SHAPES` (the
+tables that are lists or single records, gyms.tau2.store), `policy(folder)` (the policy text) and `sync(db,
+user_db)`, run after every executed tool call and helper call and after setup, as upstream's `sync_tools`.
 """
 
 import copy
 import json
+import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gyms.tau2 import airline, mock, retail
-from gyms.tau2.store import JsonBaseTables, Tau2DB
+from gyms.tau2 import airline, mock, retail, telecom
+from gyms.tau2.store import RECORD, JsonBaseTables, Shape, Tau2DB, position
 from gyms.tau2.toolkit import Observation, ToolFn, invoke
 
-DOMAINS = ("mock", "airline", "retail")
-_MODULES: dict[str, ModuleType] = {"mock": mock, "airline": airline, "retail": retail}
+DOMAINS = ("mock", "airline", "retail", "telecom")
+_MODULES: dict[str, ModuleType] = {"mock": mock, "airline": airline, "retail": retail, "telecom": telecom}
 DEFAULT_BASIS = ("DB", "COMMUNICATE")
 SCORED = ("DB", "ENV_ASSERTION", "ACTION", "COMMUNICATE")
 
@@ -43,23 +49,37 @@ class Env:
     db: Tau2DB
     user_db: Tau2DB | None
 
-    def call(self, name: str, arguments: dict[str, Any], requestor: str = "assistant") -> Observation:
-        """Run one tool call of the agent (or, with `requestor="user"`, of the user); never raises."""
+    def call(
+        self, name: str, arguments: dict[str, Any], requestor: str = "assistant", *, sync: bool = True
+    ) -> Observation:
+        """Run one tool call of the agent (or, with `requestor="user"`, of the user); never raises.
+
+        A call that succeeds is followed by the domain's sync, as upstream's `get_response`; `sync=False` is
+        upstream's `make_tool_call`, which its evaluator uses to build the gold databases.
+        """
+        after = self.sync if sync else None
         if requestor == "user":
             if self.user_db is None:
                 return Observation(f"Error: Tool '{name}' not found.", True)
-            return invoke(self.domain.user_tools, self.user_db, name, arguments)
-        return invoke(self.domain.tools, self.db, name, arguments)
+            return invoke(self.domain.user_tools, self.user_db, name, arguments, after)
+        return invoke(self.domain.tools, self.db, name, arguments, after)
 
     def helper(self, env_type: str, name: str, arguments: dict[str, Any]) -> Any:
-        """Call a non-tool toolkit function (initialisation, assertion); raises as upstream does."""
+        """Call a non-tool toolkit function (initialisation, assertion), then sync; raises as upstream does."""
         user = env_type == "user"
         table = self.domain.user_helpers if user else self.domain.helpers
         tools = self.domain.user_tools if user else self.domain.tools
         fn = table.get(name) or tools.get(name)
         if fn is None:
             raise ValueError(f"{self.domain.name}: no function {name!r} for {env_type}")
-        return fn(self.user_db if user else self.db, **arguments)
+        result = fn(self.user_db if user else self.db, **arguments)
+        self.sync()
+        return result
+
+    def sync(self) -> None:
+        """The domain's environment sync (telecom: the phone's surroundings follow the agent's records)."""
+        if self.domain.sync is not None and self.user_db is not None:
+            self.domain.sync(self.db, self.user_db)
 
     def hashes(self) -> tuple[str, str | None]:
         return self.db.hash(), None if self.user_db is None else self.user_db.hash()
@@ -100,23 +120,45 @@ class Domain:
         self.user_tools: dict[str, ToolFn] = getattr(module, "USER_TOOLS", {})
         self.user_write_tools: frozenset[str] = getattr(module, "USER_WRITE_TOOLS", frozenset())
         self.user_helpers: dict[str, ToolFn] = getattr(module, "USER_HELPERS", {})
-        self.base = self._load("db.json", module.TABLES)
+        self.sync: Callable[[Tau2DB, Tau2DB], None] | None = getattr(module, "sync", None)
+        self.shapes: dict[str, Shape] = getattr(module, "SHAPES", {})
+        self.base = self._load(getattr(module, "DB_FILE", "db.json"), module.TABLES)
         user_tables: tuple[str, ...] = getattr(module, "USER_TABLES", ())
-        self.user_base = self._load("user_db.json", user_tables) if user_tables else None
+        user_file = getattr(module, "USER_DB_FILE", "user_db.json")
+        self.user_base = self._load(user_file, user_tables) if user_tables else None
         self.schemas: list[dict[str, Any]] = json.loads((folder / "tools.json").read_text(encoding="utf-8"))
-        self.policy = (folder / "policy.md").read_text(encoding="utf-8")
+        user_schemas = folder / "user_tools.json"
+        self.user_schemas: list[dict[str, Any]] = (
+            json.loads(user_schemas.read_text(encoding="utf-8")) if user_schemas.is_file() else []
+        )
+        policy: Callable[[Path], str] | None = getattr(module, "policy", None)
+        self.policy = policy(folder) if policy else (folder / "policy.md").read_text(encoding="utf-8")
         self.tasks: dict[str, dict[str, Any]] = {
             t["id"]: t for t in json.loads((folder / "tasks.json").read_text(encoding="utf-8"))
         }
         self.splits: dict[str, list[str]] = json.loads((folder / "split_tasks.json").read_text(encoding="utf-8"))
         self._gold: dict[str, tuple[str, str | None]] = {}
-        differ = {s["function"]["name"] for s in self.schemas} ^ set(self.tools)
-        if differ:
-            raise ValueError(f"{name}: tools.json and the implemented tools differ: {sorted(differ)}")
+        for file, schemas, tools in (
+            ("tools.json", self.schemas, self.tools),
+            ("user_tools.json", self.user_schemas, self.user_tools),
+        ):
+            differ = {s["function"]["name"] for s in schemas} ^ set(tools)
+            if differ and schemas:
+                raise ValueError(f"{name}: {file} and the implemented tools differ: {sorted(differ)}")
 
     def _load(self, file: str, tables: tuple[str, ...]) -> JsonBaseTables:
-        raw = json.loads((self.folder / file).read_text(encoding="utf-8"))
-        return JsonBaseTables({t: {k: self.module.normalise(t, r) for k, r in raw[t].items()} for t in tables})
+        text = (self.folder / file).read_text(encoding="utf-8")
+        raw = tomllib.loads(text) if file.endswith(".toml") else json.loads(text)
+        loaded: dict[str, dict[str, Any]] = {}
+        for t in tables:
+            shape = self.shapes.get(t, "object")
+            if shape == "list":
+                loaded[t] = {position(i): self.module.normalise(t, r) for i, r in enumerate(raw.get(t, []))}
+            elif shape == "record":
+                loaded[t] = {RECORD: self.module.normalise(t, raw.get(t, {}))}
+            else:
+                loaded[t] = {k: self.module.normalise(t, r) for k, r in raw[t].items()}
+        return JsonBaseTables(loaded, self.shapes)
 
     def task(self, task_id: str) -> dict[str, Any]:
         if task_id not in self.tasks:
@@ -134,18 +176,30 @@ class Domain:
     def new_env(self, task: dict[str, Any] | None = None) -> Env:
         """A fresh environment, with the task's initial state applied (SPEC.md §8, `set_state`)."""
         env = Env(self, Tau2DB(self.base), None if self.user_base is None else Tau2DB(self.user_base))
+        env.sync()
         state = (task or {}).get("initial_state") or {}
         data = state.get("initialization_data") or {}
         for db, patch in ((env.db, data.get("agent_data")), (env.user_db, data.get("user_data"))):
             if patch and db is not None:
                 for table, records in patch.items():
-                    for key, record in records.items():
-                        merged = _merge(db[table][key], record) if key in db[table] else record
-                        db[table].insert(key, self.module.normalise(table, merged))
+                    self._patch(db, table, records)
         for action in state.get("initialization_actions") or []:
             env.helper(action.get("env_type", "assistant"), action["func_name"], action.get("arguments", {}))
         self.replay_messages(env, state.get("message_history") or [])
+        env.sync()
         return env
+
+    def _patch(self, db: Tau2DB, table: str, patch: Any) -> None:
+        """Merge a table's initialization data into an episode's database (upstream's deep merge)."""
+        shape = self.shapes.get(table, "object")
+        if shape == "record":
+            db[table].insert(RECORD, self.module.normalise(table, _merge(db[table][RECORD], patch)))
+        elif shape == "list":
+            raise ValueError(f"{self.name}: initialization data for list table {table!r} is not supported")
+        else:
+            for key, record in patch.items():
+                merged = _merge(db[table][key], record) if key in db[table] else record
+                db[table].insert(key, self.module.normalise(table, merged))
 
     def replay_messages(self, env: Env, messages: list[dict[str, Any]]) -> None:
         """Re-execute the mutating tool calls of a message history (unknown and read-only calls skipped)."""
@@ -157,11 +211,12 @@ class Domain:
                     env.call(call["name"], call.get("arguments", {}), requestor)
 
     def gold_hashes(self, task: dict[str, Any]) -> tuple[str, str | None]:
-        """Hashes after the task's gold actions (upstream's target: errors ignored); cached per process."""
+        """Hashes after the task's gold actions (upstream's target: errors ignored, no sync); cached per process."""
         if task["id"] not in self._gold:
             env = self.new_env(task)
             for action in (task.get("evaluation_criteria") or {}).get("actions") or []:
-                env.call(action["name"], action.get("arguments", {}), action.get("requestor", "assistant"))
+                requestor = action.get("requestor", "assistant")
+                env.call(action["name"], action.get("arguments", {}), requestor, sync=False)
             self._gold[task["id"]] = env.hashes()
         return self._gold[task["id"]]
 

@@ -41,13 +41,22 @@ def serialise(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def invoke(tools: dict[str, ToolFn], db: Tau2DB, name: Any, arguments: dict[str, Any]) -> Observation:
-    """Run one tool call; never raises (errors are observations)."""
+def invoke(
+    tools: dict[str, ToolFn],
+    db: Tau2DB,
+    name: Any,
+    arguments: dict[str, Any],
+    after: Callable[[], None] | None = None,
+) -> Observation:
+    """Run one tool call, then `after` (telecom's sync) if it succeeded; never raises (errors are observations)."""
     fn = tools.get(name) if isinstance(name, str) else None
     if fn is None:
         return Observation(f"Error: Tool '{name}' not found.", True)
     try:
-        return Observation(serialise(fn(db, **arguments)), False)
+        result = fn(db, **arguments)
+        if after is not None:
+            after()
+        return Observation(serialise(result), False)
     except Exception as e:  # upstream: any exception is the observation
         return Observation(f"Error: {e}", True)
 

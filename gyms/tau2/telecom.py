@@ -1,0 +1,1106 @@
+"""tau2's telecom domain (SPEC.md §3.3, §3.4, §7): dual control over an agent database and the user's phone.
+
+The agent database (`db.toml`) is five list tables: plans, customers, lines, bills and devices. The user database
+(`user_db.toml`) is two single records: the phone (`device`) and the world around it (`surroundings`). The agent
+has 13 tools over its records; the user has 30 phone tools. `sync` mirrors the agent's line and bills into the
+user's surroundings after every executed call, as upstream's `sync_tools`. Tasks call the helpers (fault injection,
+setup, assertions) through `initialization_actions` and `env_assertions`.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from gyms.tau.store import Record
+from gyms.tau2.store import RECORD, Shape, Tau2DB
+from gyms.tau2.toolkit import ToolFn, toolkit, transfer_to_human_agents
+
+DB_FILE = "db.toml"
+USER_DB_FILE = "user_db.toml"
+TABLES = ("plans", "customers", "lines", "bills", "devices")
+USER_TABLES = ("device", "surroundings")
+SHAPES: dict[str, Shape] = {**dict.fromkeys(TABLES, "list"), **dict.fromkeys(USER_TABLES, "record")}
+
+TODAY = "2025-02-25"
+CYCLE_END = "2025-02-28"
+NEXT_CYCLE = ("2025-03-01", "2025-03-31", "2025-03-15")  # a new draft bill: start, end, due
+OVERDUE_CYCLE = ("2025-01-01", "2025-01-31", "2025-01-15")  # the injected overdue bill: start and issue, end, due
+ID_FIELD = {
+    "plans": "plan_id",
+    "customers": "customer_id",
+    "lines": "line_id",
+    "bills": "bill_id",
+    "devices": "device_id",
+}
+KIND = {"plans": "Plan", "customers": "Customer", "lines": "Line", "bills": "Bill", "devices": "Device"}
+PREFIX = {"L": "lines", "D": "devices", "B": "bills", "C": "customers", "P": "plans"}
+
+MODES = ("4g_5g_preferred", "4g_only", "3g_only", "2g_only")
+MODE_TECH = {"4g_only": "4G", "3g_only": "3G", "2g_only": "2G"}
+NETWORK_STATUSES = ("connected", "searching", "no_service", "emergency_only")
+APN_NAMES = ("internet", "broken")
+PERMISSIONS = ("sms", "storage", "phone", "network")
+SIGNAL_ICON = {
+    "none": "📵 No Signal",
+    "poor": "📶¹ Poor",
+    "fair": "📶² Fair",
+    "good": "📶³ Good",
+    "excellent": "📶⁴ Excellent",
+}
+TECH_SPEED = {"2G": (0.1, 0.4), "3G": (1.0, 5.0), "4G": (10.0, 100.0), "5G": (50.0, 500.0)}
+SIGNAL_FACTOR = {"poor": 0.2, "fair": 0.5, "good": 0.8, "excellent": 1.0}
+SPEED_ADVICE = {
+    "Very Poor": "Connection is very slow. Basic web browsing might be difficult.",
+    "Poor": "Connection is slow. Web browsing may be sluggish, streaming difficult.",
+    "Fair": "Connection is okay for web browsing and some standard definition streaming.",
+    "Good": "Connection is good for most activities, including HD streaming.",
+    "Excellent": "Connection is very fast.",
+}
+SIM_TEXT = {
+    "active": "Your SIM card is active and working.",
+    "missing": "No SIM card detected in the phone.",
+    "locked_pin": "The SIM card is locked with a PIN code.",
+    "locked_puk": "The SIM card is locked with a PUK code.",
+}
+DEFAULT_VPN = {"server_address": "192.168.1.1", "protocol": "OpenVPN", "server_performance": "excellent"}
+
+
+def policy(folder: Path) -> str:
+    """The agent's policy: the main policy and the tech-support manual, tagged as upstream joins them."""
+    main = (folder / "main_policy.md").read_text(encoding="utf-8")
+    manual = (folder / "tech_support_manual.md").read_text(encoding="utf-8")
+    return f"<main_policy>\n{main}\n</main_policy>\n<tech_support_policy>\n{manual}\n</tech_support_policy>"
+
+
+# --- records as upstream's models dump them ---
+
+
+def _pick(raw: Record, fields: tuple[str, ...], defaults: Record | None = None) -> Record:
+    defaults = defaults or {}
+    return {f: raw.get(f, defaults.get(f)) for f in fields}
+
+
+def _floats(record: Record, fields: tuple[str, ...]) -> Record:
+    for f in fields:
+        record[f] = float(record[f])
+    return record
+
+
+def _date(value: Any) -> Any:
+    """A date field's dump (`str()` of a date); TOML's native dates become the same string."""
+    return value if value is None or isinstance(value, str) else str(value)
+
+
+def _datetime(value: Any) -> Any:
+    """A datetime field's dump: `str()` of a datetime, with a space between date and time."""
+    return value if value is None else str(value).replace("T", " ")
+
+
+def _bill(raw: Record) -> Record:
+    fields = ("bill_id", "customer_id", "period_start", "period_end", "issue_date", "total_due", "due_date")
+    bill = _floats(_pick(raw, fields), ("total_due",))
+    for f in ("period_start", "period_end", "issue_date", "due_date"):
+        bill[f] = _date(bill[f])
+    items = [_pick(i, ("description", "amount", "date", "item_type")) for i in raw.get("line_items", [])]
+    bill["line_items"] = [{**_floats(i, ("amount",)), "date": _date(i["date"])} for i in items]
+    bill["status"] = raw.get("status", "Draft")
+    return bill
+
+
+def _customer(raw: Record) -> Record:
+    customer = _pick(raw, ("customer_id", "full_name", "date_of_birth", "email", "phone_number"))
+    customer["address"] = _pick(raw["address"], ("street", "city", "state", "zip_code"))
+    customer["account_status"] = raw.get("account_status", "Pending Verification")
+    fields = ("method_type", "account_number_last_4", "expiration_date")
+    customer["payment_methods"] = [_pick(m, fields) for m in raw.get("payment_methods", [])]
+    customer["line_ids"] = list(raw.get("line_ids", []))
+    customer["bill_ids"] = list(raw.get("bill_ids", []))
+    customer["created_at"] = _datetime(raw.get("created_at", "2025-01-01 00:00:00"))
+    customer["last_extension_date"] = _date(raw.get("last_extension_date"))
+    customer["goodwill_credit_used_this_year"] = float(raw.get("goodwill_credit_used_this_year", 0.0))
+    return customer
+
+
+def _line(raw: Record) -> Record:
+    fields = ("line_id", "phone_number", "status", "plan_id", "device_id", "data_used_gb", "data_refueling_gb")
+    defaults = {"status": "Pending Activation", "data_used_gb": 0.0, "data_refueling_gb": 0.0}
+    line = _floats(_pick(raw, fields, defaults), ("data_used_gb", "data_refueling_gb"))
+    line["roaming_enabled"] = raw.get("roaming_enabled", False)
+    for f in ("contract_end_date", "last_plan_change_date", "last_sim_replacement_date", "suspension_start_date"):
+        line[f] = _date(raw.get(f))
+    return line
+
+
+def _device_record(raw: Record) -> Record:
+    fields = ("device_id", "device_type", "model", "imei", "is_esim_capable", "activated")
+    device = _pick(raw, fields, {"activated": False})
+    device["activation_date"] = _datetime(raw.get("activation_date"))
+    device["last_esim_transfer_date"] = _datetime(raw.get("last_esim_transfer_date"))
+    return device
+
+
+APN_DEFAULTS: Record = {
+    "apn_name": "internet",
+    "reset_at_reboot": False,
+    "mms_apn": "mms",
+    "mmsc_url": "http://mms.carrier.com/mms/wapenc",
+    "mms_proxy": None,
+    "mms_port": None,
+}
+PHONE_DEFAULTS: Record = {
+    "sim_card_status": "active",
+    "sim_card_missing": False,
+    "airplane_mode": False,
+    "network_signal_strength": "good",
+    "network_technology_connected": "5G",
+    "network_connection_status": "connected",
+    "battery_level": 80,
+    "data_enabled": True,
+    "roaming_enabled": False,
+    "network_mode_preference": "4g_5g_preferred",
+    "active_apn_settings": None,
+    "wifi_enabled": False,
+    "wifi_connected": False,
+    "wifi_ssid": None,
+    "wifi_signal_strength": "none",
+    "wifi_calling_enabled": False,
+    "wifi_calling_mms_over_wifi": False,
+    "data_saver_mode": False,
+    "vpn_enabled_setting": False,
+    "vpn_connected": False,
+    "vpn_details": None,
+    "app_statuses": None,
+}
+DEFAULT_APPS: Record = {
+    "messaging": {
+        "app_name": "messaging",
+        "permissions": {"sms": True, "storage": True, "phone": True, "network": False},
+    },
+    "browser": {"app_name": "browser", "permissions": {"sms": False, "storage": True, "phone": False, "network": True}},
+}
+SURROUNDINGS_DEFAULTS: Record = {
+    "name": None,
+    "phone_number": None,
+    "is_abroad": False,
+    "roaming_allowed": False,
+    "signal_strength": {"2G": "poor", "3G": "fair", "4G": "good", "5G": "excellent"},
+    "mobile_data_usage_exceeded": False,
+    "line_active": True,
+    "payment_request": None,
+}
+
+
+def _phone_record(raw: Record) -> Record:
+    phone = _pick(raw, tuple(PHONE_DEFAULTS), PHONE_DEFAULTS)
+    phone["active_apn_settings"] = _pick(raw.get("active_apn_settings", {}), tuple(APN_DEFAULTS), APN_DEFAULTS)
+    vpn = raw.get("vpn_details")
+    phone["vpn_details"] = None if vpn is None else _pick(vpn, tuple(DEFAULT_VPN), {"server_performance": "unknown"})
+    apps = raw.get("app_statuses", DEFAULT_APPS)
+    phone["app_statuses"] = {
+        name: {"app_name": app["app_name"], "permissions": _pick(app.get("permissions", {}), PERMISSIONS, {})}
+        for name, app in apps.items()
+    }
+    for app in phone["app_statuses"].values():
+        app["permissions"] = {p: bool(v) for p, v in app["permissions"].items()}
+    return phone
+
+
+def _surroundings_record(raw: Record) -> Record:
+    out = _pick(raw, tuple(SURROUNDINGS_DEFAULTS), SURROUNDINGS_DEFAULTS)
+    out["signal_strength"] = dict(out["signal_strength"])
+    request = out["payment_request"]
+    if request is not None:
+        out["payment_request"] = {**_floats(_pick(request, ("bill_id", "amount_due")), ("amount_due",))}
+        out["payment_request"]["paid"] = request.get("paid", False)
+    return out
+
+
+def normalise(table: str, raw: Record) -> Record:
+    """A record of `table` as upstream's model dumps it: every field, in field order, floats where declared."""
+    if table == "plans":
+        fields = ("plan_id", "name", "data_limit_gb", "price_per_month", "data_refueling_price_per_gb")
+        return _floats(_pick(raw, fields), fields[2:])
+    if table == "customers":
+        return _customer(raw)
+    if table == "lines":
+        return _line(raw)
+    if table == "bills":
+        return _bill(raw)
+    if table == "devices":
+        return _device_record(raw)
+    if table == "device":
+        return _phone_record(raw)
+    return _surroundings_record(raw)
+
+
+# --- agent side: lookups ---
+
+
+def _key(db: Tau2DB, table: str, value: Any) -> str:
+    """The key of the first record of `table` with this id (a linear scan, as upstream's)."""
+    field = ID_FIELD[table]
+    for key, record in db[table].items():
+        if record[field] == value:
+            return key
+    raise ValueError(f"{KIND[table]} with ID {value} not found")
+
+
+def _get(db: Tau2DB, table: str, value: Any) -> Record:
+    return db[table][_key(db, table, value)]
+
+
+def _target_line_key(db: Tau2DB, customer_id: str, line_id: str) -> str:
+    """The line of a customer: the customer exists and owns the line, and the line exists."""
+    if line_id not in _get(db, "customers", customer_id)["line_ids"]:
+        raise ValueError(f"Line {line_id} not found for customer {customer_id}")
+    return _key(db, "lines", line_id)
+
+
+def _bills(db: Tau2DB, customer: Record) -> list[tuple[str, Record]]:
+    """The customer's bills as (key, record), in `bill_ids` order."""
+    return [(key, db["bills"][key]) for key in (_key(db, "bills", b) for b in customer["bill_ids"])]
+
+
+# --- agent tools (13) ---
+
+
+def get_customer_by_phone(db: Tau2DB, phone_number: str) -> Record:
+    """The first customer whose contact number, or one of whose lines, is this number."""
+    for customer in db["customers"].values():
+        if customer["phone_number"] == phone_number:
+            return customer
+        for line_id in customer["line_ids"]:
+            if _get(db, "lines", line_id)["phone_number"] == phone_number:
+                return customer
+    raise ValueError(f"Customer with phone number {phone_number} not found")
+
+
+def get_customer_by_id(db: Tau2DB, customer_id: str) -> Record:
+    return _get(db, "customers", customer_id)
+
+
+def get_customer_by_name(db: Tau2DB, full_name: str, dob: str) -> list[Record]:
+    """Customers with this name (any case) and exactly this date of birth; possibly none."""
+    wanted = full_name.lower()
+    return [c for c in db["customers"].values() if c["full_name"].lower() == wanted and c["date_of_birth"] == dob]
+
+
+def get_details_by_id(db: Tau2DB, id: str) -> Record:
+    """A line, device, bill, customer or plan, by the first letter of its id."""
+    for prefix, table in PREFIX.items():
+        if id.startswith(prefix):
+            return _get(db, table, id)
+    raise ValueError(f"Unknown ID format or type: {id}")
+
+
+def get_bills_for_customer(db: Tau2DB, customer_id: str, limit: int = 12) -> list[Record]:
+    """The customer's bills, newest issue date first, at most `limit`."""
+    bills = [bill for _, bill in _bills(db, _get(db, "customers", customer_id))]
+    return sorted(bills, key=lambda bill: bill["issue_date"], reverse=True)[:limit]
+
+
+def get_data_usage(db: Tau2DB, customer_id: str, line_id: str) -> Record:
+    """The line's usage this cycle; numbers come out as strings (SPEC.md §1)."""
+    line = db["lines"][_target_line_key(db, customer_id, line_id)]
+    plan = _get(db, "plans", line["plan_id"])
+    return {
+        "line_id": line_id,
+        "data_used_gb": str(line["data_used_gb"]),
+        "data_limit_gb": str(plan["data_limit_gb"]),
+        "data_refueling_gb": str(line["data_refueling_gb"]),
+        "cycle_end_date": CYCLE_END,
+    }
+
+
+def suspend_line(db: Tau2DB, customer_id: str, line_id: str, reason: str) -> Record:
+    key = _target_line_key(db, customer_id, line_id)
+    if db["lines"][key]["status"] != "Active":
+        raise ValueError("Line must be active to suspend")
+    line = db["lines"].edit(key)
+    line["status"], line["suspension_start_date"] = "Suspended", TODAY
+    return {"message": "Line suspended successfully. $5/month holding fee will apply.", "line": line}
+
+
+def resume_line(db: Tau2DB, customer_id: str, line_id: str) -> Record:
+    key = _target_line_key(db, customer_id, line_id)
+    if db["lines"][key]["status"] not in ("Suspended", "Pending Activation"):
+        raise ValueError("Line must be suspended to resume")
+    line = db["lines"].edit(key)
+    line["status"], line["suspension_start_date"] = "Active", None
+    return {"message": "Line resumed successfully", "line": line}
+
+
+def send_payment_request(db: Tau2DB, customer_id: str, bill_id: str) -> str:
+    """Mark the bill `Awaiting Payment` (even a paid one); the next sync shows it on the phone."""
+    customer = _get(db, "customers", customer_id)
+    if any(bill["status"] == "Awaiting Payment" for _, bill in _bills(db, customer)):
+        raise ValueError("A bill is already awaiting payment for this customer")
+    if bill_id not in customer["bill_ids"]:
+        raise ValueError(f"Bill {bill_id} not found for customer {customer_id}")
+    db["bills"].edit(_key(db, "bills", bill_id))["status"] = "Awaiting Payment"
+    return f"Payment request sent to the customer for bill {bill_id}"
+
+
+def enable_roaming(db: Tau2DB, customer_id: str, line_id: str) -> str:
+    key = _target_line_key(db, customer_id, line_id)
+    if db["lines"][key]["roaming_enabled"]:
+        return "Roaming was already enabled"
+    db["lines"].edit(key)["roaming_enabled"] = True
+    return "Roaming enabled successfully"
+
+
+def disable_roaming(db: Tau2DB, customer_id: str, line_id: str) -> str:
+    key = _target_line_key(db, customer_id, line_id)
+    if not db["lines"][key]["roaming_enabled"]:
+        return "Roaming was already disabled"
+    db["lines"].edit(key)["roaming_enabled"] = False
+    return "Roaming disabled successfully"
+
+
+def _charge(db: Tau2DB, customer_id: str, amount: float, description: str) -> None:
+    """Add a line item to the customer's first draft bill (a new one for next month if there is none)."""
+    customer = _get(db, "customers", customer_id)
+    key = next((k for k, bill in _bills(db, customer) if bill["status"] == "Draft"), None)
+    if key is None:  # upstream draws a random id here; never reached by the shipped tasks
+        bill_id = f"B{len(db['bills']):08x}"
+        start, end, due = NEXT_CYCLE
+        new: Record = {"bill_id": bill_id, "customer_id": customer_id, "period_start": start, "period_end": end}
+        new.update(issue_date=start, total_due=0.0, due_date=due, line_items=[], status="Draft")
+        db.append("bills", new)
+        db["customers"].edit(_key(db, "customers", customer_id))["bill_ids"].append(bill_id)
+        key = _key(db, "bills", bill_id)
+    bill = db["bills"].edit(key)
+    item_type = "Credit" if amount < 0 else "Charge"
+    bill["line_items"].append(
+        {"description": description, "amount": float(amount), "date": TODAY, "item_type": item_type}
+    )
+    bill["total_due"] += amount
+
+
+def refuel_data(db: Tau2DB, customer_id: str, line_id: str, gb_amount: float) -> Record:
+    """Add data to the line and charge it to the draft bill (the line's status is not checked)."""
+    key = _target_line_key(db, customer_id, line_id)
+    if gb_amount <= 0:
+        raise ValueError("Refuel amount must be positive")
+    price = _get(db, "plans", db["lines"][key]["plan_id"])["data_refueling_price_per_gb"]
+    charge = gb_amount * price
+    line = db["lines"].edit(key)
+    line["data_refueling_gb"] += gb_amount
+    _charge(db, customer_id, charge, f"Data refueling: {gb_amount} GB at ${price}/GB")
+    return {
+        "message": f"Successfully added {gb_amount} GB of data for line {line_id} for ${charge:.2f}",
+        "new_data_refueling_gb": str(line["data_refueling_gb"]),
+        "charge": str(charge),
+    }
+
+
+# --- agent helpers (tasks only) ---
+
+
+def set_data_usage(db: Tau2DB, customer_id: str, line_id: str, data_used_gb: float) -> str:
+    db["lines"].edit(_target_line_key(db, customer_id, line_id))["data_used_gb"] = data_used_gb
+    return f"Data usage set to {data_used_gb} GB for line {line_id}"
+
+
+def suspend_line_for_overdue_bill(
+    db: Tau2DB, customer_id: str, line_id: str, new_bill_id: str, contract_ended: bool
+) -> str:
+    """Fault injection: an overdue bill of last month's plan price, and the line suspended for it."""
+    line_key = _key(db, "lines", line_id)
+    line = db["lines"][line_key]
+    if line["status"] != "Active":
+        raise ValueError("Line must be active to suspend for unpaid bill")
+    amount = _get(db, "plans", line["plan_id"])["price_per_month"]
+    if amount <= 0:
+        raise ValueError("Amount must be positive for overdue bill")
+    customer = _get(db, "customers", customer_id)
+    if any(bill["status"] == "Overdue" for _, bill in _bills(db, customer)):
+        raise ValueError("Customer already has an overdue bill")
+    start, end, due = OVERDUE_CYCLE
+    item = {"description": f"Charge for line {line_id}", "amount": amount, "date": TODAY, "item_type": "Charge"}
+    bill: Record = {"bill_id": new_bill_id, "customer_id": customer_id, "period_start": start, "period_end": end}
+    bill.update(issue_date=start, total_due=0.0 + amount, due_date=due, line_items=[item], status="Overdue")
+    db.append("bills", bill)
+    db["customers"].edit(_key(db, "customers", customer_id))["bill_ids"].append(new_bill_id)
+    edited = db["lines"].edit(line_key)
+    edited["status"], edited["suspension_start_date"] = "Suspended", TODAY
+    if contract_ended:
+        edited["contract_end_date"] = end
+    return f"Line {line_id} suspended for unpaid bill {new_bill_id}. Contract ended: {contract_ended}"
+
+
+def assert_data_refueling_amount(db: Tau2DB, customer_id: str, line_id: str, expected_amount: float) -> bool:
+    line = db["lines"][_target_line_key(db, customer_id, line_id)]
+    return bool(abs(line["data_refueling_gb"] - expected_amount) < 1e-6)
+
+
+def assert_line_status(db: Tau2DB, customer_id: str, line_id: str, expected_status: str) -> bool:
+    return bool(db["lines"][_target_line_key(db, customer_id, line_id)]["status"] == expected_status)
+
+
+def assert_overdue_bill_exists(db: Tau2DB, customer_id: str, overdue_bill_id: str) -> bool:
+    """True, or raises: upstream's assertion never returns false."""
+    if overdue_bill_id not in _get(db, "customers", customer_id)["bill_ids"]:
+        raise ValueError(f"Overdue bill {overdue_bill_id} not found")
+    if _get(db, "bills", overdue_bill_id)["status"] != "Overdue":
+        raise ValueError(f"Overdue bill {overdue_bill_id} is not overdue")
+    return True
+
+
+def assert_no_overdue_bill(db: Tau2DB, overdue_bill_id: str) -> bool:
+    """True if the bill is gone or paid."""
+    try:
+        return bool(_get(db, "bills", overdue_bill_id)["status"] == "Paid")
+    except ValueError:
+        return True
+
+
+# --- the phone: state logic ---
+
+
+def _sim(phone: Record) -> str:
+    return "missing" if phone["sim_card_missing"] else str(phone["sim_card_status"])
+
+
+def _search(phone: Record, around: Record) -> None:
+    """Network search: connect by SIM and mode preference; airplane mode, a broken APN or an inactive line cut it."""
+    if _sim(phone) == "active":
+        signals = around["signal_strength"]
+        tech = MODE_TECH.get(phone["network_mode_preference"], "4G")
+        if phone["network_mode_preference"] == "4g_5g_preferred" and signals.get("5G", "none") != "none":
+            tech = "5G"
+        phone["network_connection_status"] = "connected"
+        phone["network_technology_connected"], phone["network_signal_strength"] = tech, signals.get(tech, "none")
+    else:
+        _no_service(phone)
+    if phone["airplane_mode"] or phone["active_apn_settings"]["apn_name"] == "broken" or not around["line_active"]:
+        _no_service(phone)
+
+
+def _no_service(phone: Record) -> None:
+    phone["network_connection_status"] = "no_service"
+    phone["network_technology_connected"] = phone["network_signal_strength"] = "none"
+
+
+def _bar(phone: Record) -> str:
+    """The status bar's icons."""
+    icons = []
+    if phone["airplane_mode"]:
+        icons.append("✈️ Airplane Mode")
+    else:
+        icons.append(SIGNAL_ICON.get(phone["network_signal_strength"], "📵 No Signal"))
+        tech = phone["network_technology_connected"]
+        if tech != "none":
+            icons.append(str(tech))
+        if phone["data_enabled"] and tech != "none":
+            icons.append("📱 Data Enabled")
+            if phone["data_saver_mode"]:
+                icons.append("🔽 Data Saver")
+        else:
+            icons.append("📵 Data Disabled")
+    if phone["wifi_enabled"] and phone["wifi_connected"]:
+        icons.append(f"📡 Connected to {phone['wifi_ssid']}" if phone["wifi_ssid"] else "📡 Enabled")
+    if phone["vpn_connected"]:
+        icons.append("🔒 VPN Connected")
+    icons.append(f"🔋 {phone['battery_level']}%")
+    return " | ".join(icons)
+
+
+def _with_bar(text: str, phone: Record) -> str:
+    return f"{text}\nStatus Bar: {_bar(phone)}"
+
+
+def _data_works(phone: Record, around: Record) -> bool:
+    if phone["airplane_mode"] or phone["network_signal_strength"] == "none":
+        return False
+    if phone["network_connection_status"] == "no_service":
+        return False
+    if around["is_abroad"] and not (phone["roaming_enabled"] and around["roaming_allowed"]):
+        return False
+    return bool(phone["data_enabled"]) and not around["mobile_data_usage_exceeded"]
+
+
+def _speed(phone: Record, around: Record) -> tuple[float | None, str]:
+    """The speed test: mean of the technology's range, scaled by signal, a poor VPN and data saver."""
+    if not _data_works(phone, around):
+        return None, "No Connection"
+    vpn = phone["vpn_details"]
+    factor = 0.1 if phone["vpn_connected"] and vpn and vpn["server_performance"] == "poor" else 1.0
+    if phone["data_saver_mode"]:
+        factor *= 0.2
+    low, high = TECH_SPEED.get(phone["network_technology_connected"], (0.0, 0.0))
+    speed = round((low + high) / 2.0 * SIGNAL_FACTOR.get(phone["network_signal_strength"], 0.0) * factor, 2)
+    for bound, label in ((1, "Very Poor"), (5, "Poor"), (25, "Fair"), (100, "Good")):
+        if speed < bound:
+            return speed, label
+    return speed, "Excellent"
+
+
+def _mms_works(phone: Record, around: Record) -> bool:
+    if not _data_works(phone, around) or phone["network_technology_connected"] == "2G":
+        return False
+    if phone["wifi_calling_enabled"] and phone["wifi_calling_mms_over_wifi"]:
+        return False
+    if phone["active_apn_settings"]["mmsc_url"] is None:
+        return False
+    app = phone["app_statuses"].get("messaging")
+    return app is not None and bool(app["permissions"]["storage"] and app["permissions"]["sms"])
+
+
+def _read(db: Tau2DB) -> tuple[Record, Record]:
+    """The phone and its surroundings, read-only."""
+    return db["device"][RECORD], db["surroundings"][RECORD]
+
+
+def _write(db: Tau2DB) -> tuple[Record, Record]:
+    """The episode's own copy of the phone, and the surroundings read-only."""
+    return db["device"].edit(RECORD), db["surroundings"][RECORD]
+
+
+def _toggle_airplane(phone: Record, around: Record) -> bool:
+    was_on = phone["airplane_mode"]
+    phone["airplane_mode"] = not was_on
+    if was_on:
+        phone["network_connection_status"] = "searching"
+    if not was_on or phone["wifi_enabled"]:
+        phone["wifi_connected"], phone["wifi_ssid"], phone["wifi_signal_strength"] = False, None, "none"
+    if not was_on and phone["vpn_connected"]:
+        phone["vpn_connected"], phone["vpn_details"] = False, None
+    _search(phone, around)
+    return bool(phone["airplane_mode"])
+
+
+def _toggle(db: Tau2DB, flag: str, search: bool) -> tuple[bool, Record]:
+    phone, around = _write(db)
+    phone[flag] = not phone[flag]
+    if search:
+        _search(phone, around)
+    return bool(phone[flag]), phone
+
+
+def _on_off(state: bool) -> str:
+    return "ON" if state else "OFF"
+
+
+def _granted(app: Record) -> list[str]:
+    return [name.replace("_", " ").lower() for name, allowed in app["permissions"].items() if allowed]
+
+
+# --- user tools (30) ---
+
+
+def check_status_bar(db: Tau2DB) -> str:
+    return f"Status Bar: {_bar(_read(db)[0])}"
+
+
+def check_network_status(db: Tau2DB) -> str:
+    phone = _read(db)[0]
+    lines = [
+        f"Airplane Mode: {_on_off(phone['airplane_mode'])}",
+        f"SIM Card Status: {_sim(phone)}",
+        f"Cellular Connection: {phone['network_connection_status']}",
+        f"Cellular Signal: {phone['network_signal_strength']}",
+        f"Cellular Network Type: {phone['network_technology_connected']}",
+        f"Mobile Data Enabled: {'Yes' if phone['data_enabled'] else 'No'}",
+        f"Data Roaming Enabled: {'Yes' if phone['roaming_enabled'] else 'No'}",
+        f"Wi-Fi Radio: {_on_off(phone['wifi_enabled'])}",
+        f"Wi-Fi Connected: {'Yes' if phone['wifi_connected'] else 'No'}",
+    ]
+    if phone["wifi_connected"]:
+        lines.append(f"Connected Wi-Fi Network: {phone['wifi_ssid']}")
+    return "\n".join(lines)
+
+
+def check_network_mode_preference(db: Tau2DB) -> str:
+    return f"Network Mode Preference: {_read(db)[0]['network_mode_preference']}"
+
+
+def set_network_mode_preference(db: Tau2DB, mode: str) -> str:
+    """Store a valid mode and search again; an invalid string is refused in text, not as an error."""
+    phone = _read(db)[0]
+    if not isinstance(mode, str) or mode in MODES:  # upstream stores a non-string as given
+        phone, around = _write(db)
+        phone["network_mode_preference"] = mode
+        _search(phone, around)
+    if isinstance(mode, str) and mode in MODES:
+        return _with_bar(f"Preferred Network Mode set to: {mode}", phone)
+    if mode is not None and not isinstance(mode, str):  # then fails on its `.value`
+        raise AttributeError(f"'{type(mode).__name__}' object has no attribute 'value'")
+    options = ", ".join(MODES)
+    return _with_bar(f"Failed to set network mode: '{mode}' is not a valid option. Please use one of: {options}", phone)
+
+
+def run_speed_test(db: Tau2DB) -> str:
+    speed, label = _speed(*_read(db))
+    if speed is None:
+        return f"Speed test failed: {label}."
+    return f"Speed Test Result: {speed:.2f} Mbps ({label}). {SPEED_ADVICE[label]}"
+
+
+def toggle_airplane_mode(db: Tau2DB) -> str:
+    phone, around = _write(db)
+    return _with_bar(f"Airplane Mode is now {_on_off(_toggle_airplane(phone, around))}.", phone)
+
+
+def check_sim_status(db: Tau2DB) -> str:
+    return SIM_TEXT[_sim(_read(db)[0])]
+
+
+def reseat_sim_card(db: Tau2DB) -> str:
+    phone, around = _write(db)
+    phone["sim_card_missing"] = False
+    _search(phone, around)
+    return _with_bar("SIM card re-seated successfully.", phone)
+
+
+def toggle_data(db: Tau2DB) -> str:
+    state, phone = _toggle(db, "data_enabled", search=True)
+    return _with_bar(f"Mobile Data is now {_on_off(state)}.", phone)
+
+
+def toggle_roaming(db: Tau2DB) -> str:
+    state, phone = _toggle(db, "roaming_enabled", search=True)
+    return _with_bar(f"Data Roaming is now {_on_off(state)}.", phone)
+
+
+def check_data_restriction_status(db: Tau2DB) -> str:
+    if _read(db)[0]["data_saver_mode"]:
+        return "Data Saver mode is ON (limits data usage)."
+    return "Data Saver mode is OFF."
+
+
+def toggle_data_saver_mode(db: Tau2DB) -> str:
+    state, phone = _toggle(db, "data_saver_mode", search=False)
+    return _with_bar(f"Data Saver Mode is now {_on_off(state)}.", phone)
+
+
+def check_apn_settings(db: Tau2DB) -> str:
+    apn = _read(db)[0]["active_apn_settings"]
+    return (
+        f"Current APN Name: {apn['apn_name'] or 'Not Set'}\nMMSC URL (for picture messages): "
+        f"{apn['mmsc_url'] or 'Not Set'}\n(These are technical settings, usually best left unchanged.)"
+    )
+
+
+def _apn(settings: Any) -> Record:
+    """APN settings from a dict, validated as upstream's model (the error text keeps its first line only)."""
+    if not isinstance(settings, dict):
+        raise AttributeError(f"'{type(settings).__name__}' object has no attribute 'apn_name'")
+    apn = {**APN_DEFAULTS, **settings}
+    bad = [k for k in settings if k not in APN_DEFAULTS]
+    bad += [] if apn["apn_name"] in APN_NAMES else ["apn_name"]
+    if isinstance(apn["reset_at_reboot"], bool) or apn["reset_at_reboot"] in (0, 1):
+        apn["reset_at_reboot"] = bool(apn["reset_at_reboot"])
+    else:
+        bad.append("reset_at_reboot")
+    bad += [k for k in ("mms_apn", "mmsc_url", "mms_proxy") if not isinstance(apn[k], str | None)]
+    port = apn["mms_port"]
+    if isinstance(port, float) and port.is_integer():
+        apn["mms_port"] = int(port)
+    elif not (port is None or (isinstance(port, int) and not isinstance(port, bool))):
+        bad.append("mms_port")
+    if bad:
+        raise ValueError(f"{len(bad)} validation error{'s' if len(bad) > 1 else ''} for APNSettings")
+    return {k: apn[k] for k in APN_DEFAULTS}
+
+
+def set_apn_settings(db: Tau2DB, apn_settings: Record) -> str:
+    apn = _apn(apn_settings)
+    phone, around = _write(db)
+    phone["active_apn_settings"] = apn
+    _search(phone, around)
+    return _with_bar(f"APN settings set to: {apn['apn_name']}", phone)
+
+
+def reset_apn_settings(db: Tau2DB) -> str:
+    """Only marks the APN for reset: `reboot_device` applies it (quirk)."""
+    phone, around = _write(db)
+    phone["active_apn_settings"]["reset_at_reboot"] = True
+    _search(phone, around)
+    return _with_bar("APN settings will reset at reboot.", phone)
+
+
+def check_wifi_status(db: Tau2DB) -> str:
+    phone = _read(db)[0]
+    if not phone["wifi_enabled"]:
+        return "Wi-Fi is turned OFF."
+    if phone["wifi_connected"]:
+        return f"Wi-Fi is ON and connected to '{phone['wifi_ssid']}'. Signal strength: {phone['wifi_signal_strength']}."
+    return "Wi-Fi is ON but not connected to any network."
+
+
+def toggle_wifi(db: Tau2DB) -> str:
+    """Flip the Wi-Fi radio (refused in airplane mode); it never joins a network."""
+    if _read(db)[0]["airplane_mode"]:
+        return _with_bar("Cannot change Wi-Fi settings while Airplane Mode is ON.", _read(db)[0])
+    state, phone = _toggle(db, "wifi_enabled", search=False)
+    if not state:
+        phone["wifi_connected"], phone["wifi_ssid"], phone["wifi_signal_strength"] = False, None, "none"
+    return _with_bar(f"Wi-Fi is now {_on_off(state)}.", phone)
+
+
+def check_wifi_calling_status(db: Tau2DB) -> str:
+    return f"Wi-Fi Calling is currently turned {_on_off(_read(db)[0]['wifi_calling_enabled'])}."
+
+
+def toggle_wifi_calling(db: Tau2DB) -> str:
+    state, phone = _toggle(db, "wifi_calling_enabled", search=False)
+    return _with_bar(f"Wi-Fi Calling is now {_on_off(state)}.", phone)
+
+
+def _vpn_repr(details: Record) -> str:
+    """Python's repr of upstream's dumped VPN details (its performance is an enum member)."""
+    level = details["server_performance"]
+    member = f"<PerformanceLevel.{str(level).upper()}: {level!r}>"
+    fields = f"'server_address': {details['server_address']!r}, 'protocol': {details['protocol']!r}"
+    return f"{{{fields}, 'server_performance': {member}}}"
+
+
+def check_vpn_status(db: Tau2DB) -> str:
+    phone = _read(db)[0]
+    if phone["vpn_connected"]:
+        if phone["vpn_details"]:
+            return f"VPN is ON and connected. Details: {_vpn_repr(phone['vpn_details'])}"
+        return "VPN is ON and connected (no specific details available)."
+    if phone["vpn_enabled_setting"]:
+        return "VPN is turned ON in settings, but currently not connected."
+    return "VPN is turned OFF."
+
+
+def connect_vpn(db: Tau2DB) -> str:
+    if _read(db)[0]["vpn_connected"]:
+        return "VPN already connected."
+    phone = _write(db)[0]
+    phone["vpn_connected"], phone["vpn_details"] = True, dict(DEFAULT_VPN)
+    return _with_bar("VPN connected successfully.", phone)
+
+
+def disconnect_vpn(db: Tau2DB) -> str:
+    if not _read(db)[0]["vpn_connected"]:
+        return _with_bar("No active VPN connection to disconnect.", _read(db)[0])
+    phone = _write(db)[0]
+    phone["vpn_connected"], phone["vpn_details"] = False, None
+    return _with_bar("VPN disconnected successfully.", phone)
+
+
+def check_installed_apps(db: Tau2DB) -> str:
+    return f"The following apps are installed on the phone: {', '.join(_read(db)[0]['app_statuses'])}"
+
+
+def check_app_status(db: Tau2DB, app_name: str) -> str:
+    app = _read(db)[0]["app_statuses"].get(app_name)
+    if app is None:
+        return f"App '{app_name}' not found on this phone."
+    granted = _granted(app)
+    lines = [f"Status for App: {app_name}"]
+    lines += (
+        [" - Permissions Granted:", *(f"   - {p}" for p in granted)] if granted else [" - Permissions: None granted."]
+    )
+    return "\n".join(lines)
+
+
+def check_app_permissions(db: Tau2DB, app_name: str) -> str:
+    app = _read(db)[0]["app_statuses"].get(app_name)
+    if app is None:
+        return f"App '{app_name}' not found on this phone."
+    granted = _granted(app)
+    if not granted:
+        return f"App '{app_name}' currently has no permissions granted."
+    return f"App '{app_name}' has permission for: {', '.join(granted)}."
+
+
+def grant_app_permission(db: Tau2DB, app_name: str, permission: str) -> str:
+    """Grant one of the tracked permissions; a refusal is text starting `Error.`, not an error observation."""
+    phone = _read(db)[0]
+    found = app_name in phone["app_statuses"]
+    permission = permission.lower()
+    if not found:
+        message = f"Error. App '{app_name}' not found. Cannot grant permission."
+    elif permission not in PERMISSIONS:
+        tracked = f"available permissions: {list(PERMISSIONS)}"
+        message = f"Error. Permission '{permission}' not tracked for app '{app_name}', {tracked}"
+    else:
+        phone = _write(db)[0]
+        phone["app_statuses"][app_name]["permissions"][permission] = True
+        message = f"Success. Permission '{permission}' granted to app '{app_name}'."
+    return _with_bar(message, phone)
+
+
+def can_send_mms(db: Tau2DB) -> str:
+    if _mms_works(*_read(db)):
+        return "Your messaging app can send MMS messages."
+    return "Your messaging app cannot send MMS messages."
+
+
+def reboot_device(db: Tau2DB) -> str:
+    """Restart: a pending APN reset applies, then the network is searched again."""
+    phone, around = _write(db)
+    lines = []
+    if phone["active_apn_settings"]["reset_at_reboot"]:
+        lines.append("Resetting APN settings...")
+        phone["active_apn_settings"] = dict(APN_DEFAULTS)
+    lines.append("Restarting network services...")
+    phone["network_connection_status"] = "searching"
+    _search(phone, around)
+    return _with_bar("\n".join(lines), phone)
+
+
+def check_payment_request(db: Tau2DB) -> str:
+    request = _read(db)[1]["payment_request"]
+    if request is None:
+        return "No payment request has been made."
+    return f"You have a payment request for bill {request['bill_id']} of {request['amount_due']} USD."
+
+
+def make_payment(db: Tau2DB) -> str:
+    """Mark the request paid; the bill itself becomes `Paid` at the next sync (quirk)."""
+    if _read(db)[1]["payment_request"] is None:
+        return "You do not have a payment request."
+    request = db["surroundings"].edit(RECORD)["payment_request"]
+    request["paid"] = True
+    return f"Payment of {request['amount_due']} USD has been made for bill {request['bill_id']}."
+
+
+# --- user helpers (tasks only): setup, fault injection, assertions ---
+
+
+def set_user_info(db: Tau2DB, name: str, phone_number: str) -> None:
+    around = db["surroundings"].edit(RECORD)
+    around["name"], around["phone_number"] = name, phone_number
+
+
+def set_user_location(db: Tau2DB, abroad: bool) -> None:
+    db["surroundings"].edit(RECORD)["is_abroad"] = abroad
+
+
+def simulate_network_search(db: Tau2DB) -> None:
+    _search(*_write(db))
+
+
+def turn_airplane_mode_on(db: Tau2DB) -> str:
+    if not _toggle_airplane(*_write(db)):
+        _toggle_airplane(*_write(db))
+    return "Airplane Mode is now ON."
+
+
+def turn_airplane_mode_off(db: Tau2DB) -> str:
+    if _toggle_airplane(*_write(db)):
+        _toggle_airplane(*_write(db))
+    return "Airplane Mode is now OFF."
+
+
+def unseat_sim_card(db: Tau2DB) -> str:
+    phone, around = _write(db)
+    phone["sim_card_missing"] = True
+    _search(phone, around)
+    return "SIM card un-seated successfully."
+
+
+def lock_sim_card(db: Tau2DB, mode: str) -> str:
+    phone, around = _write(db)
+    if mode in ("pin", "puk"):
+        phone["sim_card_status"] = f"locked_{mode}"
+    _search(phone, around)
+    return f"SIM card locked successfully in {mode} mode."
+
+
+def turn_data_on(db: Tau2DB) -> str:
+    """Data on without a network search, as upstream."""
+    _write(db)[0]["data_enabled"] = True
+    return "Data connection restored."
+
+
+def turn_data_off(db: Tau2DB) -> str:
+    if _toggle(db, "data_enabled", search=True)[0]:
+        _toggle(db, "data_enabled", search=True)
+    return "Data connection broken."
+
+
+def turn_roaming_on(db: Tau2DB) -> str:
+    if not _toggle(db, "roaming_enabled", search=True)[0]:
+        _toggle(db, "roaming_enabled", search=True)
+    return "Data Roaming is now ON."
+
+
+def turn_roaming_off(db: Tau2DB) -> str:
+    if _toggle(db, "roaming_enabled", search=True)[0]:
+        _toggle(db, "roaming_enabled", search=True)
+    return "Data Roaming is now OFF."
+
+
+def turn_data_saver_mode_on(db: Tau2DB) -> str:
+    _write(db)[0]["data_saver_mode"] = True
+    return "Data Saver Mode is now ON."
+
+
+def turn_data_saver_mode_off(db: Tau2DB) -> str:
+    _write(db)[0]["data_saver_mode"] = False
+    return "Data Saver Mode is now OFF."
+
+
+def break_apn_settings(db: Tau2DB) -> str:
+    phone, around = _write(db)
+    phone["active_apn_settings"]["apn_name"] = "broken"
+    _search(phone, around)
+    return "APN settings broken. Please call reset_apn_settings() to fix."
+
+
+def break_apn_mms_setting(db: Tau2DB) -> str:
+    _write(db)[0]["active_apn_settings"]["mmsc_url"] = None
+    return "APN MMS setting broken. Please call reset_apn_settings() to fix."
+
+
+def set_wifi_calling(db: Tau2DB, enabled: bool, mms_over_wifi: bool | None = None) -> str:
+    phone = _write(db)[0]
+    if phone["wifi_calling_enabled"] != enabled:
+        phone["wifi_calling_enabled"] = not phone["wifi_calling_enabled"]
+    message = f"Wi-Fi Calling is now {_on_off(enabled)}."
+    if mms_over_wifi is not None:
+        phone["wifi_calling_mms_over_wifi"] = mms_over_wifi
+        message += f"\nMMS over Wi-Fi is now {_on_off(mms_over_wifi)}."
+    return message
+
+
+def break_vpn(db: Tau2DB) -> str:
+    """Connect the VPN (if not connected) and make its server poor: slow data."""
+    connect_vpn(db)
+    phone = _write(db)[0]
+    phone["vpn_details"] = {**phone["vpn_details"], "server_performance": "poor"}
+    return "VPN connection broken."
+
+
+def remove_app_permission(db: Tau2DB, app_name: str, permission: str) -> tuple[bool, str]:
+    permission = permission.lower()
+    if app_name not in _read(db)[0]["app_statuses"]:
+        return False, f"App '{app_name}' not found. Cannot remove permission."
+    if permission not in PERMISSIONS:
+        return False, f"Permission '{permission}' not tracked for app '{app_name}'."
+    _write(db)[0]["app_statuses"][app_name]["permissions"][permission] = False
+    return True, f"Permission '{permission}' removed from app '{app_name}'."
+
+
+def assert_service_status(db: Tau2DB, expected_status: str) -> bool:
+    if expected_status not in NETWORK_STATUSES:
+        raise ValueError(f"'{expected_status}' is not a valid NetworkStatus")
+    return bool(_read(db)[0]["network_connection_status"] == expected_status)
+
+
+def assert_mobile_data_status(db: Tau2DB, expected_status: bool) -> bool:
+    return _data_works(*_read(db)) == expected_status
+
+
+def assert_internet_speed(db: Tau2DB, expected_speed: float, expected_desc: str | None = None) -> bool:
+    speed, label = _speed(*_read(db))
+    fast = (speed or 0.0) >= expected_speed
+    return fast if expected_desc is None else fast and label.lower() == expected_desc.lower()
+
+
+def assert_internet_not_excellent(db: Tau2DB) -> bool:
+    return _speed(*_read(db))[1].lower() != "excellent"
+
+
+def assert_can_send_mms(db: Tau2DB, expected_status: bool) -> bool:
+    return _mms_works(*_read(db)) == expected_status
+
+
+def assert_airplane_mode_status(db: Tau2DB, expected_status: bool) -> bool:
+    return bool(_read(db)[0]["airplane_mode"] == expected_status)
+
+
+def assert_mobile_roaming_status(db: Tau2DB, expected_status: bool) -> bool:
+    return bool(_read(db)[0]["roaming_enabled"] == expected_status)
+
+
+def assert_mobile_data_saver_mode_status(db: Tau2DB, expected_status: bool) -> bool:
+    return bool(_read(db)[0]["data_saver_mode"] == expected_status)
+
+
+def assert_mobile_data_usage_exceeded(db: Tau2DB, expected_status: bool) -> bool:
+    return bool(_read(db)[1]["mobile_data_usage_exceeded"] == expected_status)
+
+
+# --- environment sync (SPEC.md §7.4) ---
+
+
+def sync(db: Tau2DB, user_db: Tau2DB) -> None:
+    """Mirror the user's line into the surroundings, settle a paid request, and show a bill awaiting payment.
+
+    It never searches the network again: the phone reconnects only when a user tool that searches runs (quirk).
+    """
+    around = user_db["surroundings"][RECORD]
+    phone_number = around["phone_number"]
+    if phone_number is None:
+        return
+    line = next((r for r in db["lines"].values() if r["phone_number"] == phone_number), None)
+    if line is None:
+        raise ValueError(f"Line with phone number {phone_number} not found")
+    plan = _get(db, "plans", line["plan_id"])
+    update: Record = {
+        "line_active": line["status"] == "Active",
+        "roaming_allowed": bool(line["roaming_enabled"]),
+        "mobile_data_usage_exceeded": line["data_used_gb"] >= plan["data_limit_gb"] + line["data_refueling_gb"],
+    }
+    request = around["payment_request"]
+    if request is not None and request["paid"]:
+        db["bills"].edit(_key(db, "bills", request["bill_id"]))["status"] = "Paid"
+        request = update["payment_request"] = None
+    if request is None:
+        customer = get_customer_by_phone(db, phone_number)
+        awaiting = [bill for _, bill in _bills(db, customer) if bill["status"] == "Awaiting Payment"]
+        if awaiting:
+            bill = awaiting[0]
+            update["payment_request"] = {
+                "bill_id": bill["bill_id"],
+                "amount_due": float(bill["total_due"]),
+                "paid": False,
+            }
+    if any(around[k] != v for k, v in update.items()):
+        user_db["surroundings"].edit(RECORD).update(update)
+
+
+TOOLS: dict[str, ToolFn] = toolkit(
+    "TelecomTools",
+    (
+        get_customer_by_phone, get_customer_by_id, get_customer_by_name, get_details_by_id, suspend_line,
+        resume_line, get_bills_for_customer, send_payment_request, get_data_usage, enable_roaming, disable_roaming,
+        transfer_to_human_agents, refuel_data,
+    ),
+)  # fmt: skip
+WRITE_TOOLS = frozenset(
+    {"suspend_line", "resume_line", "send_payment_request", "enable_roaming", "disable_roaming", "refuel_data"}
+)
+HELPERS: dict[str, ToolFn] = toolkit(
+    "TelecomTools",
+    (
+        set_data_usage, suspend_line_for_overdue_bill, assert_data_refueling_amount, assert_line_status,
+        assert_overdue_bill_exists, assert_no_overdue_bill,
+    ),
+)  # fmt: skip
+USER_TOOLS: dict[str, ToolFn] = toolkit(
+    "TelecomUserTools",
+    (
+        check_status_bar, check_network_status, check_network_mode_preference, set_network_mode_preference,
+        run_speed_test, toggle_airplane_mode, check_sim_status, reseat_sim_card, toggle_data, toggle_roaming,
+        check_data_restriction_status, toggle_data_saver_mode, check_apn_settings, set_apn_settings,
+        reset_apn_settings, check_wifi_status, toggle_wifi, check_wifi_calling_status, toggle_wifi_calling,
+        check_vpn_status, connect_vpn, disconnect_vpn, check_installed_apps, check_app_status, check_app_permissions,
+        grant_app_permission, can_send_mms, reboot_device, check_payment_request, make_payment,
+    ),
+)  # fmt: skip
+USER_WRITE_TOOLS = frozenset(
+    {
+        "set_network_mode_preference", "toggle_airplane_mode", "reseat_sim_card", "toggle_data", "toggle_roaming",
+        "toggle_data_saver_mode", "set_apn_settings", "reset_apn_settings", "toggle_wifi", "toggle_wifi_calling",
+        "connect_vpn", "disconnect_vpn", "grant_app_permission", "reboot_device", "make_payment",
+    }
+)  # fmt: skip
+USER_HELPERS: dict[str, ToolFn] = toolkit(
+    "TelecomUserTools",
+    (
+        set_user_info, set_user_location, simulate_network_search, turn_airplane_mode_on, turn_airplane_mode_off,
+        unseat_sim_card, lock_sim_card, turn_data_on, turn_data_off, turn_roaming_on, turn_roaming_off,
+        turn_data_saver_mode_on, turn_data_saver_mode_off, break_apn_settings, break_apn_mms_setting,
+        set_wifi_calling, break_vpn, remove_app_permission, assert_service_status, assert_mobile_data_status,
+        assert_internet_speed, assert_internet_not_excellent, assert_can_send_mms, assert_airplane_mode_status,
+        assert_mobile_roaming_status, assert_mobile_data_saver_mode_status, assert_mobile_data_usage_exceeded,
+    ),
+)  # fmt: skip
