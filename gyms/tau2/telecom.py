@@ -312,6 +312,7 @@ def get_data_usage(db: Tau2DB, customer_id: str, line_id: str) -> Record:
 
 
 def suspend_line(db: Tau2DB, customer_id: str, line_id: str, reason: str) -> Record:
+    """Suspend an active line from today."""
     key = _target_line_key(db, customer_id, line_id)
     if db["lines"][key]["status"] != "Active":
         raise ValueError("Line must be active to suspend")
@@ -321,6 +322,7 @@ def suspend_line(db: Tau2DB, customer_id: str, line_id: str, reason: str) -> Rec
 
 
 def resume_line(db: Tau2DB, customer_id: str, line_id: str) -> Record:
+    """Reactivate a suspended or pending line (no bill or contract check: that is policy)."""
     key = _target_line_key(db, customer_id, line_id)
     if db["lines"][key]["status"] not in ("Suspended", "Pending Activation"):
         raise ValueError("Line must be suspended to resume")
@@ -341,6 +343,7 @@ def send_payment_request(db: Tau2DB, customer_id: str, bill_id: str) -> str:
 
 
 def enable_roaming(db: Tau2DB, customer_id: str, line_id: str) -> str:
+    """Allow roaming on the line; the phone sees it at the next sync."""
     key = _target_line_key(db, customer_id, line_id)
     if db["lines"][key]["roaming_enabled"]:
         return "Roaming was already enabled"
@@ -349,6 +352,7 @@ def enable_roaming(db: Tau2DB, customer_id: str, line_id: str) -> str:
 
 
 def disable_roaming(db: Tau2DB, customer_id: str, line_id: str) -> str:
+    """Forbid roaming on the line; the phone sees it at the next sync."""
     key = _target_line_key(db, customer_id, line_id)
     if not db["lines"][key]["roaming_enabled"]:
         return "Roaming was already disabled"
@@ -397,6 +401,7 @@ def refuel_data(db: Tau2DB, customer_id: str, line_id: str, gb_amount: float) ->
 
 
 def set_data_usage(db: Tau2DB, customer_id: str, line_id: str, data_used_gb: float) -> str:
+    """Setup: the line's data used this cycle, stored as given (int or float)."""
     db["lines"].edit(_target_line_key(db, customer_id, line_id))["data_used_gb"] = data_used_gb
     return f"Data usage set to {data_used_gb} GB for line {line_id}"
 
@@ -429,6 +434,7 @@ def suspend_line_for_overdue_bill(
 
 
 def assert_data_refueling_amount(db: Tau2DB, customer_id: str, line_id: str, expected_amount: float) -> bool:
+    """The line's refuelled data is `expected_amount` (within 1e-6)."""
     line = db["lines"][_target_line_key(db, customer_id, line_id)]
     return bool(abs(line["data_refueling_gb"] - expected_amount) < 1e-6)
 
@@ -510,6 +516,7 @@ def _with_bar(text: str, phone: Record) -> str:
 
 
 def _data_works(phone: Record, around: Record) -> bool:
+    """Mobile data works: radio on, signal and service, roaming where abroad, data on, allowance left."""
     if phone["airplane_mode"] or phone["network_signal_strength"] == "none":
         return False
     if phone["network_connection_status"] == "no_service":
@@ -536,6 +543,7 @@ def _speed(phone: Record, around: Record) -> tuple[float | None, str]:
 
 
 def _mms_works(phone: Record, around: Record) -> bool:
+    """MMS works: mobile data on 3G or better, no MMS over Wi-Fi calling, an MMSC URL, SMS and storage."""
     if not _data_works(phone, around) or phone["network_technology_connected"] == "2G":
         return False
     if phone["wifi_calling_enabled"] and phone["wifi_calling_mms_over_wifi"]:
@@ -557,6 +565,7 @@ def _write(db: Tau2DB) -> tuple[Record, Record]:
 
 
 def _toggle_airplane(phone: Record, around: Record) -> bool:
+    """Flip airplane mode. On: Wi-Fi and VPN drop. Off: searching, Wi-Fi drops if on. Then a search."""
     was_on = phone["airplane_mode"]
     phone["airplane_mode"] = not was_on
     if was_on:
@@ -570,6 +579,7 @@ def _toggle_airplane(phone: Record, around: Record) -> bool:
 
 
 def _toggle(db: Tau2DB, flag: str, search: bool) -> tuple[bool, Record]:
+    """Flip a phone switch, searching the network again where upstream does; the new state and the phone."""
     phone, around = _write(db)
     phone[flag] = not phone[flag]
     if search:
@@ -637,6 +647,7 @@ def run_speed_test(db: Tau2DB) -> str:
 
 
 def toggle_airplane_mode(db: Tau2DB) -> str:
+    """Flip airplane mode (see `_toggle_airplane`)."""
     phone, around = _write(db)
     return _with_bar(f"Airplane Mode is now {_on_off(_toggle_airplane(phone, around))}.", phone)
 
@@ -704,6 +715,7 @@ def _apn(settings: Any) -> Record:
 
 
 def set_apn_settings(db: Tau2DB, apn_settings: Record) -> str:
+    """Replace the APN settings, then search the network."""
     apn = _apn(apn_settings)
     phone, around = _write(db)
     phone["active_apn_settings"] = apn
@@ -756,6 +768,7 @@ def _vpn_repr(details: Record) -> str:
 
 
 def check_vpn_status(db: Tau2DB) -> str:
+    """Connected (with Python's repr of the details), enabled but not connected, or off."""
     phone = _read(db)[0]
     if phone["vpn_connected"]:
         if phone["vpn_details"]:
@@ -767,6 +780,7 @@ def check_vpn_status(db: Tau2DB) -> str:
 
 
 def connect_vpn(db: Tau2DB) -> str:
+    """Connect with the default details, unless already connected."""
     if _read(db)[0]["vpn_connected"]:
         return "VPN already connected."
     phone = _write(db)[0]
@@ -775,6 +789,7 @@ def connect_vpn(db: Tau2DB) -> str:
 
 
 def disconnect_vpn(db: Tau2DB) -> str:
+    """Drop the VPN connection and its details."""
     if not _read(db)[0]["vpn_connected"]:
         return _with_bar("No active VPN connection to disconnect.", _read(db)[0])
     phone = _write(db)[0]
@@ -826,6 +841,7 @@ def grant_app_permission(db: Tau2DB, app_name: str, permission: str) -> str:
 
 
 def can_send_mms(db: Tau2DB) -> str:
+    """Whether the messaging app can send MMS (see `_mms_works`)."""
     if _mms_works(*_read(db)):
         return "Your messaging app can send MMS messages."
     return "Your messaging app cannot send MMS messages."
@@ -864,31 +880,37 @@ def make_payment(db: Tau2DB) -> str:
 
 
 def set_user_info(db: Tau2DB, name: str, phone_number: str) -> None:
+    """Setup: who the user is; the sync finds the user's line by this phone number."""
     around = db["surroundings"].edit(RECORD)
     around["name"], around["phone_number"] = name, phone_number
 
 
 def set_user_location(db: Tau2DB, abroad: bool) -> None:
+    """Setup: abroad or at home (abroad, data needs roaming on the phone and on the line)."""
     db["surroundings"].edit(RECORD)["is_abroad"] = abroad
 
 
 def simulate_network_search(db: Tau2DB) -> None:
+    """Setup: search the network with the phone as it is."""
     _search(*_write(db))
 
 
 def turn_airplane_mode_on(db: Tau2DB) -> str:
+    """Fault: airplane mode on (toggled once, twice if it was on)."""
     if not _toggle_airplane(*_write(db)):
         _toggle_airplane(*_write(db))
     return "Airplane Mode is now ON."
 
 
 def turn_airplane_mode_off(db: Tau2DB) -> str:
+    """Setup: airplane mode off (toggled once, twice if it was off)."""
     if _toggle_airplane(*_write(db)):
         _toggle_airplane(*_write(db))
     return "Airplane Mode is now OFF."
 
 
 def unseat_sim_card(db: Tau2DB) -> str:
+    """Fault: the SIM card is out; no service."""
     phone, around = _write(db)
     phone["sim_card_missing"] = True
     _search(phone, around)
@@ -896,6 +918,7 @@ def unseat_sim_card(db: Tau2DB) -> str:
 
 
 def lock_sim_card(db: Tau2DB, mode: str) -> str:
+    """Fault: the SIM is locked by PIN or PUK (no tool unlocks it); no service."""
     phone, around = _write(db)
     if mode in ("pin", "puk"):
         phone["sim_card_status"] = f"locked_{mode}"
@@ -910,34 +933,40 @@ def turn_data_on(db: Tau2DB) -> str:
 
 
 def turn_data_off(db: Tau2DB) -> str:
+    """Fault: mobile data off (toggled once, twice if it was off)."""
     if _toggle(db, "data_enabled", search=True)[0]:
         _toggle(db, "data_enabled", search=True)
     return "Data connection broken."
 
 
 def turn_roaming_on(db: Tau2DB) -> str:
+    """Setup: roaming on in the phone (toggled once, twice if it was on)."""
     if not _toggle(db, "roaming_enabled", search=True)[0]:
         _toggle(db, "roaming_enabled", search=True)
     return "Data Roaming is now ON."
 
 
 def turn_roaming_off(db: Tau2DB) -> str:
+    """Fault: roaming off in the phone (toggled once, twice if it was off)."""
     if _toggle(db, "roaming_enabled", search=True)[0]:
         _toggle(db, "roaming_enabled", search=True)
     return "Data Roaming is now OFF."
 
 
 def turn_data_saver_mode_on(db: Tau2DB) -> str:
+    """Fault: data saver on (slow data)."""
     _write(db)[0]["data_saver_mode"] = True
     return "Data Saver Mode is now ON."
 
 
 def turn_data_saver_mode_off(db: Tau2DB) -> str:
+    """Setup: data saver off."""
     _write(db)[0]["data_saver_mode"] = False
     return "Data Saver Mode is now OFF."
 
 
 def break_apn_settings(db: Tau2DB) -> str:
+    """Fault: the APN is `broken`; no service until a reset and a reboot."""
     phone, around = _write(db)
     phone["active_apn_settings"]["apn_name"] = "broken"
     _search(phone, around)
@@ -945,11 +974,13 @@ def break_apn_settings(db: Tau2DB) -> str:
 
 
 def break_apn_mms_setting(db: Tau2DB) -> str:
+    """Fault: no MMSC URL; no MMS until a reset and a reboot."""
     _write(db)[0]["active_apn_settings"]["mmsc_url"] = None
     return "APN MMS setting broken. Please call reset_apn_settings() to fix."
 
 
 def set_wifi_calling(db: Tau2DB, enabled: bool, mms_over_wifi: bool | None = None) -> str:
+    """Setup or fault: Wi-Fi calling, and MMS over Wi-Fi if given (both on: no MMS)."""
     phone = _write(db)[0]
     if phone["wifi_calling_enabled"] != enabled:
         phone["wifi_calling_enabled"] = not phone["wifi_calling_enabled"]
@@ -969,6 +1000,7 @@ def break_vpn(db: Tau2DB) -> str:
 
 
 def remove_app_permission(db: Tau2DB, app_name: str, permission: str) -> tuple[bool, str]:
+    """Fault: revoke an app's permission; returns whether it did, and why not."""
     permission = permission.lower()
     if app_name not in _read(db)[0]["app_statuses"]:
         return False, f"App '{app_name}' not found. Cannot remove permission."
@@ -979,26 +1011,31 @@ def remove_app_permission(db: Tau2DB, app_name: str, permission: str) -> tuple[b
 
 
 def assert_service_status(db: Tau2DB, expected_status: str) -> bool:
+    """The phone's connection status is `expected_status` (an unknown status raises)."""
     if expected_status not in NETWORK_STATUSES:
         raise ValueError(f"'{expected_status}' is not a valid NetworkStatus")
     return bool(_read(db)[0]["network_connection_status"] == expected_status)
 
 
 def assert_mobile_data_status(db: Tau2DB, expected_status: bool) -> bool:
+    """Whether mobile data works is `expected_status`."""
     return _data_works(*_read(db)) == expected_status
 
 
 def assert_internet_speed(db: Tau2DB, expected_speed: float, expected_desc: str | None = None) -> bool:
+    """The speed test gives at least `expected_speed`, and the label `expected_desc` if given."""
     speed, label = _speed(*_read(db))
     fast = (speed or 0.0) >= expected_speed
     return fast if expected_desc is None else fast and label.lower() == expected_desc.lower()
 
 
 def assert_internet_not_excellent(db: Tau2DB) -> bool:
+    """The speed test's label is not Excellent (no connection counts as not)."""
     return _speed(*_read(db))[1].lower() != "excellent"
 
 
 def assert_can_send_mms(db: Tau2DB, expected_status: bool) -> bool:
+    """Whether MMS works is `expected_status`."""
     return _mms_works(*_read(db)) == expected_status
 
 
