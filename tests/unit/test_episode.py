@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from gyms.tools import INTERACT_TOOL
+from gyms.user_sim import UserSimError
 from tests.support.chat_templates import interact_call, qwen3_chat, smollm2_chat
 from tests.support.scripted import BarrierEngine, ScriptedEngine, ScriptedGym, step
 from userrl_megatron.config.schema import RolloutConfig
@@ -254,6 +255,41 @@ def test_user_simulator_failure(qwen3: ChatTemplate) -> None:
     assert episode.metadata["error"] == "simulator unreachable after 4 retries"
     assert "step_info" not in episode.turns[0].info  # the failure is the step's typed field, not an info key
     assert gym.closed
+
+
+class OpeningGym(ScriptedGym):
+    """A gym whose reset returns the user's first message (`first_message_at_reset`, the tau2 gyms)."""
+
+    first_message_at_reset = True
+
+    async def reset(self) -> str:
+        await super().reset()
+        return "Hi, I need help with my order."
+
+
+def test_the_first_user_message_from_reset_ends_the_prompt(qwen3: ChatTemplate) -> None:
+    gym = OpeningGym([step("Done.", 1.0, done=True)])
+    t = Task(
+        "tau2_mock_chat",
+        "t",
+        [Message("system", "Policy."), Message("assistant", "Hi! How can I help?")],
+        [INTERACT_TOOL],
+    )
+    engine = ScriptedEngine(qwen3, [call("answer", "3")])
+    episode = run(qwen3, engine, gym, t)
+    assert [m["role"] for m in episode.metadata["messages"][:3]] == ["system", "assistant", "user"]
+    assert episode.metadata["messages"][2]["content"] == "Hi, I need help with my order."
+    prompt = qwen3.decode(episode.token_ids[: episode.prompt_length])
+    assert prompt.endswith("Hi, I need help with my order.<|im_end|>\n<|im_start|>assistant\n")
+    assert not any(episode.loss_mask[: episode.prompt_length])  # the user's words never train
+    assert episode.finish_reason == "done"
+
+
+def test_a_simulator_failure_at_reset_is_a_user_sim_error(qwen3: ChatTemplate) -> None:
+    gym = OpeningGym(reset_error=UserSimError("cannot reach the simulator", "connection", 5))
+    episode = run(qwen3, ScriptedEngine(qwen3, []), gym)
+    assert (episode.finish_reason, gym.closed) == ("user_sim_error", True)
+    assert episode.metadata["error"] == "UserSimError: cannot reach the simulator"
 
 
 def test_engine_failures(qwen3: ChatTemplate) -> None:

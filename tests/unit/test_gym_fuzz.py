@@ -42,11 +42,13 @@ from gyms.tau.toolkit import calculate
 from gyms.tau.user import Customer
 from gyms.tau2.domain import Env
 from gyms.tau2.settings import Tau2GymConfig
+from gyms.tau2.user import Tau2User
 from gyms.user_sim import UserSimulator
 from tests.support.gym_play import sim_for
 from tests.support.openai_server import OpenAIServer
 
 SEED = 20261123
+TELECOM_TASK = "[mobile_data_issue]user_abroad_roaming_enabled_off[PERSONA:None]"
 STEPS_PER_GYM = 30
 EPISODE_STEPS = 8
 STEP_SAFETY_NET_S = 60.0
@@ -159,6 +161,8 @@ def sim_reply(body: dict[str, Any]) -> str:
         "alignment_aspect": "hotel",
         "type": "2",
         "preference_id": "P3",
+        "message": "I need help.",  # the tau2 user with tools: a message to the agent
+        "tool_call": None,
     }
     replies = [
         json.dumps(valid),
@@ -185,6 +189,7 @@ def records(shared_data: Path, corpus: Path) -> dict[str, tuple[Any, Any]]:
         {"description": f"d{i}", "importance": str(1 + i % 3), "inquiry": "?", "options": ["a"]} for i in range(4)
     ]
     tau = TauGymConfig(data_dir=str(shared_data))
+    tau2 = Tau2GymConfig(data_dir=str(shared_data))
     return {
         "echo": ({"id": "echo-fuzz-0", "targets": ["a", "b", "a"]}, None),
         "function": (
@@ -203,7 +208,11 @@ def records(shared_data: Path, corpus: Path) -> dict[str, tuple[Any, Any]]:
         "tau": ("retail-016", tau),
         "tau_retail": ("retail-000", tau),
         "tau_airline": ("airline-003", tau),
-        "tau2_mock": ("update_task_with_user_tools", Tau2GymConfig(data_dir=str(shared_data))),
+        "tau2_mock": ("update_task_with_user_tools", tau2),
+        "tau2_mock_chat": ("update_task_with_user_tools", tau2),
+        "tau2_airline": ("3", tau2),
+        "tau2_retail": ("24", tau2),
+        "tau2_telecom": (TELECOM_TASK, tau2),
     }
 
 
@@ -212,7 +221,9 @@ SKIPPED_STATE |= {"ended", "max_steps", "expected", "test_case", "targets", "ope
 # SearchGym counts every search action, empty or over the limit (as UserRL); TravelGym records a failed exchange in
 # its dialogue history and counts a search whose judge failed (as UserRL); tau2_mock keeps every tool call in its
 # trajectory, failed ones too, since tau2's ACTION check matches gold actions against all of them (SPEC.md §9.2)
-COUNTERS = {"search": {"searches"}, "tau2_mock": {"calls"}}
+# the conversational tau2 gyms also count tool errors toward tau2's too_many_errors ending
+TAU2_CHAT = ("tau2_mock_chat", "tau2_airline", "tau2_retail", "tau2_telecom")
+COUNTERS = {"search": {"searches"}, "tau2_mock": {"calls"}, **{name: {"calls", "errors"} for name in TAU2_CHAT}}
 SIM_ERROR_STATE = {"travel": {"history", "searches"}}
 ERROR_FEEDBACK = (
     "Invalid",
@@ -277,7 +288,7 @@ def fingerprint(gym: Any) -> dict[str, Any]:
             value = _deep_hash(value)
         elif isinstance(value, Env):
             value = [_deep_hash(db) for db in (value.db, value.user_db) if db is not None]
-        elif isinstance(value, Customer):
+        elif isinstance(value, Customer | Tau2User):
             value = copy.deepcopy(value.history)
         else:
             with deep_values():  # tau2_mock's trajectory keeps the arguments of every call

@@ -2,6 +2,7 @@
 
 A source is one of:
   * a gym name (`function`, `travel`, ...): that gym's tasks of the split, from the public data folder;
+  * a gym name and a split (`tau2_retail:train`, `tau2_airline:base`): that split, whichever split is asked for;
   * a mixture: `alltrain` or `alltest` (UserRL's data/; the mixture fixes its own split);
   * a procedural source that needs no data, which a gym registers with the settings it is made from
     (`procedural_sources()`: `function-procedural`, FunctionGym rules from `gyms.function.generator`, and
@@ -53,6 +54,9 @@ def _source_tasks(source: str, split: str, cfg: GymsConfig, root: Path) -> list[
     from gyms.base import gym_spec, list_gyms
     from userrl_megatron.data.mixtures import MIXTURES, mixture_tasks
 
+    gym, colon, named = source.partition(":")
+    if colon and named and gym in list_gyms():  # `<gym>:<split>`: that split of the gym, whichever is asked for
+        source, split = gym, named
     procedural = procedural_sources()
     if source in procedural:
         spec = gym_spec(procedural[source])

@@ -82,9 +82,14 @@ class ApiPolicy:
         try:
             try:
                 gym = self.make_gym(task)
-                await gym.reset()
+                first = await gym.reset()
             except Exception as e:
-                raise _End("gym_error", f"{type(e).__name__}: {e}") from e
+                from gyms.user_sim import UserSimError
+
+                reason: FinishReason = "user_sim_error" if isinstance(e, UserSimError) else "gym_error"
+                raise _End(reason, f"{type(e).__name__}: {e}") from e
+            if getattr(gym, "first_message_at_reset", False):  # the user's first message (gyms/README.md)
+                messages.append({"role": "user", "content": first})
             await self._loop(task, episode, gym, messages, sampling)
         except _End as end:
             episode.finish_reason = end.reason

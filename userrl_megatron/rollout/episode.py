@@ -125,21 +125,28 @@ class EpisodeRunner:
     ) -> Episode:
         """One episode of `task` on `engine`; never raises for engine or gym failures (they end the episode)."""
         started = time.perf_counter()
-        messages, tools = self.chat.present(task.prompt, task.tools)
         episode = Episode(task=task, group_id=group_id)
-        episode.metadata.update(episode_id=episode_id, messages=[m.to_dict() for m in messages])
-        prompt = self.chat.prompt_ids(messages, tools)
-        episode.append(prompt, trained=False)
-        episode.prompt_length = len(prompt)
         gym: Gym | None = None
+        failed: _EpisodeEnd | None = None
+        opening: list[Message] = []
         try:
+            gym = self.make_gym(task)
+            first = await gym.reset()
+            if getattr(gym, "first_message_at_reset", False):  # the user's first message (gyms/README.md)
+                opening = [Message("user", first)]
+        except Exception as e:
+            failed = _reset_failure(e)
+        try:
+            messages, tools = self.chat.present([*task.prompt, *opening], task.tools)
+            episode.metadata.update(episode_id=episode_id, messages=[m.to_dict() for m in messages])
+            prompt = self.chat.prompt_ids(messages, tools)
+            episode.append(prompt, trained=False)
+            episode.prompt_length = len(prompt)
             if len(prompt) > self.cfg.max_prompt_tokens:
                 raise _EpisodeEnd("max_tokens", f"prompt has {len(prompt)} tokens > rollout.max_prompt_tokens")
-            try:
-                gym = self.make_gym(task)
-                await gym.reset()
-            except Exception as e:
-                raise _EpisodeEnd("gym_error", _describe(e)) from e
+            if failed is not None:
+                raise failed
+            assert gym is not None
             await self._loop(episode, gym, engine, sampling or self.sampling(), tools)
         except _EpisodeEnd as end:
             episode.finish_reason = end.reason
@@ -298,6 +305,14 @@ async def _close(gym: Gym, episode: Episode) -> None:
     except Exception as e:  # a failed close is logged and recorded; the episode itself is complete
         log.warning("closing gym %s failed: %s", gym.name, e)
         episode.metadata["close_error"] = _describe(e)
+
+
+def _reset_failure(e: BaseException) -> _EpisodeEnd:
+    """How a gym that could not be built or reset ends its episode: `user_sim_error` when the user simulator
+    failed (a gym whose first message comes from it), `gym_error` otherwise."""
+    from gyms.user_sim import UserSimError
+
+    return _EpisodeEnd("user_sim_error" if isinstance(e, UserSimError) else "gym_error", _describe(e))
 
 
 def _describe(e: BaseException) -> str:
