@@ -118,6 +118,7 @@ def test_travel_and_tau_entries_and_the_item_weighted_overall_score() -> None:
     tau = results["gyms"]["tau_retail"]["metrics"]
     assert tau["pass^1"] == pytest.approx((0.5 + 1) / 2) and tau["pass^2"] == pytest.approx((0 + 1) / 2)
     assert tau["mean"] == pytest.approx(0.75)
+    assert results["gyms"]["tau_retail"]["ci95"]["pass^2"] == pytest.approx([0.5 - 12.706 * 0.5, 0.5 + 12.706 * 0.5])
     # overall: travel_score for travel (1 item), mean elsewhere (2 items)
     assert results["overall"]["score"] == pytest.approx((0.65 * 1 + 0.75 * 2) / 3)
     assert results["overall"]["items"] == 3 and results["overall"]["episodes"] == 6
@@ -130,3 +131,22 @@ def test_report_table_lines_up() -> None:
     assert lines[0].startswith("| gym      | items | episodes | infra failed | mean  | 95% CI | max   |")
     assert lines[2].startswith("| function | 1     | 1        | 0            | 1.000 | -      | 1.000 |")
     assert len({len(line) for line in lines}) == 1
+
+
+def test_tau2_gyms_report_pass_hat_k_with_intervals_for_every_k_up_to_the_samples() -> None:
+    """Three tau2_airline tasks, 3 passes each; an infrastructure failure is left out (SPEC.md §11)."""
+    passes = {"0": [1.0, 1.0, 1.0], "1": [1.0, 0.0, 1.0], "2": [0.0, 0.0, 0.0]}
+    records = [record("tau2_airline", task, [("[action] ###STOP###", r)], i) for task, rs in passes.items()
+               for i, r in enumerate(rs)]  # fmt: skip
+    records.append({**record("tau2_airline", "2", [("[action] hi", 0.0)], 3), "infra_failed": True})
+    entry = gym_results("tau2_airline", records, samples=3)
+    per_task = {1: [1.0, 2 / 3, 0.0], 2: [1.0, 1 / 3, 0.0], 3: [1.0, 0.0, 0.0]}  # C(c, k) / C(3, k)
+    for k, values in per_task.items():
+        mean = sum(values) / 3
+        sd = (sum((v - mean) ** 2 for v in values) / 2) ** 0.5
+        half = 4.303 * sd / 3**0.5  # Student t, 2 degrees of freedom
+        assert entry["metrics"][f"pass^{k}"] == pytest.approx(mean, abs=1e-6)
+        assert entry["ci95"][f"pass^{k}"] == pytest.approx([mean - half, mean + half], abs=1e-6)
+    assert entry["infra_failed"] == 1 and "pass^4" not in entry["metrics"]
+    _, rows = report_rows(aggregate(records, samples=3))
+    assert rows[0][-1].startswith("pass^1 0.556 [") and "pass^3 0.333 [" in rows[0][-1]

@@ -13,7 +13,8 @@ and `analyze.py`, arXiv 2509.19736; tau-bench for pass^k):
 * tau-bench `pass^k`: per task with `c` successes (return 1) in `n` passes, C(c, k) / C(n, k); averaged over tasks.
 
 The 95% confidence interval of `mean` is Student's t interval over the per-item scores (items are the
-independent units; passes of one item are not).
+independent units; passes of one item are not); that of `pass^k` is the same interval over the per-item values
+C(c, k) / C(n, k).
 """
 
 import math
@@ -21,7 +22,8 @@ from collections.abc import Sequence
 
 SUCCESS_TOL = 1e-6  # tau-bench counts a pass as a success when its reward is 1 within this tolerance
 TRAVEL_BEST, TRAVEL_CORRECT = 1.0, 0.8  # TravelGym's choice rewards (best option, correct option)
-TAU_GYMS = ("tau", "tau_retail", "tau_airline")
+TAU_GYMS = ("tau", "tau_retail", "tau_airline", "tau2_mock", "tau2_mock_chat", "tau2_airline", "tau2_retail",
+            "tau2_telecom")  # fmt: skip
 
 # Two-sided 95% quantiles of Student's t distribution for 1..30 degrees of freedom.
 _T975 = (
@@ -84,16 +86,22 @@ def is_success(episode_return_value: float) -> bool:
     return abs(episode_return_value - 1.0) <= SUCCESS_TOL
 
 
-def pass_hat_k(items: Sequence[Sequence[float]], k: int) -> float | None:
-    """tau-bench pass^k: mean over items of C(c, k) / C(n, k) (c successes in n passes); items with fewer than k
-    passes are left out; None when no item has k passes."""
+def pass_hat_k_items(items: Sequence[Sequence[float]], k: int) -> list[float]:
+    """Per item with at least k passes, C(c, k) / C(n, k) (c successes in n passes): the chance that k passes drawn
+    without replacement all succeed."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    values = [
+    return [
         math.comb(sum(is_success(r) for r in passes), k) / math.comb(len(passes), k)
         for passes in items
         if len(passes) >= k
     ]
+
+
+def pass_hat_k(items: Sequence[Sequence[float]], k: int) -> float | None:
+    """tau-bench pass^k: the mean of `pass_hat_k_items`; items with fewer than k passes are left out; None when no
+    item has k passes."""
+    values = pass_hat_k_items(items, k)
     return sum(values) / len(values) if values else None
 
 

@@ -2,7 +2,8 @@
 
 Per gym (grouped by `Episode.task.gym`, items in task order): `items`, `episodes`, `infra_failed` (episodes lost
 to the engine or the user simulator after their retries: counted, excluded from every score), `metrics` (see
-`eval.metrics`) and `ci95` (Student t over the per-item scores of `mean`, and of `travel_score` for travel).
+`eval.metrics`) and `ci95` (Student t over the per-item scores of `mean`, of `travel_score` for travel, and of
+each `pass^k` for the tau and tau2 gyms).
 `overall` is `analyze.py`'s ranking score: the gym scores (`travel_score` for travel, `mean` elsewhere) averaged
 with weights equal to each gym's item count.
 """
@@ -60,6 +61,7 @@ def gym_results(gym: str, records: list[dict[str, Any]], samples: int) -> dict[s
     if gym in m.TAU_GYMS and scored:
         for k in range(1, samples + 1):
             metrics[f"pass^{k}"] = m.pass_hat_k(scored, k)
+            ci[f"pass^{k}"] = _interval(m.pass_hat_k_items(scored, k))
     return {
         "items": len(scored),
         "items_unscored": len(items) - len(scored),
@@ -159,6 +161,11 @@ def _fmt_ci(ci: list[float] | None) -> str:
     return "-" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
+def _metric(name: str, value: float | None, ci: list[float] | None) -> str:
+    """A metric of the "other" column, with its 95% interval where it has one (pass^k)."""
+    return f"{name} {_fmt(value)}" + (f" {_fmt_ci(ci)}" if ci else "")
+
+
 def report_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-gym table (report.md and the terminal)."""
     header = ["gym", "items", "episodes", "infra failed", "mean", "95% CI", "max", "other"]
@@ -174,7 +181,7 @@ def report_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 _fmt(entry["metrics"]["mean"]),
                 _fmt_ci(entry["ci95"]["mean"]),
                 _fmt(entry["metrics"]["max"]),
-                ", ".join(f"{k} {_fmt(v)}" for k, v in other.items()),
+                ", ".join(_metric(k, v, entry["ci95"].get(k)) for k, v in other.items()),
             ]
         )
     overall = results["overall"]
