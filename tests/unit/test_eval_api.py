@@ -175,3 +175,48 @@ def test_a_simulated_user_gym_with_the_simulator_configured_apart(
         (episodes[1]["task_id"], [0.0, 0.0, 0.0], "truncated"),
     ]
     assert results["gyms"]["telepathy"]["metrics"] == {"mean": 0.5, "max": 0.5}
+
+
+def test_tau2_pass_hat_k_over_samples_with_the_first_user_message_from_the_simulator(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    """tau2_mock_chat, 2 tasks x 3 samples. The simulated user asks for a title (one opening in three per task asks
+    for the wrong one); the policy creates the task it was asked for and ends with ###STOP###. Gold: 2 of 3."""
+    openings = iter(["Important Meeting", "Important Meeting", "Coffee"] * 2)  # one episode at a time
+
+    def both(body: dict[str, Any]) -> Answer:
+        messages = body["messages"]
+        if "tools" in body:  # the policy: the opening is the last message of its prompt
+            if messages[-1]["role"] == "tool":
+                return Answer("Created. ###STOP###")
+            title = messages[-1]["content"].split("'")[1]
+            return tool_call("create_task", {"user_id": "user_1", "title": title})
+        message = f"Please create a task '{next(openings)}' for user_1."  # the simulated user's opening
+        return Answer(json.dumps({"message": message, "tool_call": None}))
+
+    out = tmp_path / "tau2"
+    with OpenAIServer(both) as server:
+        args = [
+            "eval", "--endpoint", server.base_url, "--api-model", "policy", "--out", str(out), "--no-plot",
+            "--gyms", "tau2_mock_chat:base", "--tasks", "2", "--samples", "3", "--max-turns", "4",
+            "eval.max_concurrent_episodes=1", "eval.api_key_env=none", f"gyms.data_dir={shared_data}",
+            f"user_sim.base_url={server.base_url}",
+            "user_sim.model=sim", "user_sim.api_key_env=none",
+        ]  # fmt: skip
+        assert main(args) == 0
+        first_policy_request = next(r for r in server.requests if "tools" in r)
+    assert [m["role"] for m in first_policy_request["messages"]] == ["system", "assistant", "user"]
+    assert first_policy_request["messages"][1]["content"] == "Hi! How can I help you today?"
+    entry = results_of(out)["gyms"]["tau2_mock_chat"]
+    assert (entry["items"], entry["episodes"], entry["infra_failed"]) == (2, 6, 0)
+    # create_task_1: DB x COMMUNICATE; create_task_1_with_env_assertions: DB x ENV_ASSERTION; both 2 of 3
+    assert entry["metrics"]["pass^1"] == pytest.approx(2 / 3, abs=1e-6)
+    assert entry["metrics"]["pass^2"] == pytest.approx(1 / 3, abs=1e-6)
+    assert entry["metrics"]["pass^3"] == 0.0
+    assert entry["ci95"]["pass^1"] == pytest.approx([2 / 3, 2 / 3], abs=1e-6)  # both tasks alike: no spread
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert [e["turns"][-1]["info"][0]["termination_reason"] for e in episodes] == ["agent_stop"] * 6
+    components = sorted(json.dumps(e["turns"][-1]["info"][0]["reward_info"]["components"]) for e in episodes)
+    wrong = ['{"DB": 0.0, "COMMUNICATE": 1.0}', '{"DB": 0.0, "ENV_ASSERTION": 1.0}']  # task_2 exists, wrong title
+    right = ['{"DB": 1.0, "COMMUNICATE": 1.0}'] * 2 + ['{"DB": 1.0, "ENV_ASSERTION": 1.0}'] * 2
+    assert components == [*wrong, *right]

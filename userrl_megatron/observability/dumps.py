@@ -42,6 +42,8 @@ def episode_record(episode: Episode, step: int | None = None) -> dict[str, Any]:
                 "finish_reason": turn.info.get("finish_reason"),
                 "generate_s": turn.info.get("generate_s"),
                 "step_s": turn.info.get("step_s"),
+                # what the gym said of each step (tau2: termination_reason, reward_info with each criterion)
+                **({"info": turn.info["step_info"]} if "step_info" in turn.info else {}),
             }
             for turn in episode.turns
         ],
