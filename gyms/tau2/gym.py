@@ -33,6 +33,7 @@ from gyms.tau2.settings import Tau2GymConfig
 from gyms.tau2.toolkit import Observation
 from gyms.tau2.user import Tau2User, UserTurn, is_stop, user_prompt
 from gyms.turn_gym import TurnGym
+from gyms.user_sim import UserSimError
 from userrl_megatron.types import Message, Task
 
 log = logging.getLogger(__name__)
@@ -192,9 +193,14 @@ class Tau2ChatGym(TurnGym):
         )
 
     async def reset(self) -> str:
-        """Start the episode and ask the simulated user for its first message (UserSimError when it fails)."""
+        """Start the episode and ask the simulated user for its first message (UserSimError when it fails, or
+        when that message already ends the conversation)."""
         await super().reset()
         turn = await self.user.opening(self._user_tool)
+        if is_stop(turn.message):  # nothing the agent did could be scored: the simulator's failure, not the policy's
+            raise UserSimError(
+                f"the simulated user ended the conversation at once: {turn.message[:200]!r}", "early_stop", 1
+            )
         self._heard(turn)
         self.opening = turn.message
         return self.opening

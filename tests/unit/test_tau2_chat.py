@@ -294,3 +294,9 @@ def test_telecom_the_user_fixes_the_phone_by_its_own_tool_call(shared_data: Path
     assert gym.calls == [("toggle_roaming", {})] and last.info["user_tool_calls"] == ["toggle_roaming"]
     after_db, after_user = gym.env.hashes()
     assert after_db == before[0] and after_user != before[1]  # only the phone (the user's DB) changed
+
+
+def test_a_user_who_stops_before_the_agent_speaks_is_a_simulator_error(shared_data: Path) -> None:
+    with OpenAIServer(after(GREETING, "Never mind. ###STOP###")) as server:
+        with pytest.raises(UserSimError, match="ended the conversation at once"):
+            play("tau2_retail", "24", [], server, shared_data)
