@@ -17,14 +17,26 @@ RESULTS = "results"
 JUDGED = {"expectedOutcome": text(), "reasoning": text(), "metExpectation": boolean()}
 
 
+def _inline(schema: Any, defs: dict[str, Any]) -> Any:
+    """`schema` with each `{"$ref": "#/$defs/<name>"}` replaced by that definition and `title` keys dropped (a
+    tool's parameters become one self-contained part of the reply's schema)."""
+    if isinstance(schema, list):
+        return [_inline(item, defs) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref", "")
+    if isinstance(ref, str) and ref.startswith("#/$defs/") and ref.removeprefix("#/$defs/") in defs:
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        return _inline({**defs[ref.removeprefix("#/$defs/")], **rest}, defs)
+    return {k: _inline(v, defs) for k, v in schema.items() if k not in ("title", "$defs")}
+
+
 def _arguments(parameters: dict[str, Any]) -> JsonSchema:
-    """A tool's parameters as a strict object schema (upstream's `title` keys dropped)."""
-    properties = {
-        k: {f: v for f, v in p.items() if f != "title"} for k, p in (parameters.get("properties") or {}).items()
-    }
+    """A tool's parameters as a closed, self-contained object schema."""
+    inlined = _inline(parameters, parameters.get("$defs") or {})
     return {
         "type": "object",
-        "properties": properties,
+        "properties": inlined.get("properties") or {},
         "required": list(parameters.get("required") or []),
         "additionalProperties": False,
     }

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from gyms.base import StepResult, make_gym
@@ -288,6 +289,11 @@ def test_telecom_the_user_fixes_the_phone_by_its_own_tool_call(shared_data: Path
         schema = server.requests[0]["response_format"]["json_schema"]["schema"]
     variants = schema["properties"]["tool_call"]["anyOf"]
     assert len(variants) == 1 + 30 and variants[0] == {"type": "null"}  # null, or one of the 30 phone tools
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert "$ref" not in json.dumps(schema)  # each tool's `$defs` inlined: the schema stands alone
+    mode = {"message": "", "tool_call": {"name": "set_network_mode_preference", "arguments": {"mode": "4g_only"}}}
+    assert jsonschema.Draft202012Validator(schema).is_valid(mode)
+    assert not jsonschema.Draft202012Validator(schema).is_valid({**mode, "tool_call": {"name": "rm", "arguments": {}}})
     last = results[0]
     assert (last.reward, last.done, last.info["termination_reason"]) == (1.0, True, "user_stop")
     assert last.info["reward_info"]["components"] == {"ENV_ASSERTION": 1.0}
