@@ -303,6 +303,6 @@ def test_telecom_the_user_fixes_the_phone_by_its_own_tool_call(shared_data: Path
 
 
 def test_a_user_who_stops_before_the_agent_speaks_is_a_simulator_error(shared_data: Path) -> None:
-    with OpenAIServer(after(GREETING, "Never mind. ###STOP###")) as server:
-        with pytest.raises(UserSimError, match="ended the conversation at once"):
-            play("tau2_retail", "24", [], server, shared_data)
+    stops = after(GREETING, "Never mind. ###STOP###")
+    with OpenAIServer(stops) as server, pytest.raises(UserSimError, match="ended the conversation at once"):
+        play("tau2_retail", "24", [], server, shared_data)
