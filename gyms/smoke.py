@@ -96,8 +96,12 @@ async def run_episode(gym_name: str, episode: SmokeEpisode, user_sim: Any = None
     gym = make_gym(gym_name, episode.task, config=episode.config, user_sim=sim)
     rewards, end, problem = [], "open", ""
     try:
-        await gym.reset()
-        for action in episode.actions:
+        actions = episode.actions
+        try:
+            await gym.reset()
+        except UserSimError as e:  # a gym whose first message comes from the simulator (first_message_at_reset)
+            actions, problem = [], f"user simulator error at reset: {e}"
+        for action in actions:
             result = await gym.step(action)
             rewards.append(result.reward)
             if result.user_sim_error is not None:

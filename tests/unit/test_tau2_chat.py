@@ -15,6 +15,7 @@ import pytest
 
 from gyms.base import StepResult, make_gym
 from gyms.data import NoSuchSplitError
+from gyms.smoke import ScriptedUserSim, SmokeEpisode, run_episode
 from gyms.tau.gym import INVALID_TOOL_CALL
 from gyms.tau.user import GREETING
 from gyms.tau2.domain import load_domain
@@ -306,3 +307,11 @@ def test_a_user_who_stops_before_the_agent_speaks_is_a_simulator_error(shared_da
     stops = after(GREETING, "Never mind. ###STOP###")
     with OpenAIServer(stops) as server, pytest.raises(UserSimError, match="ended the conversation at once"):
         play("tau2_retail", "24", [], server, shared_data)
+
+
+def test_a_smoke_episode_whose_reset_fails_reports_it(shared_data: Path) -> None:
+    """`userrl gym smoke` reports a simulator that fails the reset as the episode's problem, and goes on."""
+    record = {"id": "create_task_1", "tau2_dir": str(shared_data / "tau2")}
+    episode = SmokeEpisode("a reset that fails", record, ["[action] Hello?"], [0.0])
+    result = asyncio.run(run_episode("tau2_mock_chat", episode, ScriptedUserSim(lambda messages: "no JSON")))
+    assert not result.ok and result.problem.startswith("user simulator error at reset:") and result.steps == 0
