@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gyms.base import gym_spec, list_gyms
-from tests.support.openai_server import OpenAIServer, when
+from tests.support.openai_server import Fault, OpenAIServer, when
 from userrl_megatron.cli import main
 from userrl_megatron.data.fetch import manifest
 
@@ -65,6 +65,21 @@ def test_gym_play_uses_the_configured_simulator(
     assert server.requests[0]["model"] == "judge-7b"
     out = capsys.readouterr().out
     assert "I am thinking of a fruit." in out and "Yes\nReward: 0.0" in out and "Episode return: 0.0" in out
+
+
+def test_gym_play_a_tau2_conversation_opens_with_the_simulated_user(
+    shared_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("[action] Which t-shirts? ###STOP###\n"))
+    args = ["gym", "play", "tau2_retail", "--task", "24", f"gyms.data_dir={shared_data}", "user_sim.api_key_env=none"]
+    with OpenAIServer(when("<scenario>", "Hi, which t-shirts did I order?")) as server:
+        assert main([*args, f"user_sim.base_url={server.base_url}"]) == 0
+    out = capsys.readouterr().out
+    assert "[assistant]\nHi! How can I help you today?" in out and "Hi, which t-shirts did I order?" in out
+    assert "Episode return: 1.0" in out  # no actions and no judge: DB alone, which holds
+    with OpenAIServer(when("<scenario>", Fault(400))) as server:
+        assert main([*args, f"user_sim.base_url={server.base_url}"]) == 2
+    assert "tau2_retail: the user simulator failed at the start of the episode" in capsys.readouterr().err
 
 
 def test_gym_play_unknown_task(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -66,8 +66,14 @@ def _play(args: argparse.Namespace) -> int:
             print(f"[{message.role}]\n{message.content}\n")
 
     async def session() -> float:
+        from gyms.user_sim import UserSimError
+        from userrl_megatron.errors import UserError
+
         total = 0.0
-        print(await gym.reset())
+        try:
+            print(await gym.reset())  # a tau2 conversation's first message comes from the simulator
+        except UserSimError as e:
+            raise UserError(f"{args.name}: the user simulator failed at the start of the episode: {e}") from e
         print("Type actions like `[answer] 42`, `[action] ...`, `[search] ...` or `[finish]` (end of input stops).")
         while True:
             line = await asyncio.to_thread(_read_line)
