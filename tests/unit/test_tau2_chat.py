@@ -63,11 +63,17 @@ def call(name: str, **arguments: Any) -> str:
 
 
 def play(
-    gym_name: str, task_id: str, actions: list[str], server: OpenAIServer, data: Path, **settings: Any
+    gym_name: str,
+    task_id: str,
+    actions: list[str],
+    server: OpenAIServer,
+    data: Path,
+    structured: str = "auto",
+    **settings: Any,
 ) -> tuple[Tau2ChatGym, str, list[StepResult]]:
     """Reset a fresh gym with a UserSimulator pointed at `server`, play `actions`; (gym, opening, results)."""
     cfg = UserSimConfig(base_url=server.base_url, model="user", timeout_s=SIM_TIMEOUT_S, backoff_s=0.001, max_retries=1)
-    cfg.api_key_env = "none"
+    cfg.api_key_env, cfg.structured = "none", structured
 
     async def run() -> tuple[Tau2ChatGym, str, list[StepResult]]:
         sim = UserSimulator(cfg)
@@ -315,3 +321,14 @@ def test_a_smoke_episode_whose_reset_fails_reports_it(shared_data: Path) -> None
     episode = SmokeEpisode("a reset that fails", record, ["[action] Hello?"], [0.0])
     result = asyncio.run(run_episode("tau2_mock_chat", episode, ScriptedUserSim(lambda messages: "no JSON")))
     assert not result.ok and result.problem.startswith("user simulator error at reset:") and result.steps == 0
+
+
+def test_free_text_user_replies_are_parsed_where_the_engine_gives_no_schema(shared_data: Path) -> None:
+    """user_sim.structured=off: no response_format; the user's JSON is read from prose around it."""
+    with OpenAIServer(
+        after(GREETING, "Let me look first. " + user_calls("check_notifications", {})),
+        after("Result of your tool call", f"```json\n{user_says('Task_1 is done, please close it.')}\n```", True),
+    ) as server:
+        gym, opening, _ = play("tau2_mock_chat", "update_task_with_user_tools", [], server, shared_data, "off")
+        assert all("response_format" not in r for r in server.requests)
+    assert opening == "Task_1 is done, please close it." and gym.calls == [("check_notifications", {})]
