@@ -132,7 +132,6 @@ register_gym("tau2_mock", config_type=Tau2GymConfig, config_field="tau2", tasks=
 
 
 AGENT_STOP = "###STOP###"  # in an agent message: the agent ends the conversation (agent_stop)
-SCORED_ENDINGS = ("agent_stop", "user_stop")  # tau2 scores these; every other ending gets 0 (SPEC.md §9.2)
 AGENT_INSTRUCTIONS = (
     "You are a customer service agent. Help the user by following the policy below.\n"
     "In each turn, either send a message to the user or make one tool call; never both.\n"
@@ -150,12 +149,8 @@ def agent_system(policy: str) -> str:
 
 def user_schemas(domain: Domain, task: dict[str, Any]) -> list[dict[str, Any]]:
     """The user tools' schemas the simulator sees: the domain's, restricted to the task's `user_tools` if listed."""
-    schemas: list[dict[str, Any]] | None = getattr(domain, "user_schemas", None)
-    if schemas is None:
-        path = domain.folder / "user_tools.json"
-        schemas = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
     allowed = task.get("user_tools")
-    return [s for s in schemas if allowed is None or s["function"]["name"] in allowed]
+    return [s for s in domain.user_schemas if allowed is None or s["function"]["name"] in allowed]
 
 
 class Tau2ChatGym(TurnGym):
