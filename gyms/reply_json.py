@@ -42,7 +42,9 @@ def extract_json_object(text: str) -> dict[str, Any] | None:
 
     Tries, in order: the whole text; each fenced block; each `{` position decoded up to its matching brace
     (so prose before or after the object is ignored). Each candidate is read as JSON first, then as a Python
-    literal (single quotes, True/False/None), so both `true` and `True` work.
+    literal (single quotes, True/False/None), so both `true` and `True` work. Control characters inside strings
+    are kept: xgrammar's grammar for a string with `maxLength` (`[^"\\\r\n]{0,N}`, 0.2.7) lets a constrained
+    reply hold a raw tab or other control character, which strict JSON refuses.
     """
     text = strip_think(text)
     candidates = [text, *(m.group(1) for m in _FENCE.finditer(text))]
@@ -64,7 +66,7 @@ def _as_object(candidate: str) -> dict[str, Any] | None:
     if not candidate.startswith("{"):
         return None
     try:
-        obj = json.loads(candidate)
+        obj = json.loads(candidate, strict=False)
     except (ValueError, RecursionError):  # malformed, nested deeper than the reader goes, or digits over the limit
         obj = _python_literal(candidate)
     return obj if isinstance(obj, dict) else None
@@ -72,7 +74,7 @@ def _as_object(candidate: str) -> dict[str, Any] | None:
 
 def _object_at(text: str, start: int, budget: list[int]) -> dict[str, Any] | None:
     try:
-        obj, _ = json.JSONDecoder().raw_decode(text, start)
+        obj, _ = json.JSONDecoder(strict=False).raw_decode(text, start)
         return obj if isinstance(obj, dict) else None
     except (ValueError, RecursionError):
         end = _matching_brace(text, start, budget)

@@ -326,6 +326,12 @@ def test_metrics_reset(server: OpenAIServer) -> None:
         ('<think>{"wrong": 1}</think>{"right": 2}', {"right": 2}),
         ('reasoning without opening tag</think>\n{"right": 3}', {"right": 3}),
         ('{"text": "a } brace"} trailing', {"text": "a } brace"}),
+        # xgrammar 0.2.7 compiles a string with maxLength to `[^"\\\r\n]{0,N}` (print
+        # `xgrammar.Grammar.from_json_schema('{"type": "string", "maxLength": 9}')`): a constrained reply may hold
+        # raw control characters, which strict JSON refuses; the Python-literal fallback then either fails (NUL) or
+        # rewrites the text ("true" in a string became "True").
+        ('{"thought": "a\x00b", "ok": true}', {"thought": "a\x00b", "ok": True}),
+        ('Sure: {"thought": "is it true?\t", "ok": false} done', {"thought": "is it true?\t", "ok": False}),
         ("[1, 2]", None),
         ("no object", None),
         ('{"unterminated": ', None),
