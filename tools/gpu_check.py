@@ -20,6 +20,8 @@ project's own modules in one process of its own (world size 1: NCCL on CUDA, glo
   throughput        output tokens/s at 32 concurrent requests (and at one)
   release_resume    the trainer's hand-off: the engine releases everything (device memory freed), its weights come
                     back empty (generation refused) until the actor's are pushed (same output)
+  simulator_schema  an engine started as the run starts its user simulator's, on a random Qwen3 with the real
+                    tokenizer: one request per reply schema the gyms state; every reply valid JSON of its schema
   train_largest     the engine stopped, the largest random Qwen3 (1.7B, 4B or 8B shapes) whose training the plan
                     fits in the free device memory: tokens/s and MFU of its training steps, its peak beside the plan
 

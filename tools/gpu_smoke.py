@@ -38,6 +38,8 @@ class Sizes:
     mismatch_requests: int
     mismatch_new_tokens: int
     read_rows: int  # rows of every tensor read back after the sync
+    simulator_schemas: int  # reply schemas the simulator engine answers (0: every one the gyms state)
+    simulator_max_tokens: int  # each reply's token limit (the grammar must end it first)
     largest: tuple[tuple[str, dict[str, Any]], ...]  # train_largest's candidates, smallest first: (name, config)
     budget_s: dict[str, float]  # per phase
     total_budget_s: float  # no phase starts after this
@@ -93,6 +95,8 @@ SIZES = {
         mismatch_requests=4,
         mismatch_new_tokens=64,
         read_rows=4,
+        simulator_schemas=0,
+        simulator_max_tokens=1024,
         largest=QWEN3_LARGEST,
         budget_s=dict(
             environment=30,
@@ -107,6 +111,7 @@ SIZES = {
             logprob_mismatch=30,
             throughput=60,
             release_resume=45,
+            simulator_schema=90,
             train_largest=120,
             tests_gpu=240,
         ),
@@ -129,6 +134,8 @@ SIZES = {
         mismatch_requests=2,
         mismatch_new_tokens=8,
         read_rows=4,
+        simulator_schemas=2,
+        simulator_max_tokens=512,
         largest=(("tiny", QWEN3_TINY), ("tiny-4-layers", dict(QWEN3_TINY, num_hidden_layers=4))),
         # The CPU run (CI, tests/unit/test_gpu_check.py) shares its cores with other work and spends no lent device
         # time: its bounds are for a hang only. Each phase took 0-11 s on 2 cores, the whole check about 45 s.
@@ -145,6 +152,7 @@ SIZES = {
             logprob_mismatch=600,
             throughput=600,
             release_resume=600,
+            simulator_schema=600,
             train_largest=600,
             tests_gpu=600,
         ),

@@ -70,6 +70,9 @@ def test_every_phase_passes_on_the_cpu_and_reports_its_figures(tmp_path: Path, g
     assert figures("logprob_mismatch")["max_abs"] < 1e-4  # fp32 on both sides
     assert figures("throughput")["output_tokens"] == 4 * 8 and figures("throughput")["tokens_per_s"] > 0
     assert {"refused_before_the_push", "same_greedy_output_after_the_push"} <= checks("release_resume")
+    simulator = figures("simulator_schema")  # the CPU size asks with the first two schemas only
+    assert simulator["schemas"] == simulator["valid"] == 2 and simulator["completion_tokens_max"] < 512
+    assert {"engine_alive", "every_reply_valid"} <= checks("simulator_schema")
     largest = figures("train_largest")  # no device memory to fit on the CPU: the largest candidate
     assert largest["model"] == "tiny-4-layers" and list(largest["planned_actor_bytes"]) == ["tiny", "tiny-4-layers"]
     assert largest["planned_actor_bytes"]["tiny"] < largest["planned_actor_bytes"]["tiny-4-layers"]
@@ -84,7 +87,7 @@ def test_every_phase_passes_on_the_cpu_and_reports_its_figures(tmp_path: Path, g
     ).stdout  # what docs/gpu.md's "Reports" gets
     rows = [line for line in section.splitlines() if line.startswith("| ") and "passed" in line]
     assert [row.split(" | ")[0][2:] for row in rows] == gpu_check.PHASE_NAMES
-    assert "- train: dtype float32" in section and "14 of 14 phases passed" in section
+    assert "- train: dtype float32" in section and "15 of 15 phases passed" in section
 
 
 @pytest.mark.parametrize("no_tests", [False, True])
@@ -97,7 +100,7 @@ def test_a_check_out_of_time_skips_every_phase_naming_why(tmp_path: Path, no_tes
     reasons = [p["reason"] for p in phases.values()]
     assert set(reasons[:-1]) == {"skipped: out of time"}
     assert reasons[-1] == ("skipped: --no-tests" if no_tests else "skipped: out of time")  # tests_gpu
-    assert "0 of 14 phases passed" in done.stdout
+    assert "0 of 15 phases passed" in done.stdout
 
 
 def test_the_phase_running_when_the_time_is_up_is_stopped_and_the_rest_skipped(
