@@ -15,17 +15,20 @@ import asyncio
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from tests.support.engine_ref import hf_greedy
@@ -35,10 +38,12 @@ from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
 from userrl_megatron.ports import free_port
-from userrl_megatron.server.core import EngineCore
+from userrl_megatron.server.core import MAX_STALE_JOINS, EngineCore
 from userrl_megatron.server.http import serve
 
 pytestmark = pytest.mark.distributed
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Bounds only a hung server reaches: start-up, a clean exit after SIGTERM, one raw HTTP call.
 STARTUP_S = 600.0
@@ -430,6 +435,7 @@ class SilentListener:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.accepted: list[socket.socket] = []
+        self._spoke: set[socket.socket] = set()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -442,13 +448,15 @@ class SilentListener:
             self.accepted.append(conn)
 
     def received(self) -> int:
-        """Connections that sent something (torch's store client does; the port probe only connects)."""
-        count = 0
+        """Connections that have sent something (torch's store client does; the port probe only connects), also
+        those reset since (an abandoned join's)."""
         for conn in self.accepted:
-            conn.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                count += bool(conn.recv(1, socket.MSG_PEEK))
-        return count
+            if conn not in self._spoke:
+                conn.setblocking(False)
+                with contextlib.suppress(BlockingIOError, ConnectionResetError):
+                    if conn.recv(1, socket.MSG_PEEK):
+                        self._spoke.add(conn)
+        return len(self._spoke)
 
     def close(self) -> None:
         for conn in self.accepted:
@@ -556,10 +564,128 @@ def test_a_new_init_cancels_a_join_stuck_in_the_rendezvous(
     call(server.url, "/update_weight_version", {"new_version": "default"})
 
 
+def join_threads() -> int:
+    """Threads of this process in a group join (the embedded engine's, in-process)."""
+    return sum(t.name == "weights-group-join" for t in threading.enumerate())
+
+
+def relay_threads() -> int:
+    """Threads of this process relaying a join's store traffic."""
+    return sum(t.name == "store-relay" for t in threading.enumerate())
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait until `predicate()` holds; past CALL_S it never will (a hang is what a failure looks like)."""
+    deadline = time.monotonic() + CALL_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"still not: {what}"
+        await asyncio.sleep(0.01)
+
+
+# Trainer rank 0 in a process of its own (torch registers a group name once per process): joins group argv[2]
+# at 127.0.0.1:argv[1] and broadcasts 0, 1, 2, 3.
+TRAINER = """
+import sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from userrl_megatron.wire.group import init_custom_process_group
+timeout = timedelta(seconds=float(sys.argv[3]))
+group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{sys.argv[1]}", 2, 0, sys.argv[2], timeout)
+dist.broadcast(torch.arange(4.0), src=0, group=group)
+"""
+
+
+async def join_and_receive(core: EngineCore, group_name: str) -> tuple[tuple[bool, str], list[float]]:
+    """The engine's answer to a join of a trainer in another process, and the tensor it then broadcasts."""
+    port = free_port()
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(port), group_name, str(CALL_S)], cwd=REPO)
+    try:
+        joined = await core.init_weights_update_group("127.0.0.1", port, 1, 2, group_name, "gloo")
+        received = torch.zeros(4)
+        if joined[0]:
+            await asyncio.to_thread(dist.broadcast, received, 0, core.groups[group_name][0])
+            assert await core.destroy_weights_update_group(group_name) == (
+                True,
+                "Succeeded to destroy custom process group.",
+            )
+        assert await asyncio.to_thread(trainer.wait, CALL_S) == 0
+    finally:
+        trainer.kill()
+    return joined, received.tolist()
+
+
+def test_abandoned_joins_end_their_threads_and_a_later_join_succeeds(model_dir: Path) -> None:
+    """Issue 57 N14: joins stuck inside torch's rendezvous (a peer that accepts and never answers: torch 2.13's
+    TCPStore client waits for its ping reply with no timeout), each superseded as soon as it is stuck, twice the
+    bound of MAX_STALE_JOINS over. No init is refused, no more than MAX_STALE_JOINS + 1 join threads are ever
+    alive, all of them end, and the trainer's real join under the same group name then succeeds and carries a
+    broadcast. Before the fix their threads waited forever, and the fifth init on was refused.
+
+    SGLang 0.5.23 joins on its scheduler thread (sglang/srt/managers/scheduler.py:1846), with torch's default
+    30-minute timeout (sglang/srt/model_executor/model_runner_components/weight_updater.py:133, no timeout;
+    sglang/srt/utils/common.py:2895), one init at a time (sglang/srt/managers/communicator.py:46): there the
+    first stuck join holds the scheduler and every later init for good. Its failure semantics are kept: a
+    failed join is answered "Failed to initialize custom process group: <why>." and records nothing, so a
+    later join under the same name succeeds (weight_updater.py:133-142)."""
+    core = EngineCore(str(model_dir), _cfg(control_timeout_s=600.0))
+    listener = SilentListener()
+    stuck_joins = 2 * MAX_STALE_JOINS + 1
+
+    async def scenario() -> tuple[list[tuple[bool, str]], int, tuple[tuple[bool, str], list[float]]]:
+        answers: list[tuple[bool, str]] = []
+        pending: asyncio.Future[tuple[bool, str]] | None = None
+        most = 0
+        for joins in range(1, stuck_joins + 1):
+            stuck = asyncio.ensure_future(core.init_weights_update_group("127.0.0.1", listener.port, 1, 2, "g", "gloo"))
+            if pending is not None:
+                answers.append(await pending)
+            await until(lambda: listener.received() >= joins, "torch's store client reached the silent peer")  # noqa: B023
+            most = max(most, join_threads())
+            pending = stuck
+        assert pending is not None
+        real = asyncio.ensure_future(join_and_receive(core, "g"))
+        answers.append(await pending)
+        return answers, most, await real
+
+    try:
+        answers, most, (joined, received) = asyncio.run(scenario())
+        asyncio.run(until(lambda: join_threads() == 0 and relay_threads() == 0, "every join and relay thread ended"))
+    finally:
+        core.shutdown()
+        listener.close()
+    superseded = join_failed("superseded by a newer init_weights_update_group (group 'g')")[1]["message"]
+    assert answers == [(False, superseded)] * stuck_joins
+    assert 1 <= most <= MAX_STALE_JOINS + 1
+    assert joined == (True, "Succeeded to initialize custom process group.")
+    assert received == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_join_stuck_in_the_rendezvous_ends_its_thread_at_the_control_timeout(model_dir: Path) -> None:
+    """Issue 57 N14: alone, a join stuck inside torch's rendezvous (the peer accepts and never answers) is
+    answered after control_timeout_s, and its thread ends with it. Before the fix the thread waited forever
+    (torch 2.13's TCPStore client has no timeout on its ping) and counted against MAX_STALE_JOINS for good."""
+    core = EngineCore(str(model_dir), _cfg(control_timeout_s=5.0))
+    listener = SilentListener()
+    try:
+        answer = asyncio.run(core.init_weights_update_group("127.0.0.1", listener.port, 1, 2, "g", "gloo"))
+        asyncio.run(until(lambda: join_threads() == 0 and relay_threads() == 0, "the join's threads ended"))
+        assert listener.received() == 1  # it timed out inside torch's join, not before it
+    finally:
+        core.shutdown()
+        listener.close()
+    where = f"tcp://127.0.0.1:{listener.port}"
+    _, body = join_failed(f"the rendezvous at {where} is incomplete after 5 s (rollout.embedded.control_timeout_s)")
+    assert answer == (False, body["message"])
+    assert core.groups == {}
+
+
 def test_sigterm_stops_the_server_with_joins_pending(model_dir: Path, hf: torch.nn.Module, tmp_path: Path) -> None:
     """A server whose control timeout is 600 s, holding the issue's six inits naming a dead address and then
-    joins stuck inside torch's rendezvous (five left in their threads, the sixth refused), exits at once on
-    SIGTERM; the pending caller is told why. At 84e0012 SIGTERM did not stop it (only SIGKILL did)."""
+    six joins stuck inside torch's rendezvous, exits at once on SIGTERM; the pending caller is told why. Each
+    stuck join's thread ends when the next supersedes it, so none is refused (issue 57 N14: before, four were
+    left in their threads for good and the sixth was refused). At 84e0012 SIGTERM did not stop it (only
+    SIGKILL did)."""
     srv = launch_embedded(str(model_dir), _cfg(control_timeout_s=600.0), free_port(), log_path=tmp_path / "s.log")
     listener = SilentListener()
     dead = free_port()
@@ -574,13 +700,12 @@ def test_sigterm_stops_the_server_with_joins_pending(model_dir: Path, hf: torch.
                 await asyncio.sleep(0.01)
             answers = [await p for p in dead_inits if p.done()]
             pending = next(p for p in dead_inits if not p.done())
-            for joins in range(1, 6):  # each reaches torch's join (its thread) before the next supersedes it
+            for joins in range(1, 7):  # each reaches torch's join (its thread) before the next supersedes it
                 stuck = asyncio.ensure_future(post_json(session, url, init_body(listener.port, "g")))
                 answers.append(await pending)
                 while listener.received() < joins:
                     await asyncio.sleep(0.01)
                 pending = stuck
-            answers.append(await post_json(session, url, init_body(listener.port, "g")))  # a sixth: refused
             stop = asyncio.ensure_future(asyncio.to_thread(srv.stop, STOP_S))
             answers.append(await pending)
             answers.append(await stop)
@@ -591,11 +716,7 @@ def test_sigterm_stops_the_server_with_joins_pending(model_dir: Path, hf: torch.
     finally:
         code = srv.stop(timeout_s=STOP_S)
         listener.close()
-    assert answers[:10] == [superseded] * 10
-    assert answers[10] == join_failed(
-        "4 earlier joins are still waiting for their rendezvous (each gives up within 600 s: "
-        "rollout.embedded.control_timeout_s)"
-    )
+    assert answers[:11] == [superseded] * 11
     assert answers[11] == join_failed("the server is shutting down")
     assert answers[12] == 0 and code == 0, srv.log_tail()
 

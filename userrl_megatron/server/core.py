@@ -21,13 +21,14 @@ import torch
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.server.grammar import Grammars
 from userrl_megatron.server.model import EngineModel
+from userrl_megatron.server.relay import StoreRelay
 from userrl_megatron.server.sampling import parse_sampling_params
 from userrl_megatron.server.scheduler import PAUSE_MODES, Request, Scheduler, engine_failed
 from userrl_megatron.server.threads import DaemonPool, start_daemon, wait_bounded
 from userrl_megatron.server.weights import Destination, receive_weights
 from userrl_megatron.server.weights_dir import OutsideError, check_path_text, read_safetensors_dir
 from userrl_megatron.wire.bucket import FlatBuffer
-from userrl_megatron.wire.group import destroy_custom_process_group, init_custom_process_group
+from userrl_megatron.wire.group import custom_process_group_on_store, destroy_custom_process_group
 from userrl_megatron.wire.handles import Segments
 from userrl_megatron.wire.receive import decode_payload
 
@@ -36,12 +37,15 @@ log = logging.getLogger(__name__)
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")
 SELECTORS = ("target", "draft", "all")
 HEALTH_RID_PREFIX = "HEALTH_CHECK"
-MAX_STALE_JOINS = 4  # superseded or timed-out group joins still running in their threads; more inits are refused
+MAX_STALE_JOINS = 4  # superseded or timed-out group joins whose threads have not ended yet; more inits wait
+STALE_WAIT_S = 10.0  # how long a new init waits for one of them to end before it is refused
+STALE_POLL_S = 0.05
 TOKENIZER_THREADS = 4  # text prompts tokenised at once, off the event loop
 GROUP_BACKENDS = ("gloo", "nccl")  # what a weight-update group may use here
 MAX_GROUP_WORLD = 1 << 16  # ranks of a weight-update group
 MAX_ADDRESS_CHARS = 255  # a DNS name's length
 STOP_GRACE_S = 5.0  # how long shutdown waits for the scheduler thread (a forward, a broadcast) before leaving it
+JOIN_GRACE_S = 5.0  # how long shutdown waits for the threads of stopped joins (a store slice, a back-off pause)
 
 
 @dataclass(eq=False)
@@ -54,6 +58,7 @@ class _Join:
     in_thread: bool = False  # the blocking join has started in its thread
     finished: bool = False  # ... and ended
     abandoned: bool = False  # its caller was answered with a failure before it ended
+    relay: StoreRelay | None = None  # the rendezvous traffic's relay; closing it ends the thread's wait
 
 
 def resolve_device(device: str) -> str:
@@ -92,9 +97,11 @@ class EngineCore:
             cfg.enable_return_routed_experts,
         )
         self.groups: dict[str, tuple[Any, str]] = {}  # group name -> (process group, backend)
+        self._relays: dict[str, StoreRelay] = {}  # group name -> the relay to its store, closed with the group
+        self._joining: set[StoreRelay] = set()  # the relays of joins whose threads have not ended
         self._join: _Join | None = None  # the one pending group join
-        self._stale_joins = 0  # abandoned joins whose threads still wait for their rendezvous
-        self._join_lock = threading.Lock()  # groups, _join and _stale_joins, shared with the join threads
+        self._stale_joins = 0  # abandoned joins whose threads have not ended yet
+        self._join_lock = threading.Lock()  # groups, _relays, _join and _stale_joins, shared with the join threads
         self._tokenizers = DaemonPool(TOKENIZER_THREADS, "tokenizer")
         self._receive_buffers: dict[str, FlatBuffer] = {}  # device -> the flat bucket buffer reused across updates
         self._session: str | None = None  # selector of the open weight-update session
@@ -138,11 +145,30 @@ class EngineCore:
         with self._join_lock:
             groups = [group for group, _ in self.groups.values()]
             self.groups.clear()
+            relays = [*self._relays.values(), *self._joining]
+            self._relays.clear()
         for group in groups:
             try:
                 destroy_custom_process_group(group)
             except Exception as e:  # the scheduler thread may still be in a broadcast on it
                 log.warning("destroying a weight-update group at shutdown failed: %s", e)
+        for relay in relays:
+            relay.stop()
+        deadline = time.monotonic() + JOIN_GRACE_S
+        while self._joining and time.monotonic() < deadline:
+            time.sleep(STALE_POLL_S)
+
+    async def end_joins(self) -> None:
+        """Stop the joins still in their threads and wait at most JOIN_GRACE_S for those threads to end: a join
+        woken while the interpreter exits aborts the process (torch's C++ unwinds through `pthread_exit`)."""
+        with self._join_lock:
+            relays = list(self._joining)
+        for relay in relays:
+            relay.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + JOIN_GRACE_S
+        while self._joining and loop.time() < deadline:
+            await asyncio.sleep(STALE_POLL_S)
 
     async def tokenize(self, fn: Any) -> Any:
         """Run `fn()` (tokenising, a chat template) on a tokenizer thread: a long prompt never stalls the loop."""
@@ -279,12 +305,15 @@ class EngineCore:
         backend: str = "nccl",
     ) -> tuple[bool, str]:
         """Join the trainer's group as rank `rank_offset` (one rank: the embedded engine has no TP), answering
-        within `control_timeout_s` (SGLang 0.5.23 waits up to torch's 30 minutes, its scheduler blocked).
+        within `control_timeout_s` (SGLang 0.5.23 waits up to torch's 30 minutes, its scheduler blocked, and
+        forever where the address accepts and never answers).
 
         At most one join is pending: a new call supersedes it, and its caller is answered at once. Waiting for
         the rendezvous address to listen is a coroutine (nothing is left behind when it ends); the join itself,
         once something listens there, runs in a daemon thread under the same timeout and records the group
-        itself unless its caller stopped waiting (so a caller that goes away loses nothing)."""
+        itself unless its caller stopped waiting (so a caller that goes away loses nothing). Its store traffic
+        goes through a `StoreRelay`: a join whose caller was answered with a failure (superseded, timed out,
+        shut down) has its relay closed, so its thread ends at once."""
         try:
             await self._join_group(master_address, master_port, rank_offset, world_size, group_name, backend)
         except Exception as e:
@@ -300,25 +329,35 @@ class EngineCore:
             raise ValueError("Group name cannot be empty")
         check_group_args(address, port, rank, world_size, backend, self.model.device.type)
         timeout = self.cfg.control_timeout_s
-        with self._join_lock:
-            if group_name in self.groups:
-                raise ValueError(f"group {group_name!r} already exists")
-            if self._stale_joins >= MAX_STALE_JOINS:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + min(STALE_WAIT_S, timeout)
+        while True:  # abandoned joins end within seconds, unless already in gloo's own handshake
+            with self._join_lock:
+                if group_name in self.groups:
+                    raise ValueError(f"group {group_name!r} already exists")
+                stale = self._stale_joins
+            if stale < MAX_STALE_JOINS:
+                break
+            if loop.time() >= give_up:
                 raise RuntimeError(
-                    f"{self._stale_joins} earlier joins are still waiting for their rendezvous (each gives up "
-                    f"within {timeout:g} s: rollout.embedded.control_timeout_s)"
+                    f"{stale} abandoned joins have not ended yet (each ends within {timeout:g} s: "
+                    "rollout.embedded.control_timeout_s)"
                 )
+            await asyncio.sleep(STALE_POLL_S)
         self._supersede(f"superseded by a newer init_weights_update_group (group {group_name!r})")
         join = _Join(group_name, asyncio.Event())
         with self._join_lock:
             self._join = join
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = loop.time() + timeout
         try:
             where = f"tcp://{address}:{port}"
-            await self._until(join, _listening(address, port), deadline, f"nothing listens at {where}")
+            upstream = await self._until(join, _listening(address, port), deadline, f"nothing listens at {where}")
+            join.relay = relay = StoreRelay(*upstream)
+            with self._join_lock:
+                self._joining.add(relay)
             join.in_thread = True
             joined = start_daemon(
-                lambda: self._join_in_thread(join, backend, where, world_size, rank, timeout), "weights-group-join"
+                lambda: self._join_in_thread(join, backend, relay, world_size, rank, timeout), "weights-group-join"
             )
             await self._until(join, asyncio.wrap_future(joined), deadline, f"the rendezvous at {where} is incomplete")
         finally:
@@ -327,35 +366,37 @@ class EngineCore:
                     self._join = None  # a join still in its thread stays pending until the thread is done
 
     def _join_in_thread(
-        self, join: _Join, backend: str, init_method: str, world_size: int, rank: int, timeout: float
+        self, join: _Join, backend: str, relay: StoreRelay, world_size: int, rank: int, timeout: float
     ) -> None:
         try:
-            group = init_custom_process_group(
-                backend=backend,
-                init_method=init_method,
-                world_size=world_size,
-                rank=rank,
-                group_name=join.group_name,
-                timeout=timedelta(seconds=timeout),
+            store = relay.open_store(world_size, timedelta(seconds=timeout))
+            group = custom_process_group_on_store(
+                backend, store, world_size, rank, join.group_name, timedelta(seconds=timeout)
             )
         except BaseException:
             self._join_done(join)
+            relay.stop()
             raise
-        if not self._join_done(join, group, backend):  # its caller was told it failed: nobody will use it
-            destroy_custom_process_group(group)
+        if not self._join_done(join, group, backend, relay):  # its caller was told it failed: nobody will use it
+            with contextlib.suppress(Exception):  # its store is gone
+                destroy_custom_process_group(group)
+            relay.stop()
             raise RuntimeError(f"group {join.group_name!r} was joined after its caller gave up; destroyed")
 
-    def _join_done(self, join: _Join, group: Any = None, backend: str = "") -> bool:
-        """Record a finished join (its group, unless abandoned); whether the group was kept."""
+    def _join_done(self, join: _Join, group: Any = None, backend: str = "", relay: StoreRelay | None = None) -> bool:
+        """Record a finished join (its group and relay, unless abandoned); whether the group was kept."""
         with self._join_lock:
             join.finished = True
+            if join.relay is not None:
+                self._joining.discard(join.relay)
             if self._join is join:
                 self._join = None
             if join.abandoned:
                 self._stale_joins -= 1
                 return False
-            if group is not None:
+            if group is not None and relay is not None:
                 self.groups[join.group_name] = (group, backend)
+                self._relays[join.group_name] = relay
             return True
 
     async def _until(self, join: _Join, step: Any, deadline: float, what: str) -> Any:
@@ -378,6 +419,8 @@ class EngineCore:
                 self._stale_joins += 1
         if finished:  # the thread ended just now: its outcome stands
             return await task
+        if join.abandoned and join.relay is not None:
+            join.relay.cut()  # its store calls fail at once, and its thread ends
         task.cancel()
         if join.wake.is_set():
             raise RuntimeError(join.reason)
@@ -393,13 +436,18 @@ class EngineCore:
             join.wake.set()
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> tuple[bool, str]:
-        entry = self.groups.pop(group_name, None)
+        with self._join_lock:
+            entry = self.groups.pop(group_name, None)
+            relay = self._relays.pop(group_name, None)
         if entry is None:
             return False, "The group to be destroyed does not exist."
         try:
             destroy_custom_process_group(entry[0])
         except Exception as e:
             return False, f"Failed to destroy custom process group: {e}."
+        finally:
+            if relay is not None:
+                relay.stop()
         return True, "Succeeded to destroy custom process group."
 
     async def begin_weight_update(self, selector: str = "all") -> tuple[bool, str]:
@@ -748,9 +796,10 @@ def check_group_args(address: str, port: int, rank: int, world_size: int, backen
         raise ValueError(f"rank {rank} is outside the engines' ranks [1, {world_size - 1}] (world_size {world_size})")
 
 
-async def _listening(address: str, port: int) -> None:
-    """Return once a TCP connection to address:port succeeds (the trainer's rendezvous store is up), retrying
-    while it is refused. Name resolution runs in a daemon thread (the loop's executor is joined at exit)."""
+async def _listening(address: str, port: int) -> tuple[str, int, socket.AddressFamily]:
+    """The resolved (host, port, family) once a TCP connection to address:port succeeds (the trainer's
+    rendezvous store is up), retrying while it is refused. Name resolution runs in a daemon thread (the loop's
+    executor is joined at exit)."""
     infos = await asyncio.wrap_future(
         start_daemon(lambda: socket.getaddrinfo(address, port, type=socket.SOCK_STREAM), "resolve")
     )
@@ -768,7 +817,7 @@ async def _listening(address: str, port: int) -> None:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
-        return
+        return host, resolved_port, family
 
 
 def _check_tags(tags: list[str] | None) -> list[str]:

@@ -550,3 +550,4 @@ async def serve(core: EngineCore, host: str, port: int, stop: asyncio.Event, api
     finally:
         core.begin_shutdown()  # requests end as aborted, a pending group join fails: handlers return at once
         await runner.cleanup()
+        await core.end_joins()

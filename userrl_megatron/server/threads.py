@@ -45,6 +45,7 @@ def start_daemon(fn: Callable[[], T], name: str) -> Future[T]:
     future: Future[T] = Future()
 
     def target() -> None:
+        future.set_running_or_notify_cancel()  # a running future cannot be cancelled: its outcome is always set
         try:
             future.set_result(fn())
         except BaseException as e:

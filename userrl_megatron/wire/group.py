@@ -38,6 +38,15 @@ def init_custom_process_group(
         raise ValueError(f"rank {rank} is outside the group of world_size {world_size}")
     store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
+    return custom_process_group_on_store(backend, store, world_size, rank, group_name, timeout)
+
+
+def custom_process_group_on_store(
+    backend: str, store: dist.Store, world_size: int, rank: int, group_name: str, timeout: timedelta
+) -> dist.ProcessGroup:
+    """`init_custom_process_group` past its rendezvous: the group `group_name` on the rendezvous `store`."""
+    if not group_name:
+        raise ValueError("group_name must not be empty")
     store = PrefixStore(group_name, store)
     group, _ = _new_process_group_helper(
         world_size,
