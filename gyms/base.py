@@ -53,6 +53,12 @@ class Gym(Protocol):
         ...
 
 
+def opens_with_user_message(gym: Gym) -> bool:
+    """Whether `gym.reset()` returns the user's first message, which then ends the policy's prompt. A gym says so
+    with the class attribute `first_message_at_reset = True` (the tau2 gyms); other gyms' reset text is not shown."""
+    return bool(getattr(gym, "first_message_at_reset", False))
+
+
 def parse_action(action: str) -> tuple[str | None, str]:
     """Split "[tag] payload" into ("tag", "payload"); (None, text) when the action has no known tag."""
     m = _TAG.match(action)

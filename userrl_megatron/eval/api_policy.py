@@ -88,7 +88,9 @@ class ApiPolicy:
 
                 reason: FinishReason = "user_sim_error" if isinstance(e, UserSimError) else "gym_error"
                 raise _End(reason, f"{type(e).__name__}: {e}") from e
-            if getattr(gym, "first_message_at_reset", False):  # the user's first message (gyms/README.md)
+            from gyms.base import opens_with_user_message
+
+            if opens_with_user_message(gym):
                 messages.append({"role": "user", "content": first})
             await self._loop(task, episode, gym, messages, sampling)
         except _End as end:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
-from gyms.base import Gym
+from gyms.base import Gym, opens_with_user_message
 from gyms.tools import ToolCallError, text_to_action
 from userrl_megatron.config.schema import GymsConfig, RolloutConfig
 from userrl_megatron.observability.progress import HEARTBEAT_S, heartbeat
@@ -132,7 +132,7 @@ class EpisodeRunner:
         try:
             gym = self.make_gym(task)
             first = await gym.reset()
-            if getattr(gym, "first_message_at_reset", False):  # the user's first message (gyms/README.md)
+            if opens_with_user_message(gym):
                 opening = [Message("user", first)]
         except Exception as e:
             failed = _reset_failure(e)
