@@ -27,7 +27,7 @@ from gyms.data import NoSuchSplitError, data_dir
 from gyms.smoke import SmokeEpisode, by_prompt
 from gyms.tau.gym import INVALID_TOOL_CALL, parse_tool_call
 from gyms.tau.user import GREETING
-from gyms.tau2.domain import DOMAINS, Domain, load_domain
+from gyms.tau2.domain import Domain, load_domain
 from gyms.tau2.judge import judge
 from gyms.tau2.settings import Tau2GymConfig
 from gyms.tau2.toolkit import Observation
@@ -367,14 +367,12 @@ def chat_smoke(gym: str) -> list[SmokeEpisode]:
     return [SmokeEpisode(title, "create_task_1", actions, [0.0, 1.0], script=script)]
 
 
-for _domain, _gym in (("mock", Tau2MockChatGym), ("airline", Tau2AirlineGym), ("retail", Tau2RetailGym),
-                      ("telecom", Tau2TelecomGym)):  # fmt: skip
-    if _domain in DOMAINS:  # telecom: once its domain is there
-        register_gym(
-            _gym.name,
-            config_type=Tau2GymConfig,
-            config_field="tau2",
-            needs_user_sim=True,
-            tasks=functools.partial(chat_tasks, _gym.name),
-            smoke=functools.partial(chat_smoke, _gym.name),
-        )(_gym)
+for _gym in CHAT_GYMS.values():
+    register_gym(
+        _gym.name,
+        config_type=Tau2GymConfig,
+        config_field="tau2",
+        needs_user_sim=True,
+        tasks=functools.partial(chat_tasks, _gym.name),
+        smoke=functools.partial(chat_smoke, _gym.name),
+    )(_gym)
