@@ -6,10 +6,13 @@ route, and it shows neither in the process table nor in the server's log."""
 
 import asyncio
 import secrets
+import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -158,3 +161,41 @@ def test_the_key_is_neither_in_the_process_table_nor_in_the_log(keyed: Keyed) ->
     assert keyed.key not in log
     if keyed.backend == "sglang":  # SGLang logs its arguments, the key among them: key_entry.py filters it out
         assert "'api_key': '<redacted>'" in log, log[-3000:]
+
+
+def raw_status(url: str, authorization: bytes) -> int:
+    """The status of `GET /model_info` sent as raw bytes, `authorization` the Authorization header's value."""
+    parts = urlsplit(url)
+    head = b"GET /model_info HTTP/1.1\r\nHost: x\r\nAuthorization: " + authorization + b"\r\nConnection: close\r\n\r\n"
+    answer = b""
+    with socket.create_connection((parts.hostname, parts.port), timeout=STARTUP_S) as sock:
+        sock.sendall(head)
+        while b"\r\n" not in answer and (chunk := sock.recv(65536)):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_malformed_authorization_headers_leave_no_key_in_the_log(keyed: Keyed) -> None:
+    """Issue 57 N9, on both backends: the key followed by a NUL, and the key inside a header line over 8,190
+    bytes. The embedded server (aiohttp) refuses all three with 400 and logs one line without their bytes.
+    SGLang 0.5.23 serves HTTP with uvicorn's h11 protocol (no httptools in its venv): h11 refuses the NUL, and
+    uvicorn logs only "Invalid HTTP request received." (uvicorn/protocols/http/h11_impl.py:182-184); the long
+    headers parse (h11 takes up to 16 KiB) and SGLang's key check answers 401 without logging the header
+    (sglang/srt/utils/auth.py:174-206). Neither log holds a part of the key, and no new `<redacted>` appears:
+    the backend itself wrote no key (the filters of `server/log_redaction.py` and `fleet/key_entry.py` would
+    have hidden a whole one)."""
+    key = keyed.key.encode()
+    log = keyed.server.log_path
+    redacted_before = log.read_bytes().count(b"<redacted>")
+    headers = [b"Bearer " + key + b"\x00", b"Bearer " + key + b"A" * 8200, b"Bearer " + b"A" * 8200 + key]
+    statuses = [raw_status(keyed.server.url, header) for header in headers]
+    expected_line = b"Invalid HTTP request received." if keyed.backend == "sglang" else b"malformed HTTP request"
+    deadline = time.monotonic() + STARTUP_S  # the line reaches the file through the server's log pipeline
+    while expected_line not in log.read_bytes():
+        assert time.monotonic() < deadline, log.read_bytes()[-3000:]
+        time.sleep(0.1)
+    assert call(keyed.server.url, "GET", "/model_info", f"Bearer {keyed.key}")[0] == 200  # still serving
+    text = log.read_bytes()
+    assert statuses == ([400, 401, 401] if keyed.backend == "sglang" else [400, 400, 400])
+    assert key[:20] not in text and key[-20:] not in text
+    assert text.count(b"<redacted>") == redacted_before
