@@ -473,8 +473,8 @@ def test_tensor_handles_only_to_gpus_the_engine_sees() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    sorted((REPO / "configs" / "layout").glob("*.yaml")) + sorted((REPO / "examples").glob("*/config.yaml")),
-    ids=lambda p: p.stem if p.parent.name == "layout" else p.parent.name,
+    sorted((REPO / "configs" / "layout").glob("*.yaml")) + sorted((REPO / "examples").glob("*/config*.yaml")),
+    ids=lambda p: p.stem if p.parent.name == "layout" else f"{p.parent.name}/{p.stem}",
 )
 def test_every_shipped_layout_hands_engines_only_gpus_they_see(path: Path) -> None:
     from userrl_megatron.config.checks import check_config

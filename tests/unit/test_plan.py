@@ -32,7 +32,7 @@ LAYOUTS = {
     path: REPO / "configs" / "model" / f"{path.name.split('-h')[0]}.yaml"
     for path in (REPO / "configs" / "layout").glob("*.yaml")
 }
-EXAMPLES = sorted((REPO / "examples").glob("*/config.yaml"))
+EXAMPLES = sorted((REPO / "examples").glob("*/config*.yaml"))  # a recipe and its variants (config-32b.yaml)
 
 
 def test_layer_and_shard_sizes_by_hand() -> None:
@@ -114,7 +114,9 @@ def test_every_layout_plans_clean(path: Path) -> None:
     assert [r.phase for r in plan.rows][:3] == ["start-up", "weight sync", "rollout"] and min(plan.kv_tokens) > 0
 
 
-@pytest.mark.parametrize("path", [*EXAMPLES, REPO / "configs" / "quickstart.yaml"], ids=lambda p: p.parent.name)
+@pytest.mark.parametrize(
+    "path", [*EXAMPLES, REPO / "configs" / "quickstart.yaml"], ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
 def test_every_example_plans_clean(path: Path) -> None:
     assert plan_problems(plan_run(load_config([str(path)]))) == []
 
