@@ -313,7 +313,7 @@ class EngineCore:
         once something listens there, runs in a daemon thread under the same timeout and records the group
         itself unless its caller stopped waiting (so a caller that goes away loses nothing). Its store traffic
         goes through a `StoreRelay`: a join whose caller was answered with a failure (superseded, timed out,
-        shut down) has its relay closed, so its thread ends at once."""
+        shut down) has its relay cut, so its thread ends within seconds."""
         try:
             await self._join_group(master_address, master_port, rank_offset, world_size, group_name, backend)
         except Exception as e:
