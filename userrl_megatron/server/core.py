@@ -45,7 +45,7 @@ GROUP_BACKENDS = ("gloo", "nccl")  # what a weight-update group may use here
 MAX_GROUP_WORLD = 1 << 16  # ranks of a weight-update group
 MAX_ADDRESS_CHARS = 255  # a DNS name's length
 STOP_GRACE_S = 5.0  # how long shutdown waits for the scheduler thread (a forward, a broadcast) before leaving it
-JOIN_GRACE_S = 5.0  # how long shutdown waits for the threads of stopped joins (a store slice, a back-off pause)
+JOIN_GRACE_S = 10.0  # how long shutdown waits for the threads of stopped joins (a store slice, a back-off pause)
 
 
 @dataclass(eq=False)
