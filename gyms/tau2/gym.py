@@ -178,6 +178,7 @@ class Tau2ChatGym(TurnGym):
         self.transcript: list[tuple[str, str]] = [("assistant", GREETING)]  # text messages (the NL judge)
         self.errors = 0  # tool results with an error, both parties
         self.opening = ""
+        self.opening_calls: list[str] = []  # the user's tool calls before its first message (the first step names them)
         self.user = Tau2User(
             self.user_sim,
             self.user_system,
@@ -198,6 +199,7 @@ class Tau2ChatGym(TurnGym):
             )
         self._heard(turn)
         self.opening = turn.message
+        self.opening_calls = [c.name for c in turn.calls]
         return self.opening
 
     def observation(self) -> str:
@@ -205,6 +207,8 @@ class Tau2ChatGym(TurnGym):
 
     async def step(self, action: str) -> StepResult:
         result = await super().step(action)
+        if self.opening_calls:  # reset() has no info of its own: the first step names the opening's calls
+            result.info["opening_user_tool_calls"], self.opening_calls = self.opening_calls, []
         if result.user_sim_error is not None:
             result.info["termination_reason"] = "infrastructure_error"
         elif result.truncated and not result.done:

@@ -128,9 +128,11 @@ def test_dual_control_user_tools_change_the_user_db_and_its_hash(shared_data: Pa
         0.0,
         False,
     )
+    # the user's calls before its first message are named by the first step (reset() returns only the message)
+    assert results[0].info["opening_user_tool_calls"] == ["check_notifications"]
     last = results[1]
     assert (last.feedback, last.done, last.info["termination_reason"]) == ("Thanks! ###STOP###", True, "user_stop")
-    assert last.info["user_tool_calls"] == ["dismiss_notification"]
+    assert last.info["user_tool_calls"] == ["dismiss_notification"] and "opening_user_tool_calls" not in last.info
     assert gym.calls == [
         ("check_notifications", {}),
         ("update_task_status", {"task_id": "task_1", "status": "completed"}),
