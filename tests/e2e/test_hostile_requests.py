@@ -593,6 +593,7 @@ from userrl_megatron.wire.group import init_custom_process_group
 timeout = timedelta(seconds=float(sys.argv[3]))
 group = init_custom_process_group("gloo", f"tcp://127.0.0.1:{sys.argv[1]}", 2, 0, sys.argv[2], timeout)
 dist.broadcast(torch.arange(4.0), src=0, group=group)
+dist.destroy_process_group(group)
 """
 
 

@@ -12,6 +12,7 @@ the join's time lasts: a cut join gives up within a slice and one of torch's bac
 import asyncio
 import contextlib
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -77,23 +78,36 @@ class StoreRelay:
             self._loop.close()
 
     async def _serve(self) -> None:
-        server = await asyncio.start_server(self._relay, sock=self._listener)
+        self._listener.setblocking(False)
+        accepting = asyncio.ensure_future(self._accept())
         try:
             await self._stop.wait()
         finally:
-            server.close()
+            accepting.cancel()
+            await asyncio.gather(accepting, return_exceptions=True)
+            self._listener.close()
             await asyncio.gather(*self._tasks, return_exceptions=True)  # each ends: the relay is cut
-            await server.wait_closed()
 
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
+    async def _accept(self) -> None:
+        """Hand each connection to a relay task, registered at once: every accepted connection is closed."""
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(self._listener)
+            task = asyncio.ensure_future(self._relay(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _relay(self, conn: socket.socket) -> None:
         host, port, family = self._upstream
-        cut: asyncio.Future[Any] = asyncio.ensure_future(self._cut.wait())
-        connect: asyncio.Future[Any] = asyncio.ensure_future(asyncio.open_connection(host, port, family=family))
-        futures = [cut, connect]
+        futures: list[asyncio.Future[Any]] = []
+        writer: asyncio.StreamWriter | None = None
         try:
+            if self._cut.is_set():
+                return
+            reader, writer = await asyncio.open_connection(sock=conn)
+            cut: asyncio.Future[Any] = asyncio.ensure_future(self._cut.wait())
+            connect: asyncio.Future[Any] = asyncio.ensure_future(asyncio.open_connection(host, port, family=family))
+            futures += [cut, connect]
             await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
             if _succeeded(connect) and not cut.done():
                 up_reader, upstream = connect.result()
@@ -106,11 +120,14 @@ class StoreRelay:
         finally:
             for future in futures:
                 future.cancel()
-            writer.transport.abort()  # a reset, not a graceful close: the client sees it at once
+            if writer is not None:
+                writer.transport.abort()  # a reset, not a graceful close: the client sees it at once
+            else:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
+                conn.close()
             await asyncio.gather(*futures, return_exceptions=True)
-            if _succeeded(connect):
-                connect.result()[1].transport.abort()
-            self._tasks.discard(task)
+            if len(futures) > 1 and _succeeded(futures[1]):
+                futures[1].result()[1].transport.abort()
 
 
 def _succeeded(future: asyncio.Future[Any]) -> bool:
