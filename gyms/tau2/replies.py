@@ -2,6 +2,7 @@
 
 - `user_reply(schemas)`: a simulated user who has tools (dual control) writes a message to the agent or calls one
   of its tools: `{"message": "...", "tool_call": null}` or `{"message": "", "tool_call": {"name", "arguments"}}`.
+  `user_reply([])` admits the message only: what the user is asked for once its turn's tool calls are spent.
 - `judgement(n)`: the NL-assertion judge grades `n` expected outcomes: `{"results": [{"expectedOutcome",
   "reasoning", "metExpectation"}, ...]}` (SPEC.md §9.2, item 5).
 
@@ -58,6 +59,8 @@ def user_reply(schemas: list[dict[str, Any]]) -> ReplySchema:
                 "additionalProperties": False,
             }
         )
+    if len(calls) == 1:
+        return ReplySchema("tau2_user_message", {MESSAGE: text(), TOOL_CALL: calls[0]}, needs=(MESSAGE,))
     return ReplySchema("tau2_user", {MESSAGE: text(), TOOL_CALL: {"anyOf": calls}}, needs=(MESSAGE,))
 
 

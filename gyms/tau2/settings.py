@@ -14,7 +14,7 @@ class Tau2GymConfig:
     data_dir: str = ""  # folder holding tau2/; empty = the default data folder
     user_temperature: float | None = None  # sampling temperature of the simulated user; None: user_sim.temperature
     user_max_tokens: int | None = None  # completion limit of one simulated-user call; None: user_sim.max_tokens
-    max_user_tool_calls: int = 10  # tool calls of the simulated user in one turn; more: a simulator error
+    max_user_tool_calls: int = 10  # the simulated user's tool calls in one turn; then it is asked for its message
     max_errors: int = 10  # tool results with an error (both parties) that end the episode as too_many_errors
     nl_judge: bool = False  # grade NL_ASSERTION with the simulator client as judge; off: reported as unscored
     nl_judge_max_tokens: int | None = None  # completion limit of one judge call; None: user_sim.max_tokens

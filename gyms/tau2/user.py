@@ -8,8 +8,10 @@ history starts with the agent's fixed greeting, so the first reply is the user's
 A user without tools answers in plain text. A user with tools answers with one JSON object (`replies.user_reply`,
 schema-constrained where the engine supports it): a message to the agent, or a call of one of its tools. A call
 runs in the episode's environment as `requestor="user"`; its result goes back to the simulator only, as a `user`
-turn (`TOOL_RESULT`), and the simulator is asked again, until it writes a message. An unusable reply (no message,
-an unknown tool) is a simulator error (`UserSimError`, kind `bad_json`), never the policy's failure.
+turn (`TOOL_RESULT`), and the simulator is asked again, until it writes a message. After `max_tool_calls` calls
+in one turn the simulator is asked with a schema that admits a message only; a tool call then (free text, where
+the schema is not enforced) is a simulator error (kind `user_loop`). An unusable reply (no message, an unknown
+tool) is a simulator error (`UserSimError`, kind `bad_json`), never the policy's failure.
 """
 
 import json
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gyms.reply_schema import ReplySchema
 from gyms.tau.user import GREETING
 from gyms.tau2.replies import parse_user_reply, user_reply
 from gyms.tau2.toolkit import Observation
@@ -108,6 +111,7 @@ class Tau2User:
         self.schemas = schemas
         self.tools = {s["function"]["name"] for s in schemas}
         self.reply = user_reply(schemas) if schemas else None
+        self.message_only = user_reply([])  # once the turn's tool calls are spent
         self.max_tool_calls = max_tool_calls
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -130,12 +134,13 @@ class Tau2User:
     async def _turn(self, run_tool: RunTool) -> UserTurn:
         turn = UserTurn("")
         while True:
-            text, parsed = await self._ask()
+            spent = len(turn.calls) >= self.max_tool_calls
+            text, parsed = await self._ask(self.message_only if spent and self.reply is not None else self.reply)
             self.history.append({"role": "assistant", "content": text})
             if isinstance(parsed, str):
                 turn.message = parsed
                 return turn
-            if len(turn.calls) >= self.max_tool_calls:
+            if spent:
                 raise UserSimError(
                     f"the simulated user made more than {self.max_tool_calls} tool calls in one turn", "user_loop", 1
                 )
@@ -144,14 +149,15 @@ class Tau2User:
             turn.calls.append(UserCall(name, arguments, result))
             self.history.append({"role": "user", "content": TOOL_RESULT.format(name=name, content=result.content)})
 
-    async def _ask(self) -> tuple[str, str | tuple[str, dict[str, Any]]]:
-        """One simulator call: its text and what it says (a message, or a tool call)."""
+    async def _ask(self, reply: ReplySchema | None) -> tuple[str, str | tuple[str, dict[str, Any]]]:
+        """One simulator call answering `reply` (None: free text): its text and what it says (a message, or a tool
+        call)."""
         temperature, max_tokens = self.temperature, self.max_tokens  # None: the simulator's configured values
-        if self.reply is None:
+        if reply is None:
             answer = await self.user_sim.chat(self.history, temperature=temperature, max_tokens=max_tokens)
             return answer.text, answer.text.strip()
         answer = await self.user_sim.chat(
-            self.history, temperature=temperature, max_tokens=max_tokens, json=True, schema=self.reply
+            self.history, temperature=temperature, max_tokens=max_tokens, json=True, schema=reply
         )
         parsed = parse_user_reply(answer.data or {}, self.tools)
         if parsed is None:

@@ -334,3 +334,30 @@ def test_free_text_user_replies_are_parsed_where_the_engine_gives_no_schema(shar
         gym, opening, _ = play("tau2_mock_chat", "update_task_with_user_tools", [], server, shared_data, "off")
         assert all("response_format" not in r for r in server.requests)
     assert opening == "Task_1 is done, please close it." and gym.calls == [("check_notifications", {})]
+
+
+def test_a_user_whose_tool_calls_are_spent_is_asked_for_its_message(shared_data: Path) -> None:
+    """After `max_user_tool_calls` calls in one turn, the next request admits a message only (a 135M user called
+    phone tools on every schema-constrained request and never spoke: docs/results.md, "tau2 telecom on CPU")."""
+
+    def user(body: dict[str, Any]) -> str:
+        if body["response_format"]["json_schema"]["name"] == "tau2_user_message":
+            return user_says("My notifications are piling up.")
+        return user_calls("check_notifications", {})
+
+    with OpenAIServer(user) as server:
+        gym, opening, _ = play("tau2_mock_chat", "create_task_1", [], server, shared_data, max_user_tool_calls=2)
+        formats = [r["response_format"]["json_schema"] for r in server.requests]
+    assert opening == "My notifications are piling up."
+    assert [f["name"] for f in formats] == ["tau2_user", "tau2_user", "tau2_user_message"]
+    assert formats[2]["schema"]["properties"]["tool_call"] == {"type": "null"}
+    assert gym.opening_calls == ["check_notifications"] * 2
+
+
+def test_free_text_user_that_keeps_calling_tools_is_a_user_loop(shared_data: Path) -> None:
+    """Without a schema (user_sim.structured=off) nothing stops a call after the turn's last one: a simulator error."""
+    with OpenAIServer(lambda body: user_calls("check_notifications", {})) as server:
+        with pytest.raises(UserSimError, match="more than 2 tool calls") as failure:
+            play("tau2_mock_chat", "create_task_1", [], server, shared_data, structured="off", max_user_tool_calls=2)
+        assert len(server.requests) == 3 and all("response_format" not in r for r in server.requests)
+    assert failure.value.kind == "user_loop"
