@@ -564,14 +564,14 @@ def test_a_new_init_cancels_a_join_stuck_in_the_rendezvous(
     call(server.url, "/update_weight_version", {"new_version": "default"})
 
 
-def join_threads() -> int:
-    """Threads of this process in a group join (the embedded engine's, in-process)."""
-    return sum(t.name == "weights-group-join" for t in threading.enumerate())
+def no_join_threads() -> bool:
+    """No group join or store relay thread is left in this process."""
+    return threads("weights-group-join") == threads("store-relay") == 0
 
 
-def relay_threads() -> int:
-    """Threads of this process relaying a join's store traffic."""
-    return sum(t.name == "store-relay" for t in threading.enumerate())
+def threads(name: str) -> int:
+    """Threads of this process named `name` ("weights-group-join": a join; "store-relay": its store relay)."""
+    return sum(t.name == name for t in threading.enumerate())
 
 
 async def until(predicate: Callable[[], bool], what: str) -> None:
@@ -642,7 +642,7 @@ def test_abandoned_joins_end_their_threads_and_a_later_join_succeeds(model_dir: 
             if pending is not None:
                 answers.append(await pending)
             await until(lambda: listener.received() >= joins, "torch's store client reached the silent peer")  # noqa: B023
-            most = max(most, join_threads())
+            most = max(most, threads("weights-group-join"))
             pending = stuck
         assert pending is not None
         real = asyncio.ensure_future(join_and_receive(core, "g"))
@@ -651,7 +651,7 @@ def test_abandoned_joins_end_their_threads_and_a_later_join_succeeds(model_dir: 
 
     try:
         answers, most, (joined, received) = asyncio.run(scenario())
-        asyncio.run(until(lambda: join_threads() == 0 and relay_threads() == 0, "every join and relay thread ended"))
+        asyncio.run(until(no_join_threads, "every join and relay thread ended"))
     finally:
         core.shutdown()
         listener.close()
@@ -676,7 +676,7 @@ def test_a_join_stuck_in_the_rendezvous_ends_its_thread_at_the_control_timeout(m
 
     try:
         answer = asyncio.run(scenario())
-        asyncio.run(until(lambda: join_threads() == 0 and relay_threads() == 0, "the join's threads ended"))
+        asyncio.run(until(no_join_threads, "the join's threads ended"))
     finally:
         core.shutdown()
         listener.close()
