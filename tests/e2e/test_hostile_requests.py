@@ -12,9 +12,7 @@ control-call cases can pass against it (docs/engine.md, "Limits and validation")
 """
 
 import asyncio
-import contextlib
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +31,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.support.engine_ref import hf_greedy
 from tests.support.servers import http_call, push_weights
+from tests.support.silent_listener import SilentListener
 from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import SGLangClient
@@ -425,43 +424,6 @@ def test_chat_max_tokens_0_generates_nothing(server: ServerProcess, hf: torch.nn
 
 
 # ---- control calls ----
-
-
-class SilentListener:
-    """A TCP port that accepts connections and never answers: a group join naming it blocks inside torch's
-    rendezvous (the worst case: the join has left the cancellable wait for the port to listen)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted: list[socket.socket] = []
-        self._spoke: set[socket.socket] = set()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted.append(conn)
-
-    def received(self) -> int:
-        """Connections that have sent something (torch's store client does; the port probe only connects), also
-        those reset since (an abandoned join's)."""
-        for conn in self.accepted:
-            if conn not in self._spoke:
-                conn.setblocking(False)
-                with contextlib.suppress(BlockingIOError, ConnectionResetError):
-                    if conn.recv(1, socket.MSG_PEEK):
-                        self._spoke.add(conn)
-        return len(self._spoke)
-
-    def close(self) -> None:
-        for conn in self.accepted:
-            conn.close()
-        self.sock.close()
 
 
 def init_body(port: int, group: str) -> dict[str, Any]:
