@@ -1,8 +1,11 @@
 """`rollout.router: sglang` with two embedded engines on Ray: the pool's generation goes through the real
 sglang-router (round robin spreads it over both engines), while pause and resume still go to each engine. The
-router and both engines require the run's key (here a random one): a call without it gets 401."""
+router and both engines require the run's key (here a random one): a call without it gets 401. The router's model
+list, which sglang-router 0.3.2 answers without the key, holds the checkpoint directory's name, not its path."""
 
 import asyncio
+import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +32,12 @@ def test_pool_generates_through_the_router(ray_cluster: Any, tmp_path: Path) -> 
     )
     greedy = SamplingParams(max_new_tokens=4, temperature=0)
 
-    async def go() -> tuple[list[list[int]], list[int], list[str], list[str]]:
+    async def go() -> tuple[list[list[int]], list[int], list[str], list[str], bytes]:
         async with RolloutPool(cfg, str(model), log_dir=tmp_path / "engines") as pool:
             assert pool.router is not None
             assert list_workers(pool.router.url) == []  # the worker list needs the key too
+            with urllib.request.urlopen(pool.router.url + "/v1/models", timeout=30) as unkeyed_list:
+                models = unkeyed_list.read()
             workers = sorted(w["url"] for w in list_workers(pool.router.url, pool.api_key))
             for url in [pool.router.url, *pool.urls]:
                 async with SGLangClient(url) as unkeyed:
@@ -45,9 +50,11 @@ def test_pool_generates_through_the_router(ray_cluster: Any, tmp_path: Path) -> 
             for client in pool.clients:
                 info = await client._request("GET", "/server_info")
                 steps.append(info[1]["internal_states"][0]["decode_steps"])
-            return outputs, steps, workers, sorted(pool.urls)
+            return outputs, steps, workers, sorted(pool.urls), models
 
-    outputs, steps, workers, urls = asyncio.run(go())
+    outputs, steps, workers, urls, models = asyncio.run(go())
+    assert [m["id"] for m in json.loads(models)["data"]] == ["tiny"]
+    assert str(tmp_path).encode() not in models
     assert workers == urls
     assert all(o == outputs[0] for o in outputs) and len(outputs[0]) == 4
     assert all(s > 0 for s in steps)  # round robin: both engines generated

@@ -47,6 +47,12 @@ ACTOR_GONE = (RayActorError, OutOfMemoryError, WorkerCrashedError, NodeDiedError
 RestartHook = Callable[[int, SGLangClient], Awaitable[None]]  # (engine index, its new client)
 
 
+def served_model_name(model_path: str) -> str:
+    """The name every engine of a pool serves its model under (`--served-model-name`): the checkpoint directory's
+    name, never its path. sglang-router 0.3.2 lists it on `/v1/models` to callers without the key."""
+    return Path(model_path).name or "model"
+
+
 @dataclass
 class EngineLaunch:
     """How an `EngineServer` starts its server process."""
@@ -131,16 +137,17 @@ class EngineServer:
 
         spec = self.launch
         ip = ray.util.get_node_ip_address()
+        name = served_model_name(spec.model_path)
         if spec.backend != "sglang":
             return embedded_launch(
-                spec.model_path, spec.embedded, port, spec.dtype, gpus=spec.gpus, node_ip=ip, api_key=spec.api_key,
-                api_key_env=spec.api_key_env,
+                spec.model_path, spec.embedded, port, spec.dtype, name, gpus=spec.gpus, node_ip=ip,
+                api_key=spec.api_key, api_key_env=spec.api_key_env,
             )  # fmt: skip
         device = resolve_device(spec.sglang, bool(spec.gpus or ray.get_gpu_ids()))
         span = NodeSpan(spec.nnodes, spec.node_rank, dist_init_addr) if spec.nnodes > 1 else None
         return sglang_launch(
             spec.sglang, spec.model_path, spec.tp, port, spec.dtype, device, spec.gpus, spec.colocated, span, ip,
-            api_key=spec.api_key, api_key_env=spec.api_key_env, nccl_port=nccl_port,
+            name, api_key=spec.api_key, api_key_env=spec.api_key_env, nccl_port=nccl_port,
         )  # fmt: skip
 
     def records(self) -> list[EngineProcess]:
@@ -244,6 +251,11 @@ class RolloutPool:
         self.router_launch: ProcessLaunch | None = None  # dry: what the router would run
         self.api_key = run_api_key(cfg.api_key_env)  # what every engine and the router require (docs/engine.md)
         self.port_blocks: dict[int, PortBlock] = {}  # each engine's ports, kept across restarts (`engine_ports`)
+
+    @property
+    def served_model_name(self) -> str:
+        """The model's name on the engines' OpenAI routes (what a client sends as `model`)."""
+        return served_model_name(self.model_path)
 
     # ---- lifecycle ----
 

@@ -194,7 +194,7 @@ def managed_client(cfg: "RootConfig", pool: "RolloutPool") -> "UserSimulator":
     however long a restart takes, it costs the call time, not its result."""
     from gyms.user_sim import UserSimulator
 
-    settings = dataclasses.replace(cfg.user_sim, base_url=_openai_url(pool), model=pool.model_path)
+    settings = dataclasses.replace(cfg.user_sim, base_url=_openai_url(pool), model=pool.served_model_name)
     sim = UserSimulator(settings, api_key=pool.api_key)
 
     async def reconnect() -> None:
