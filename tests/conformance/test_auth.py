@@ -5,6 +5,7 @@ answer to the same paths is the same), health stays public, nothing changed the 
 route, and it shows neither in the process table nor in the server's log."""
 
 import asyncio
+import json
 import secrets
 import socket
 import time
@@ -25,6 +26,7 @@ from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.engine import SGLangClient
 from userrl_megatron.fleet.launch import ServerProcess, launch_embedded
+from userrl_megatron.fleet.router import launch_router
 from userrl_megatron.fleet.sglang import SGLANG_VENV_PYTHON, launch_sglang
 from userrl_megatron.model_store import resolve_model
 from userrl_megatron.ports import free_port
@@ -199,3 +201,31 @@ def test_malformed_authorization_headers_leave_no_key_in_the_log(keyed: Keyed) -
     assert statuses == ([400, 401, 401] if keyed.backend == "sglang" else [400, 400, 400])
     assert key[:20] not in text and key[-20:] not in text
     assert text.count(b"<redacted>") == redacted_before
+
+
+ROUTER_PROBES = (
+    "/v1/models", "/get_server_info", "/server_info", "/get_model_info", "/model_info", "/health", "/liveness",
+    "/readiness", "/health_generate", "/metrics", "/get_load", "/engine_metrics", "/workers", "/flush_cache",
+)  # fmt: skip
+ROUTER_PUBLIC = {"/v1/models", "/get_server_info", "/health", "/liveness", "/readiness", "/health_generate"}
+
+
+def test_the_router_answers_without_the_key_but_never_with_it(keyed: Keyed, tmp_path: Path) -> None:
+    """sglang-router 0.3.2 in front of the keyed engine, started as the pool starts it: the routes it answers
+    without the key (ROUTER_PUBLIC; no option of 0.3.2 covers them) are its own, and none returns the key. SGLang
+    0.5.23's keyed `/server_info` holds the key among its arguments (`ServerArgs.resolved_dict`,
+    sglang/srt/utils/common.py `build_server_info`): were the router to forward it, any local user could read it."""
+    router = launch_router(
+        SGLANG_CPU, [keyed.server.url], free_port(), free_port(), log_path=tmp_path / "router.log",
+        timeout_s=STARTUP_S, api_key=keyed.key,
+    )  # fmt: skip
+    try:
+        answers = {path: http_call(router.url, path, method="GET") for path in ROUTER_PROBES}
+        _, engine_info = call(keyed.server.url, "GET", "/server_info", f"Bearer {keyed.key}")
+    finally:
+        router.stop()
+    assert {path for path, (status, _) in answers.items() if status == 200} == ROUTER_PUBLIC
+    assert all(keyed.key not in json.dumps(body) for _, body in answers.values())
+    assert answers["/get_server_info"][1] == {"router_manager": True, "routers_count": 1, "workers_count": 1}
+    if keyed.backend == "sglang":
+        assert engine_info["api_key"] == keyed.key
