@@ -103,6 +103,7 @@ def sglang(model: str, port: int, tp: int, mem: float, host: str = "127.0.0.1", 
     command = [
         ENGINE_PY, str(KEY_ENTRY), "USERRL_ENGINE_API_KEY", "sglang.launch_server",  # --api-key from that variable
         "--model-path", model,
+        "--served-model-name", Path(model).name,  # the pool's: sglang-router lists it without the key
         "--host", host,
         "--port", str(port),
         "--tp-size", str(tp),

@@ -101,6 +101,7 @@ def sglang_command(
     command = [
         python or sglang_python(cfg, device), *start,
         "--model-path", model_path,
+        *(["--served-model-name", served_model_name] if served_model_name else []),
         "--host", cfg.host,
         "--port", str(port),
         "--tp-size", str(tp_size),
@@ -128,8 +129,6 @@ def sglang_command(
         command.append("--enable-weights-cpu-backup")
     if cfg.enable_return_routed_experts:
         command.append("--enable-return-routed-experts")
-    if served_model_name:
-        command += ["--served-model-name", served_model_name]
     if cfg.constrained_json_disable_any_whitespace:
         command.append("--constrained-json-disable-any-whitespace")
     if cfg.constrained_json_max_whitespace_cnt:
