@@ -94,6 +94,8 @@ def engines(result: BringUp, ips: list[str]) -> list[tuple]:
     return [(e.engine, node[e.ip], e.node_rank, e.launch.env, e.launch.url, command_of(e)) for e in result.engines]
 
 
+# rollout.sglang.release_cuda_graph: the engine's CUDA-graph pool leaves the GPU while the actor trains.
+GRAPHS_ENV = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}
 # The user simulator's engines write JSON without free whitespace (`user_sim.engines`: its replies are schema-bound).
 TIGHT_JSON = ["--constrained-json-disable-any-whitespace"]
 
@@ -202,7 +204,7 @@ def test_qwen3_30b_a3b_h100_on_one_node_with_the_router(cluster: list[str]) -> N
         (0, str(r), r, 8, "cuda:0", "nccl", head, (r % 2, 0, 0, r // 2, r // 2)) for r in range(8)
     ]
     urls = [f"http://127.0.0.1:{30000 + e}" for e in range(4)]
-    graphs = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}  # rollout.sglang.release_cuda_graph: the pool leaves for training
+    graphs = GRAPHS_ENV
     assert engines(result, cluster) == [
         (e, 0, 0, {"CUDA_VISIBLE_DEVICES": f"{2 * e},{2 * e + 1}"} | graphs, urls[e],
          [*sglang("/models/Qwen3-30B-A3B", 30000 + e, 2, 0.6), "--disable-prefill-cuda-graph"])
@@ -245,6 +247,40 @@ def test_qwen3_30b_a3b_h200_on_one_node(cluster: list[str], config: str) -> None
         for e in range(8)
     ]  # fmt: skip
     assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(8)), [[e] for e in range(8)])]
+
+
+@pytest.mark.parametrize("cluster", [1], indirect=True)
+def test_tau2_qwen3_8b_with_its_simulator_on_the_policy_engines_gpus(cluster: list[str]) -> None:
+    """examples/tau2/config.yaml: the 8B layout's actor (TP2 x DP4) and eight TP1 engines, told 0.8 (the policy's
+    0.5 and the simulator's 0.3); simulator engine e on policy engine e's GPU, colocated (memory saver), schema-bound
+    (no free JSON whitespace), behind a router of its own; both sides release their CUDA-graph pools."""
+    result = up("examples/tau2/config.yaml")
+    head = cluster[DRIVER_NODE]
+    assert ranks(result, cluster) == [
+        (0, str(r), r, 8, "cuda:0", "nccl", head, (r % 2, 0, 0, r // 2, 0)) for r in range(8)
+    ]
+    assert engines(result, cluster) == [
+        (e, 0, 0, {"CUDA_VISIBLE_DEVICES": str(e)} | GRAPHS_ENV, f"http://127.0.0.1:{30000 + e}",
+         [*sglang("/models/Qwen3-8B", 30000 + e, 1, 0.8), "--disable-prefill-cuda-graph"])
+        for e in range(8)
+    ]  # fmt: skip
+
+    def simulator(e: int) -> list[str]:
+        command = sglang("/models/Qwen3-8B", 31000 + e, 1, 0.3, colocated=False)
+        command[2] = "USERRL_USER_SIM_ENGINE_KEY"
+        return [*command, "--context-length", "32768", "--enable-memory-saver", "--disable-prefill-cuda-graph",
+                *TIGHT_JSON]  # fmt: skip
+
+    sims = [(e.engine, cluster.index(e.ip), e.launch.env, e.launch.url, command_of(e)) for e in result.simulator]
+    assert sims == [
+        (e, 0, {"CUDA_VISIBLE_DEVICES": str(e)} | GRAPHS_ENV, f"http://127.0.0.1:{31000 + e}", simulator(e))
+        for e in range(8)
+    ]
+    assert tensor_groups(result) == [("userrl_sync_g0_pp0", list(range(8)), [[e] for e in range(8)])]
+    router = result.simulator_router
+    assert result.router is None and router is not None
+    at = router.command.index("--worker-urls")
+    assert router.command[at + 1 : at + 9] == [f"http://127.0.0.1:{31000 + e}" for e in range(8)]
 
 
 @pytest.mark.parametrize("cluster", [1], indirect=True)
@@ -468,13 +504,20 @@ def test_an_engine_the_driver_cannot_reach_fails_in_one_line(cluster: list[str])
 
 
 @pytest.mark.parametrize("cluster", [3], indirect=True)
-def test_qwen3_32b_with_the_user_simulator_on_a_third_node(cluster: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("config", "releases_graphs"),
+    [("configs/layout/qwen3-32b-h100x24-usersim.yaml", False), ("examples/tau2/config-32b.yaml", True)],
+)
+def test_qwen3_32b_with_the_user_simulator_on_a_third_node(
+    cluster: list[str], config: str, releases_graphs: bool
+) -> None:
     """The policy of the 32B layout exactly as on two nodes of its own (TP8 x DP2, a TP group per node, four TP4
     engines); the simulator's four TP2 engines on the third node, GPUs 0-1, 2-3, 4-5, 6-7, with the simulator's
     memory fraction and context length, behind a router of their own. The two placement groups are reserved apart,
     so Ray picks which node the simulator gets (the driver's or another); whichever it is holds no actor rank and
-    no policy engine, and no simulator GPU is anywhere else."""
-    result = up("configs/layout/qwen3-32b-h100x24-usersim.yaml")
+    no policy engine, and no simulator GPU is anywhere else. The tau2 recipe's policy engines also release their
+    CUDA-graph pool while the actor trains."""
+    result = up(config)
     assert result.nodes == cluster  # the driver's node first, then by IP, whichever holds what
     node = {ip: i for i, ip in enumerate(cluster)}
     policy = sorted({node[r.ip] for r in result.ranks} | {node[e.ip] for e in result.engines})
@@ -485,9 +528,12 @@ def test_qwen3_32b_with_the_user_simulator_on_a_third_node(cluster: list[str]) -
         (policy[r // 8], str(r % 8), r % 8, 16, "cuda:0", "nccl", master, (r % 8, 0, 0, r // 8, 0)) for r in range(16)
     ]
     gpus = ["0,1,2,3", "4,5,6,7"]
+    graphs = GRAPHS_ENV if releases_graphs else {}
+    released = ["--disable-prefill-cuda-graph"] if releases_graphs else []
     assert engines(result, cluster) == [
-        (e, policy[e // 2], 0, {"CUDA_VISIBLE_DEVICES": gpus[e % 2]}, f"http://{cluster[policy[e // 2]]}:{30000 + e}",
-         sglang("/models/Qwen3-32B", 30000 + e, 4, 0.6, host="0.0.0.0"))
+        (e, policy[e // 2], 0, {"CUDA_VISIBLE_DEVICES": gpus[e % 2]} | graphs,
+         f"http://{cluster[policy[e // 2]]}:{30000 + e}",
+         [*sglang("/models/Qwen3-32B", 30000 + e, 4, 0.6, host="0.0.0.0"), *released])
         for e in range(4)
     ]  # fmt: skip
     holders = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
