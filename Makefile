@@ -40,8 +40,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 
 # The CI command: lint, then every test that does not need a GPU (the conformance suite also runs real SGLang).
+# The 25 slowest tests close the report: the suite's budget is 45 minutes on 2 cores.
 test: lint $(SGLANG_STAMP)
-	$(PY) -m pytest -m "not gpu" $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The same suite while one busy process a core competes for the CPU (tools/under_load.py starts and stops them):
 # a test that passes only on an idle machine fails here. LOAD_WORKERS sets how many (default: one a core).
