@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from gyms.data import data_dir
 from gyms.tau2 import airline, mock, retail, telecom
 from gyms.tau2.store import RECORD, JsonBaseTables, Shape, Tau2DB, position
 from gyms.tau2.toolkit import Observation, ToolFn, invoke
@@ -133,6 +134,12 @@ class Domain:
         )
         policy: Callable[[Path], str] | None = getattr(module, "policy", None)
         self.policy = policy(folder) if policy else (folder / "policy.md").read_text(encoding="utf-8")
+        solo: Callable[[Path], str] | None = getattr(module, "solo_policy", None)
+        solo_file = folder / "policy_solo.md"
+        # The solo policy (gyms.tau2.solo); "" for a domain without solo mode (airline, retail).
+        self.solo_policy = (
+            solo(folder) if solo else solo_file.read_text(encoding="utf-8") if solo_file.is_file() else ""
+        )
         self.tasks: dict[str, dict[str, Any]] = {
             t["id"]: t for t in json.loads((folder / "tasks.json").read_text(encoding="utf-8"))
         }
@@ -164,6 +171,12 @@ class Domain:
         if task_id not in self.tasks:
             raise ValueError(f"tau2 {self.name} has no task {task_id!r}")
         return self.tasks[task_id]
+
+    def task_user_schemas(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        """The user tools' schemas of a task: the domain's, restricted to the task's `user_tools` if it lists them
+        (upstream's `get_user_tools(include=task.user_tools)`)."""
+        allowed = task.get("user_tools")
+        return [s for s in self.user_schemas if allowed is None or s["function"]["name"] in allowed]
 
     def split(self, split: str) -> list[str]:
         """Task ids of a split (`train`, `test`, `base`, ...; `all` = every task in file order)."""
@@ -262,7 +275,12 @@ def _action_matched(action: dict[str, Any], calls: list[tuple[str, dict[str, Any
     return False
 
 
+def tau2_dir(configured: str = "") -> Path:
+    """The tau2/ folder of the data folder."""
+    return data_dir(configured) / "tau2"
+
+
 @cache
-def load_domain(name: str, tau2_dir: str) -> Domain:
-    """The process-wide `Domain` for `<tau2_dir>/<name>` (loaded on first use)."""
-    return Domain(name, Path(tau2_dir) / name)
+def load_domain(name: str, root: str) -> Domain:
+    """The process-wide `Domain` for `<root>/<name>` (`root`: a tau2/ folder; loaded on first use)."""
+    return Domain(name, Path(root) / name)

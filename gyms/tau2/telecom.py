@@ -38,9 +38,18 @@ PREFIX = {"L": "lines", "D": "devices", "B": "bills", "C": "customers", "P": "pl
 
 def policy(folder: Path) -> str:
     """The agent's policy: the main policy and the tech-support manual, tagged as upstream joins them."""
-    main = (folder / "main_policy.md").read_text(encoding="utf-8")
-    manual = (folder / "tech_support_manual.md").read_text(encoding="utf-8")
-    return f"<main_policy>\n{main}\n</main_policy>\n<tech_support_policy>\n{manual}\n</tech_support_policy>"
+    return _joined(folder, "main_policy.md", "tech_support_manual.md")
+
+
+def solo_policy(folder: Path) -> str:
+    """The solo agent's policy: the solo main policy and the solo tech-support workflow (the manual has none)."""
+    return _joined(folder, "main_policy_solo.md", "tech_support_workflow_solo.md")
+
+
+def _joined(folder: Path, main_file: str, support_file: str) -> str:
+    main = (folder / main_file).read_text(encoding="utf-8")
+    support = (folder / support_file).read_text(encoding="utf-8")
+    return f"<main_policy>\n{main}\n</main_policy>\n<tech_support_policy>\n{support}\n</tech_support_policy>"
 
 
 # --- records as upstream's models dump them ---

@@ -206,9 +206,8 @@ SYNTAX: dict[str, str] = {
     "userrl data build [--source NAME ...] [--format parquet|jsonl ...] [--out DIR] [key=value ...]": (
         "the options of `userrl data build`: tests/unit/test_data.py"
     ),
-    "python -m sglang.launch_server --model-path P [--served-model-name NAME] --host H --port N --tp-size T --dtype D": (
-        "the command line the SGLang launcher builds: tests/unit/test_launch.py"
-    ),
+    "python -m sglang.launch_server --model-path P [--served-model-name NAME] --host H --port N --tp-size T "
+    "--dtype D": ("the command line the SGLang launcher builds: tests/unit/test_launch.py"),
     "python tools/convert_hf_to_megatron.py ...; python tools/convert_megatron_to_hf.py ...": (
         "the scripts take `userrl convert`'s arguments: tests/distributed/test_conversion.py"
     ),

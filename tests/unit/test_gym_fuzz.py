@@ -213,17 +213,19 @@ def records(shared_data: Path, corpus: Path) -> dict[str, tuple[Any, Any]]:
         "tau2_airline": ("3", tau2),
         "tau2_retail": ("24", tau2),
         "tau2_telecom": (TELECOM_TASK, tau2),
+        "tau2_telecom_solo": (TELECOM_TASK, tau2),
     }
 
 
 SKIPPED_STATE = {"user_sim", "config", "record", "rule", "domain", "task", "backend", "scenario", "rubric", "steps"}
 SKIPPED_STATE |= {"ended", "max_steps", "expected", "test_case", "targets", "opening", "needs_user_sim"}
 # SearchGym counts every search action, empty or over the limit (as UserRL); TravelGym records a failed exchange in
-# its dialogue history and counts a search whose judge failed (as UserRL); tau2_mock keeps every tool call in its
-# trajectory, failed ones too, since tau2's ACTION check matches gold actions against all of them (SPEC.md §9.2)
-# the conversational tau2 gyms also count tool errors toward tau2's too_many_errors ending
+# its dialogue history and counts a search whose judge failed (as UserRL); the tau2 gyms keep every tool call in their
+# trajectory, failed ones too, since tau2's ACTION check matches gold actions against all of them (SPEC.md §9.2),
+# and count tool errors toward tau2's too_many_errors ending
 TAU2_CHAT = ("tau2_mock_chat", "tau2_airline", "tau2_retail", "tau2_telecom")
-COUNTERS = {"search": {"searches"}, "tau2_mock": {"calls"}, **{name: {"calls", "errors"} for name in TAU2_CHAT}}
+TAU2_COUNTING = ("tau2_mock", "tau2_telecom_solo", *TAU2_CHAT)
+COUNTERS = {"search": {"searches"}, **{name: {"calls", "errors"} for name in TAU2_COUNTING}}
 SIM_ERROR_STATE = {"travel": {"history", "searches"}}
 ERROR_FEEDBACK = (
     "Invalid",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gyms.tau2.domain import Domain, Env, load_domain
-from gyms.tau2.gym import Tau2SoloGym
+from gyms.tau2.solo import Tau2SoloGym
 
 ROOT = Path(__file__).resolve().parents[3] / "shared" / "data" / "tau2"
 pytestmark = pytest.mark.skipif(not ROOT.is_dir(), reason=f"tau2 data not at {ROOT}")

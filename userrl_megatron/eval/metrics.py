@@ -23,7 +23,7 @@ from collections.abc import Sequence
 SUCCESS_TOL = 1e-6  # tau-bench counts a pass as a success when its reward is 1 within this tolerance
 TRAVEL_BEST, TRAVEL_CORRECT = 1.0, 0.8  # TravelGym's choice rewards (best option, correct option)
 TAU_GYMS = ("tau", "tau_retail", "tau_airline", "tau2_mock", "tau2_mock_chat", "tau2_airline", "tau2_retail",
-            "tau2_telecom")  # fmt: skip
+            "tau2_telecom", "tau2_telecom_solo")  # fmt: skip
 
 # Two-sided 95% quantiles of Student's t distribution for 1..30 degrees of freedom.
 _T975 = (
