@@ -25,12 +25,14 @@ FinishReason = Literal[
 
 @dataclass
 class Message:
-    """One chat message; `tool_calls` follows the OpenAI schema for assistant tool calls."""
+    """One chat message; `tool_calls` follows the OpenAI schema for assistant tool calls, and a tool result names
+    the call it answers in `tool_call_id` (OpenAI refuses one without)."""
 
     role: Role
     content: str
     tool_calls: list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The message as an OpenAI / chat-template dictionary."""
@@ -39,6 +41,8 @@ class Message:
             out["tool_calls"] = self.tool_calls
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
 

@@ -50,6 +50,46 @@ def agent_system(policy: str) -> str:
     return f"{AGENT_INSTRUCTIONS}\n\n<policy>\n{policy}\n</policy>"
 
 
+def message_history(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's earlier conversation (`initial_state.message_history`, SPEC.md §8); [] for most tasks."""
+    return list((task.get("initial_state") or {}).get("message_history") or [])
+
+
+def history_texts(task: dict[str, Any]) -> list[tuple[str, str]]:
+    """The text messages of the task's earlier conversation, as (role, text)."""
+    return [
+        (m["role"], str(m["content"]))
+        for m in message_history(task)
+        if m.get("role") in ("user", "assistant") and not m.get("tool_calls") and m.get("content")
+    ]
+
+
+def history_prompt(task: dict[str, Any]) -> list[Message]:
+    """The earlier conversation as the policy's prompt continues it: the texts, the agent's tool calls (OpenAI
+    form: the chat template writes them in the policy's tool format) and their results. It ends with the agent's
+    text, which the simulated user answers at reset."""
+    messages = []
+    for m in message_history(task):
+        role, content = m.get("role"), str(m.get("content") or "")
+        if role == "assistant" and m.get("tool_calls"):
+            calls = [
+                {
+                    "id": c.get("id", ""),
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c.get("arguments") or {}},
+                }
+                for c in m["tool_calls"]
+            ]
+            messages.append(Message("assistant", content, tool_calls=calls))
+        elif role == "tool":
+            messages.append(Message("tool", content, tool_call_id=str(m.get("id", ""))))
+        elif role in ("user", "assistant"):
+            messages.append(Message(role, content))
+    if not messages or messages[-1].role != "assistant" or messages[-1].tool_calls:
+        raise ValueError(f"tau2 task {task.get('id')!r}: a message history must end with the agent's text message")
+    return messages
+
+
 class Tau2ChatGym(TurnGym):
     """One tau2 task as a conversation with the simulated user (see the module docstring)."""
 
@@ -69,10 +109,15 @@ class Tau2ChatGym(TurnGym):
         self.start()
 
     def start(self) -> None:
-        self.env = self.domain.new_env(self.task)
-        self.calls: list[tuple[str, dict[str, Any]]] = []  # both parties' tool calls, failed ones too (ACTION)
-        self.said: list[str] = []  # the agent's messages (COMMUNICATE)
-        self.transcript: list[tuple[str, str]] = [("assistant", GREETING)]  # text messages (the NL judge)
+        self.env = self.domain.new_env(self.task)  # a message history's tool calls are replayed into it
+        earlier = history_texts(self.task)
+        # Both parties' tool calls, failed ones too (ACTION); the history's count, as in upstream's trajectory.
+        self.calls: list[tuple[str, dict[str, Any]]] = [
+            (c["name"], c.get("arguments") or {}) for m in message_history(self.task) for c in m.get("tool_calls") or []
+        ]
+        self.said: list[str] = [text for role, text in earlier if role == "assistant"]  # the agent's (COMMUNICATE)
+        # Text messages (the NL judge): the history's, or the greeting.
+        self.transcript: list[tuple[str, str]] = earlier if message_history(self.task) else [("assistant", GREETING)]
         self.errors = 0  # tool results with an error, both parties
         self.opening = ""
         self.opening_calls: list[str] = []  # the user's tool calls before its first message (the first step names them)
@@ -89,7 +134,10 @@ class Tau2ChatGym(TurnGym):
         """Start the episode and ask the simulated user for its first message (UserSimError when it fails, or
         when that message already ends the conversation)."""
         await super().reset()
-        turn = await self.user.opening(self._user_tool)
+        if message_history(self.task):  # the user answers the history's last message, the agent's
+            turn = await self.user.resume(history_texts(self.task), self._user_tool)
+        else:
+            turn = await self.user.opening(self._user_tool)
         if is_stop(turn.message):  # nothing the agent did could be scored: the simulator's failure, not the policy's
             raise UserSimError(
                 f"the simulated user ended the conversation at once: {turn.message[:200]!r}", "early_stop", 1
@@ -216,13 +264,17 @@ def chat_tasks(gym: str, split: str, root: Path) -> list[Task]:
     domain = load_domain(CHAT_GYMS[gym].domain_name, str(root / "tau2"))
     if split != "all" and split not in domain.splits:
         raise NoSuchSplitError(f"gym {gym} has no {split!r} split; its splits: all, {', '.join(domain.splits)}")
-    prompt = [Message("system", agent_system(domain.policy)), Message("assistant", GREETING)]
+    system = Message("system", agent_system(domain.policy))
     record = {"tau2_dir": str(root / "tau2")}
     metadata = {"data_source": gym, "reply_without_tool_call": "action"}
-    return [
-        Task(gym, task_id, list(prompt), list(domain.schemas), {**metadata, "record": {**record, "id": task_id}})
-        for task_id in domain.split(split)
-    ]
+    tasks = []
+    for task_id in domain.split(split):
+        task = domain.task(task_id)
+        prompt = [system, *history_prompt(task)] if message_history(task) else [system, Message("assistant", GREETING)]
+        tasks.append(
+            Task(gym, task_id, prompt, list(domain.schemas), {**metadata, "record": {**record, "id": task_id}})
+        )
+    return tasks
 
 
 SMOKE_TASKS = {"tau2_airline": "1", "tau2_retail": "0"}  # gold calls, then the agent stops: reward 1

@@ -131,6 +131,20 @@ class Tau2User:
         """The user's first turn: its answer to the agent's greeting."""
         return await self.respond(GREETING, run_tool)
 
+    async def resume(self, history: list[tuple[str, str]], run_tool: RunTool) -> UserTurn:
+        """The user's first turn after an earlier conversation, `history` its text messages as (role, text) with
+        the task's roles (`user`: the user's own, as it would have written them). It ends with the agent's."""
+        mark = len(self.history)
+        for role, text in history:
+            own = role == "user"
+            written = json.dumps({"message": text, "tool_call": None}) if own and self.reply is not None else text
+            self.history.append({"role": "assistant" if own else "user", "content": written})
+        try:
+            return await self._turn(run_tool)
+        except UserSimError:
+            del self.history[mark:]
+            raise
+
     async def _turn(self, run_tool: RunTool) -> UserTurn:
         turn = UserTurn("")
         while True:

@@ -132,6 +132,25 @@ def test_tag_format_without_system_message_gets_one(smollm2: ChatTemplate) -> No
     assert smollm2.present([Message("user", USER)], []) == ([Message("user", USER)], None)
 
 
+def test_an_earlier_tool_call_in_the_prompt_is_shown_in_the_tool_format(
+    qwen3: ChatTemplate, smollm2: ChatTemplate
+) -> None:
+    """A prompt that continues a conversation (tau2's message histories): under tags, the agent's earlier call is
+    its action line and the result the user's turn, as the runner writes them; hermes templates render both."""
+    call = {"id": "c1", "type": "function", "function": {"name": "interact_with_env", "arguments": {"choice": "answer",
+            "content": "6"}}}  # fmt: skip
+    history = [Message("user", USER), Message("assistant", "", tool_calls=[call]), Message("tool", "Wrong.")]
+    prompt, _ = smollm2.present([Message("system", SYSTEM), *history], [INTERACT_TOOL])
+    assert prompt[1:] == [Message("user", USER), Message("assistant", "[answer] 6"), Message("user", "Wrong.")]
+    prompt, tools_shown = qwen3.present([Message("system", SYSTEM), *history], [INTERACT_TOOL])
+    assert prompt[1:] == history and tools_shown == [INTERACT_TOOL]
+    text = qwen3.render(prompt, tools_shown, generation=True)
+    assert (
+        qwen3.assistant_text(history[1], [INTERACT_TOOL]) in text
+        and "<tool_response>\nWrong.\n</tool_response>" in text
+    )
+
+
 def test_hermes_on_a_template_without_tools_is_an_error(smollm2: ChatTemplate) -> None:
     hermes = ChatTemplate(smollm2.tokenizer, "hermes")
     with pytest.raises(ChatTemplateError) as err:

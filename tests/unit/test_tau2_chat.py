@@ -19,7 +19,7 @@ from gyms.smoke import ScriptedUserSim, SmokeEpisode, run_episode
 from gyms.tau.gym import INVALID_TOOL_CALL
 from gyms.tau.user import GREETING
 from gyms.tau2.domain import load_domain
-from gyms.tau2.gym import AGENT_INSTRUCTIONS, Tau2ChatGym
+from gyms.tau2.gym import AGENT_INSTRUCTIONS, Tau2ChatGym, chat_tasks
 from gyms.tau2.judge import JUDGE_SYSTEM
 from gyms.tau2.settings import Tau2GymConfig
 from gyms.tau2.user import TOOL_RESULT
@@ -150,6 +150,40 @@ def test_dual_control_user_tools_change_the_user_db_and_its_hash(shared_data: Pa
     assert gym.env.hashes() == replay.hashes()
     assert last.reward == 0.0
     assert last.info["reward_info"]["components"] == {"DB": 0.0, "ACTION": 1.0, "ENV_ASSERTION": 1.0}
+
+
+def test_a_message_history_is_continued_by_both_parties(shared_data: Path) -> None:
+    """Mock's task whose conversation began earlier (task_2 created): the policy's prompt continues it (the texts,
+    the agent's call and its result); the simulated user sees the texts, roles flipped, and answers the agent's last
+    message at reset. The earlier call counts for ACTION, the earlier texts for the judge's transcript."""
+    task_id = "update_task_with_message_history"
+    history = load_domain("mock", str(shared_data / "tau2")).task(task_id)["initial_state"]["message_history"]
+    first, created = history[0]["content"], history[-1]["content"]
+    [row] = [t for t in chat_tasks("tau2_mock_chat", "base", shared_data) if t.task_id == task_id]
+    assert [m.role for m in row.prompt] == ["system", "user", "assistant", "tool", "assistant"]
+    assert row.prompt[1].content == first and row.prompt[4].content == created
+    create = history[1]["tool_calls"][0]
+    function = {"name": "create_task", "arguments": create["arguments"]}
+    assert row.prompt[2].tool_calls == [{"id": "call_1", "type": "function", "function": function}]
+    assert (row.prompt[3].content, row.prompt[3].tool_call_id) == (history[2]["content"], "call_1")
+    done = "Done: task_2 is completed."
+    with OpenAIServer(
+        after(created, user_says("Now please mark task_2 as completed.")),
+        after(done, user_says("Thanks! ###STOP###")),
+    ) as server:
+        update = call("update_task_status", task_id="task_2", status="completed")
+        gym, opening, results = play("tau2_mock_chat", task_id, [update, f"[action] {done}"], server, shared_data)
+        requests = server.requests
+    assert opening == "Now please mark task_2 as completed."
+    assert requests[0]["messages"][1:] == [
+        {"role": "assistant", "content": user_says(first)},  # the user's own words, as it writes them
+        {"role": "user", "content": created},
+    ]
+    assert gym.calls == [("create_task", create["arguments"]), ("update_task_status", {"task_id": "task_2",
+                         "status": "completed"})]  # fmt: skip
+    assert gym.transcript[:3] == [("user", first), ("assistant", created), ("user", opening)]
+    last = results[-1]
+    assert (last.reward, last.info["termination_reason"]) == (1.0, "user_stop")
 
 
 def test_a_plain_text_user_and_the_agents_stop(shared_data: Path) -> None:

@@ -103,10 +103,14 @@ class ChatTemplate:
 
         hermes: the schemas go to the template (Qwen3 writes them into a "# Tools" system block); a template
         that ignores them is an error, since the policy would never see its tools. tags: no schemas; the
-        system message gains `TAG_FORMAT_INSTRUCTIONS` (one is created when the prompt has none).
+        system message gains `TAG_FORMAT_INSTRUCTIONS` (one is created when the prompt has none), an earlier
+        assistant tool call becomes its action lines and a tool result the user's turn, as the runner writes
+        them in this format.
         """
         if not tools:
             return messages, None
+        if self.tool_format == "tags":
+            messages = [self._in_tags(m, tools) for m in messages]
         if self.tool_format == "hermes":
             if self.render(messages, tools, generation=True) == self.render(messages, None, generation=True):
                 raise ChatTemplateError(
@@ -207,6 +211,11 @@ class ChatTemplate:
             ]
             written = "".join(f"\n{OPEN_CALL}\n{block}\n{CLOSE_CALL}" for block in blocks)
         return message.content + written if message.content else written.lstrip("\n")
+
+    def _in_tags(self, message: Message, tools: list[dict[str, Any]]) -> Message:
+        if message.role == "assistant" and message.tool_calls:
+            return Message("assistant", self.assistant_text(message, tools))
+        return Message("user", message.content) if message.role == "tool" else message
 
     # ---- replies -> gym actions ------------------------------------------------------------------------------
 
