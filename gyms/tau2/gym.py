@@ -66,8 +66,8 @@ def history_texts(task: dict[str, Any]) -> list[tuple[str, str]]:
 
 def history_prompt(task: dict[str, Any]) -> list[Message]:
     """The earlier conversation as the policy's prompt continues it: the texts, the agent's tool calls (OpenAI
-    form: the chat template writes them in the policy's tool format) and their results. It ends with the agent's
-    text, which the simulated user answers at reset."""
+    form, arguments as a JSON string: the chat template writes them in the policy's tool format) and their
+    results. It ends with the agent's text, which the simulated user answers at reset."""
     messages = []
     for m in message_history(task):
         role, content = m.get("role"), str(m.get("content") or "")
@@ -76,7 +76,10 @@ def history_prompt(task: dict[str, Any]) -> list[Message]:
                 {
                     "id": c.get("id", ""),
                     "type": "function",
-                    "function": {"name": c["name"], "arguments": c.get("arguments") or {}},
+                    "function": {
+                        "name": c["name"],
+                        "arguments": json.dumps(c.get("arguments") or {}, ensure_ascii=False),
+                    },
                 }
                 for c in m["tool_calls"]
             ]

@@ -163,7 +163,7 @@ def test_a_message_history_is_continued_by_both_parties(shared_data: Path) -> No
     assert [m.role for m in row.prompt] == ["system", "user", "assistant", "tool", "assistant"]
     assert row.prompt[1].content == first and row.prompt[4].content == created
     create = history[1]["tool_calls"][0]
-    function = {"name": "create_task", "arguments": create["arguments"]}
+    function = {"name": "create_task", "arguments": json.dumps(create["arguments"])}  # a string, as OpenAI's
     assert row.prompt[2].tool_calls == [{"id": "call_1", "type": "function", "function": function}]
     assert (row.prompt[3].content, row.prompt[3].tool_call_id) == (history[2]["content"], "call_1")
     done = "Done: task_2 is completed."
