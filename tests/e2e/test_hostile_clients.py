@@ -9,6 +9,7 @@ bounded only where a hang is what a failure looks like.
 """
 
 import contextlib
+import math
 import os
 import re
 import resource
@@ -31,6 +32,7 @@ from tests.support.tiny_models import make_tiny_model
 from userrl_megatron.config.schema import EmbeddedServerConfig
 from userrl_megatron.fleet.launch import ServerProcess, embedded_server_command, launch_embedded, wait_healthy
 from userrl_megatron.ports import free_port
+from userrl_megatron.server.connections import LOG_INTERVAL_S
 
 pytestmark = pytest.mark.distributed
 
@@ -319,9 +321,10 @@ def test_idle_connections_at_the_fd_limit_keep_no_keyed_client_out(
     dirs: dict[str, Path], hf: torch.nn.Module, greedy_out: list[int], tmp_path: Path
 ) -> None:
     """N7: a server limited to 256 open files gets 1,100 connections that never send a byte. It keeps at most
-    64 (a quarter of its limit), closing the oldest idle one for each newcomer, serves a keyed request meanwhile, closes
-    the rest after its idle timeout, and logs the evictions in a line or two. At dafaaeb the connections were held
-    forever, keyed requests timed out at the limit and asyncio logged a traceback per refused accept."""
+    64 (a quarter of its limit), closing the oldest idle one for each newcomer, serves a keyed request meanwhile,
+    closes the rest after its idle timeout, and logs the evictions at most once per LOG_INTERVAL_S. At dafaaeb the
+    connections were held forever, keyed requests timed out at the limit and asyncio logged a traceback per refused
+    accept."""
     cfg = _cfg(idle_timeout_s=5.0)
     port, log = free_port(), tmp_path / "serve.log"
     command = embedded_server_command(str(dirs["served"]), cfg, port, api_key_env="HOSTILE_KEY")
@@ -338,6 +341,7 @@ def test_idle_connections_at_the_fd_limit_keep_no_keyed_client_out(
     idle: list[socket.socket] = []
     try:
         wait_healthy(srv, STARTUP_S)
+        burst_started = time.monotonic()
         for _ in range(1100):  # each one established (a server that accepts none leaves the kernel's queue full)
             sock = socket.socket()
             sock.settimeout(0.5)
@@ -363,6 +367,7 @@ def test_idle_connections_at_the_fd_limit_keep_no_keyed_client_out(
                 if closed:
                     open_.remove(sock)
         assert not open_, f"{len(open_)} idle connections still open after {CALL_S} s"
+        evicting_s = time.monotonic() - burst_started  # the evictions all happen before the last close
         assert_unharmed(srv.url, hf, greedy_out)
     finally:
         for sock in idle:
@@ -372,7 +377,8 @@ def test_idle_connections_at_the_fd_limit_keep_no_keyed_client_out(
     assert code == 0, text[-3000:]
     assert "at most 64 connections" in text
     assert len(log.read_bytes()) < 256 * 1024 and "out of system resource" not in text
-    assert text.count("connections is this server's cap") <= 3
+    # At most one line per LOG_INTERVAL_S, however long the burst took on a loaded machine.
+    assert text.count("connections is this server's cap") <= 1 + math.ceil(evicting_s / LOG_INTERVAL_S)
 
 
 def test_slow_headers_and_a_body_that_never_arrives_time_out(dirs: dict[str, Path], tmp_path: Path) -> None:
