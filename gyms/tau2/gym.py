@@ -55,11 +55,11 @@ def message_history(task: dict[str, Any]) -> list[dict[str, Any]]:
     return list((task.get("initial_state") or {}).get("message_history") or [])
 
 
-def history_texts(task: dict[str, Any]) -> list[tuple[str, str]]:
-    """The text messages of the task's earlier conversation, as (role, text)."""
+def history_texts(history: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The text messages of an earlier conversation, as (role, text)."""
     return [
         (m["role"], str(m["content"]))
-        for m in message_history(task)
+        for m in history
         if m.get("role") in ("user", "assistant") and not m.get("tool_calls") and m.get("content")
     ]
 
@@ -109,18 +109,19 @@ class Tau2ChatGym(TurnGym):
         self.task = self.domain.task(self.record["id"])
         self.user_schemas = self.domain.task_user_schemas(self.task)
         self.user_system = user_prompt(self.root, self.task.get("user_scenario") or {}, self.user_schemas)
+        self.history = message_history(self.task)  # an earlier conversation this episode continues ([]: none)
+        self.earlier = history_texts(self.history)
         self.start()
 
     def start(self) -> None:
         self.env = self.domain.new_env(self.task)  # a message history's tool calls are replayed into it
-        earlier = history_texts(self.task)
         # Both parties' tool calls, failed ones too (ACTION); the history's count, as in upstream's trajectory.
         self.calls: list[tuple[str, dict[str, Any]]] = [
-            (c["name"], c.get("arguments") or {}) for m in message_history(self.task) for c in m.get("tool_calls") or []
+            (c["name"], c.get("arguments") or {}) for m in self.history for c in m.get("tool_calls") or []
         ]
-        self.said: list[str] = [text for role, text in earlier if role == "assistant"]  # the agent's (COMMUNICATE)
+        self.said: list[str] = [text for role, text in self.earlier if role == "assistant"]  # COMMUNICATE
         # Text messages (the NL judge): the history's, or the greeting.
-        self.transcript: list[tuple[str, str]] = earlier if message_history(self.task) else [("assistant", GREETING)]
+        self.transcript: list[tuple[str, str]] = list(self.earlier) if self.history else [("assistant", GREETING)]
         self.errors = 0  # tool results with an error, both parties
         self.opening = ""
         self.opening_calls: list[str] = []  # the user's tool calls before its first message (the first step names them)
@@ -137,8 +138,8 @@ class Tau2ChatGym(TurnGym):
         """Start the episode and ask the simulated user for its first message (UserSimError when it fails, or
         when that message already ends the conversation)."""
         await super().reset()
-        if message_history(self.task):  # the user answers the history's last message, the agent's
-            turn = await self.user.resume(history_texts(self.task), self._user_tool)
+        if self.history:  # the user answers the history's last message, the agent's
+            turn = await self.user.resume(self.earlier, self._user_tool)
         else:
             turn = await self.user.opening(self._user_tool)
         if is_stop(turn.message):  # nothing the agent did could be scored: the simulator's failure, not the policy's

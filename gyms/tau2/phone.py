@@ -528,24 +528,28 @@ def turn_data_on(db: Tau2DB) -> str:
     return "Data connection restored."
 
 
+def _toggle_to(db: Tau2DB, setting: str, value: bool) -> None:
+    """Upstream's fault and setup helpers: toggle `setting` (with a network search), and again if that left it
+    not `value`; so a setting already at `value` is toggled twice."""
+    if _toggle(db, setting, search=True)[0] != value:
+        _toggle(db, setting, search=True)
+
+
 def turn_data_off(db: Tau2DB) -> str:
-    """Fault: mobile data off (toggled once, twice if it was off)."""
-    if _toggle(db, "data_enabled", search=True)[0]:
-        _toggle(db, "data_enabled", search=True)
+    """Fault: mobile data off."""
+    _toggle_to(db, "data_enabled", False)
     return "Data connection broken."
 
 
 def turn_roaming_on(db: Tau2DB) -> str:
-    """Setup: roaming on in the phone (toggled once, twice if it was on)."""
-    if not _toggle(db, "roaming_enabled", search=True)[0]:
-        _toggle(db, "roaming_enabled", search=True)
+    """Setup: roaming on in the phone."""
+    _toggle_to(db, "roaming_enabled", True)
     return "Data Roaming is now ON."
 
 
 def turn_roaming_off(db: Tau2DB) -> str:
-    """Fault: roaming off in the phone (toggled once, twice if it was off)."""
-    if _toggle(db, "roaming_enabled", search=True)[0]:
-        _toggle(db, "roaming_enabled", search=True)
+    """Fault: roaming off in the phone."""
+    _toggle_to(db, "roaming_enabled", False)
     return "Data Roaming is now OFF."
 
 

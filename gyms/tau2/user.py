@@ -22,7 +22,7 @@ from typing import Any
 
 from gyms.reply_schema import ReplySchema
 from gyms.tau.user import GREETING
-from gyms.tau2.replies import parse_user_reply, user_reply
+from gyms.tau2.replies import MESSAGE, TOOL_CALL, parse_user_reply, user_reply
 from gyms.tau2.toolkit import Observation
 from gyms.user_sim import UserSimError
 
@@ -137,7 +137,7 @@ class Tau2User:
         mark = len(self.history)
         for role, text in history:
             own = role == "user"
-            written = json.dumps({"message": text, "tool_call": None}) if own and self.reply is not None else text
+            written = json.dumps({MESSAGE: text, TOOL_CALL: None}) if own and self.reply is not None else text
             self.history.append({"role": "assistant" if own else "user", "content": written})
         try:
             return await self._turn(run_tool)

@@ -101,12 +101,13 @@ class StoreRelay:
         host, port, family = self._upstream
         futures: list[asyncio.Future[Any]] = []
         writer: asyncio.StreamWriter | None = None
+        connect: asyncio.Future[Any] | None = None
         try:
             if self._cut.is_set():
                 return
             reader, writer = await asyncio.open_connection(sock=conn)
             cut: asyncio.Future[Any] = asyncio.ensure_future(self._cut.wait())
-            connect: asyncio.Future[Any] = asyncio.ensure_future(asyncio.open_connection(host, port, family=family))
+            connect = asyncio.ensure_future(asyncio.open_connection(host, port, family=family))
             futures += [cut, connect]
             await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
             if _succeeded(connect) and not cut.done():
@@ -126,8 +127,8 @@ class StoreRelay:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
                 conn.close()
             await asyncio.gather(*futures, return_exceptions=True)
-            if len(futures) > 1 and _succeeded(futures[1]):
-                futures[1].result()[1].transport.abort()
+            if connect is not None and _succeeded(connect):
+                connect.result()[1].transport.abort()
 
 
 def _succeeded(future: asyncio.Future[Any]) -> bool:
